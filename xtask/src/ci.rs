@@ -1,0 +1,166 @@
+//! `cargo xtask ci`: every check CI runs, in order, with a summary.
+
+use crate::deps;
+use crate::run::{cargo, status, tee, workspace_root, Steps};
+
+/// Environment variable naming the file where tests that need an RDMA device record
+/// that they skipped (one line each: `test-name: reason`). See CONTRIBUTING.md.
+pub(crate) const SKIP_LOG_VAR: &str = "CMNOTIFY_SKIP_LOG";
+
+/// Test counts gathered from `cargo test` output and the skip log.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct TestCounts {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
+    pub(crate) skipped: Vec<String>,
+}
+
+impl TestCounts {
+    /// Adds up every `test result:` line of libtest output.
+    pub(crate) fn parse(output: &str) -> TestCounts {
+        let mut counts = TestCounts::default();
+        for line in output.lines() {
+            let Some(rest) = line.trim().strip_prefix("test result: ") else {
+                continue;
+            };
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(kind), Some(number)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let Ok(n) = number.parse::<u64>() else {
+                    continue;
+                };
+                match kind {
+                    "passed" => counts.passed += n,
+                    "failed" => counts.failed += n,
+                    "ignored" => counts.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+        counts
+    }
+
+    /// The closing line: tests that really ran and passed, failures, and skips.
+    pub(crate) fn line(&self) -> String {
+        let skipped = self.skipped.len() as u64;
+        format!(
+            "{} passed, {} failed, {} skipped",
+            self.passed.saturating_sub(skipped),
+            self.failed,
+            skipped + self.ignored
+        )
+    }
+}
+
+/// Runs every step; fails if any failed.
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let mut no_vm = false;
+    for arg in args {
+        match arg.as_str() {
+            "--no-vm" => no_vm = true,
+            other => return Err(format!("ci: unknown option `{other}`")),
+        }
+    }
+    let mut steps = Steps::default();
+
+    steps.run("deps", || deps::ensure(&deps::host_packages()));
+    if steps.any_failed() {
+        return steps.finish();
+    }
+    steps.run("fmt", || {
+        status(&mut cargo(&["fmt", "--all", "--check"])).map(|_| String::new())
+    });
+    steps.run("clippy", || {
+        status(&mut cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+        .map(|_| String::new())
+    });
+    let mut counts = TestCounts::default();
+    steps.run("test", || {
+        let skip_log = workspace_root().join("target/xtask/device-skips.log");
+        std::fs::create_dir_all(skip_log.parent().expect("has a parent"))
+            .map_err(|e| e.to_string())?;
+        std::fs::write(&skip_log, "").map_err(|e| e.to_string())?;
+        let (ok, output) = tee(cargo(&["test", "--workspace"]).env(SKIP_LOG_VAR, &skip_log))?;
+        counts = TestCounts::parse(&output);
+        counts.skipped = std::fs::read_to_string(&skip_log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        for skip in &counts.skipped {
+            println!("skipped: {skip}");
+        }
+        if ok && counts.failed == 0 && counts.passed > 0 {
+            Ok(counts.line())
+        } else if counts.passed == 0 {
+            Err("no test ran".into())
+        } else {
+            Err(counts.line())
+        }
+    });
+    steps.run("doc", || {
+        status(
+            cargo(&["doc", "--workspace", "--no-deps", "--quiet"])
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )
+        .map(|_| String::new())
+    });
+    steps.run("package", || {
+        status(&mut cargo(&[
+            "package",
+            "--workspace",
+            "--exclude",
+            "xtask",
+            "--no-verify",
+            "--allow-dirty",
+            "--quiet",
+        ]))
+        .map(|_| "every library crate packages".to_string())
+    });
+    if no_vm {
+        steps.skip(
+            "vm",
+            "--no-vm given: the real-kernel tests did NOT run (CI always runs them)",
+        );
+    }
+    let result = steps.finish();
+    println!("tests: {}", counts.line());
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_every_result_line() {
+        let out = "\
+test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s
+noise
+test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+";
+        let counts = TestCounts::parse(out);
+        assert_eq!((counts.passed, counts.failed, counts.ignored), (15, 2, 1));
+    }
+
+    #[test]
+    fn skipped_device_tests_are_not_counted_as_passed() {
+        let counts = TestCounts {
+            passed: 10,
+            failed: 0,
+            ignored: 0,
+            skipped: vec!["a: no RDMA device".into(), "b: no RDMA device".into()],
+        };
+        assert_eq!(counts.line(), "8 passed, 0 failed, 2 skipped");
+    }
+}

@@ -1,0 +1,44 @@
+//! Project automation, run as `cargo xtask <command>`.
+//!
+//! Every command is a plain Rust module; shell only runs the tools.
+
+mod ci;
+mod deps;
+mod run;
+
+use std::process::ExitCode;
+
+const HELP: &str = "\
+cargo xtask <command> [options]
+
+Commands:
+  ci [--no-vm]    everything CI checks: native prerequisites, fmt, clippy, tests,
+                  docs, packaging; prints each step's time and a summary.
+                  --no-vm skips the soft-RoCE VM run (quick local loops only).
+  deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
+  help            this text
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    let result = match command {
+        "ci" => ci::run(rest),
+        "deps" => deps::ensure(&deps::host_packages()).map(|_| ()),
+        "help" | "--help" | "-h" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n\n{HELP}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
