@@ -5,6 +5,7 @@
 mod ci;
 mod deps;
 mod run;
+mod tidy;
 
 use std::process::ExitCode;
 
