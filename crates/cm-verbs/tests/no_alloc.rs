@@ -1,0 +1,69 @@
+//! Handling an event through the pump allocates nothing after warm-up, counted by a
+//! counting global allocator (a behaviour check, not a timing).
+
+use std::cell::Cell;
+
+use cm_core::{AsyncEvent, AsyncEventType, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum};
+use cm_verbs::{NotifyPump, PumpEvent, Role};
+
+/// An id that answers like the kernel: 0 the first time, EISCONN afterwards.
+struct KernelLikeId {
+    qp: QpNum,
+    established: Cell<bool>,
+}
+
+impl CmId for KernelLikeId {
+    fn notify(&self, _event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+        if self.established.replace(true) {
+            Ok(NotifyOutcome::AlreadyEstablished)
+        } else {
+            Ok(NotifyOutcome::Established)
+        }
+    }
+    fn qp_num(&self) -> Option<QpNum> {
+        Some(self.qp)
+    }
+}
+
+#[test]
+fn pumped_events_allocate_nothing_after_warm_up() {
+    const CONNECTIONS: u32 = 1024;
+    let mut pump = NotifyPump::with_policy(Default::default(), CONNECTIONS as usize);
+    for n in 0..CONNECTIONS {
+        let id = KernelLikeId {
+            qp: QpNum(n),
+            established: Cell::new(false),
+        };
+        pump.register(id, Role::Passive).unwrap();
+    }
+    // Warm-up: one event of each kind.
+    pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0)));
+
+    let mut forced = 0u32;
+    let info = allocation_counter::measure(|| {
+        for n in 0..CONNECTIONS {
+            let qp = QpNum(n);
+            if let PumpEvent::Forced { .. } =
+                pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qp))
+            {
+                forced += 1;
+            }
+            pump.handle_async_event(AsyncEvent::qp(AsyncEventType::QpFatal, qp));
+            pump.handle_async_event(AsyncEvent::qp(
+                AsyncEventType::CommEst,
+                QpNum(n + CONNECTIONS),
+            ));
+            pump.on_receive_completion(qp);
+            pump.on_cm_event(CmEventType::Established, Some(qp));
+        }
+    });
+    assert_eq!(
+        forced,
+        CONNECTIONS - 1,
+        "every connection but the warm-up one forced"
+    );
+    assert_eq!(info.count_total, 0, "allocations while pumping: {info:?}");
+    let c = pump.counters();
+    assert_eq!(c.unrouted, CONNECTIONS as u64);
+    assert_eq!(c.passed_through, CONNECTIONS as u64);
+}
