@@ -1,1 +1,116 @@
-//! Safe RAII owners over librdmacm and libibverbs (through rdma-sys) implementing the cm-core traits.
+//! Safe RAII owners over librdmacm and libibverbs (through `rdma-sys`) implementing the
+//! `cm-core` traits: the real backend of the notify path.
+//!
+//! - [`EventChannel`]: an `rdma_event_channel`; blocking or not, pollable ([`AsFd`]),
+//!   creates [`CmId`]s, yields [`CmEvent`]s. No RDMA device: [`EventChannel::new`] is
+//!   [`CmError::NoDevice`], never a panic.
+//! - [`CmId`]: an `rdma_cm_id`; cheap clones share it (the notify pump holds one), it is
+//!   destroyed with the last clone and the last event about it. [`CmId::notify`] is
+//!   `rdma_notify` mapped to the cm-core contract (EISCONN is success).
+//! - [`CmEvent`]: acknowledged exactly once, explicitly or on drop; holds its id, so no
+//!   `rdma_destroy_id` ever waits on an unacknowledged event of ours.
+//! - [`AsyncEvents`]: the device's verbs asynchronous events, copied and acknowledged at
+//!   once, decoded from the raw integer (values newer than the headers, such as
+//!   DEVICE_SPEED_CHANGE, are not undefined behaviour).
+//! - A minimal data path ([`CmId::create_qp`], [`CmId::register_memory`],
+//!   [`CmId::post_send`], [`CmId::post_recv`], [`CmId::poll_recv_cq`]) for tests and
+//!   benches.
+//! - [`RdmaBackend`] ties the types to [`cm_core::CmBackend`].
+//!
+//! Errors are cm-core's [`CmError`] and [`NotifyError`], errno kept.
+//!
+//! # Example: a passive server forwarding COMM_EST by hand
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use cm_core::{AsyncEventType, CmEventType, NotifyOutcome};
+//! use cm_sys::{CmId, ConnParams, EventChannel, QpCaps};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let channel = EventChannel::new()?;
+//! let listener = channel.create_id()?;
+//! listener.bind_addr("10.77.1.1:7471".parse()?)?;
+//! listener.listen(8)?;
+//!
+//! // Wait for a connection request and accept it on a fresh QP.
+//! let conn: CmId = loop {
+//!     let event = channel.next_event()?;
+//!     if event.event_type() == CmEventType::ConnectRequest {
+//!         let id = event.id().expect("a request carries its new id").clone();
+//!         event.ack()?;
+//!         id.create_qp(&QpCaps::default())?;
+//!         id.accept(&ConnParams::default())?;
+//!         break id;
+//!     }
+//! };
+//!
+//! // The REP is sent. If data arrives before the RTU, the device raises COMM_EST:
+//! // forward it to the CM, which then reports ESTABLISHED exactly once.
+//! let device = conn.async_events()?;
+//! device.set_nonblocking(true)?;
+//! loop {
+//!     while let Some(async_event) = device.try_next_event()? {
+//!         if async_event.event_type == AsyncEventType::CommEst
+//!             && async_event.qp_num() == conn.qp_num()
+//!         {
+//!             match conn.notify(AsyncEventType::CommEst)? {
+//!                 NotifyOutcome::Established => println!("forced to ESTABLISHED"),
+//!                 NotifyOutcome::AlreadyEstablished => println!("the RTU won the race"),
+//!             }
+//!         }
+//!     }
+//!     if let Some(event) = channel.next_event_timeout(Duration::from_millis(10))? {
+//!         if event.event_type() == CmEventType::Established {
+//!             break;
+//!         }
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`AsFd`]: std::os::fd::AsFd
+//! [`CmError`]: cm_core::CmError
+//! [`CmError::NoDevice`]: cm_core::CmError::NoDevice
+//! [`NotifyError`]: cm_core::NotifyError
+
+mod channel;
+mod device;
+mod event;
+mod ffi;
+mod id;
+mod verbs;
+
+pub use channel::EventChannel;
+pub use device::AsyncEvents;
+pub use event::CmEvent;
+pub use ffi::{libibverbs_event_str, librdmacm_event_str};
+pub use id::{CmId, ConnParams};
+pub use verbs::{Completion, MemoryRegion, QpCaps};
+
+/// The real librdmacm/libibverbs backend, for code generic over [`cm_core::CmBackend`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct RdmaBackend;
+
+impl cm_core::CmBackend for RdmaBackend {
+    type Id = CmId;
+    type Event = CmEvent;
+    type Events = EventChannel;
+    type AsyncEvents = AsyncEvents;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn handles_can_cross_to_an_event_loop_thread() {
+        assert_send_sync::<CmId>();
+        assert_send_sync::<EventChannel>();
+        assert_send::<CmEvent>();
+        assert_send::<AsyncEvents>();
+    }
+}

@@ -1,0 +1,287 @@
+//! `AsyncEvents`: the verbs asynchronous events of a device context (`ibv_get_async_event`).
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cm_core::{AsyncEvent, AsyncEventType, CmError, EventElement, EventObject, QpNum};
+
+use crate::ffi::{self, RawAsyncEvent};
+use crate::id::IdInner;
+
+/// The asynchronous event stream of the device an id is bound to (`id->verbs`), from
+/// [`crate::CmId::async_events`].
+///
+/// Each event is copied out (type, and the QP number for QP events, the object's handle
+/// for CQ/SRQ/WQ events, the port otherwise) and acknowledged with
+/// `ibv_ack_async_event` before it is returned, so no destroy can ever wait on one.
+/// Event numbers the installed headers do not know (e.g. 20, DEVICE_SPEED_CHANGE, with
+/// rdma-core 44) are read as integers and come out as [`AsyncEventType::Unknown`] or
+/// their cm-core value, never as undefined behaviour.
+///
+/// All sources of one device share its `async_fd`, and so its blocking mode.
+pub struct AsyncEvents {
+    context: NonNull<ffi::ibv_context>,
+    /// Keeps the device context open: librdmacm releases it with its last id.
+    _id: Arc<IdInner>,
+}
+
+// SAFETY: the context is only used for ibv_get_async_event/ibv_ack_async_event and
+// fcntl/poll on its async_fd, all thread-safe in libibverbs; the id keeps it alive.
+unsafe impl Send for AsyncEvents {}
+
+impl std::fmt::Debug for AsyncEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEvents")
+            .field("async_fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+impl AsyncEvents {
+    /// # Safety
+    /// `context` is the live device context of `id`, open at least as long as `id` is.
+    pub(crate) unsafe fn new(context: NonNull<ffi::ibv_context>, id: Arc<IdInner>) -> Self {
+        AsyncEvents { context, _id: id }
+    }
+
+    fn fd(&self) -> RawFd {
+        // SAFETY: the context is live while `_id` is; async_fd is set once at open.
+        unsafe { (*self.context.as_ptr()).async_fd }
+    }
+
+    /// Sets (`true`) or clears `O_NONBLOCK` on the device's `async_fd`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<(), CmError> {
+        ffi::set_nonblocking(self.fd(), nonblocking)
+            .map_err(|e| CmError::from_errno("fcntl(F_SETFL)", e))
+    }
+
+    /// Whether `O_NONBLOCK` is set on the device's `async_fd`.
+    pub fn is_nonblocking(&self) -> Result<bool, CmError> {
+        ffi::is_nonblocking(self.fd()).map_err(|e| CmError::from_errno("fcntl(F_GETFL)", e))
+    }
+
+    /// The next event, waiting as long as it takes.
+    pub fn next_event(&self) -> Result<AsyncEvent, CmError> {
+        loop {
+            if let Some(event) = self.next_event_timeout_inner(None)? {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// The next event if one is pending (`Ok(None)`: none; EAGAIN on a non-blocking
+    /// descriptor).
+    pub fn try_next_event(&self) -> Result<Option<AsyncEvent>, CmError> {
+        if self.is_nonblocking()? {
+            // Straight to the read: EAGAIN is the answer when empty.
+            return self.read_one();
+        }
+        self.next_event_timeout_inner(Some(Duration::ZERO))
+    }
+
+    /// The next event, waiting at most `timeout`.
+    pub fn next_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent>, CmError> {
+        self.next_event_timeout_inner(Some(timeout))
+    }
+
+    fn next_event_timeout_inner(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<Option<AsyncEvent>, CmError> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if !ffi::wait_readable(self.fd(), left).map_err(|e| CmError::from_errno("poll", e))? {
+                return Ok(None);
+            }
+            match self.read_one()? {
+                Some(event) => return Ok(Some(event)),
+                None if timeout == Some(Duration::ZERO) => return Ok(None),
+                None => continue,
+            }
+        }
+    }
+
+    /// One `ibv_get_async_event` + copy + `ibv_ack_async_event`; `None` on EAGAIN.
+    fn read_one(&self) -> Result<Option<AsyncEvent>, CmError> {
+        let mut raw = RawAsyncEvent::zeroed();
+        // SAFETY: live context; `raw` has the layout of struct ibv_async_event with the
+        // type as a u32, so any number the kernel reports is a valid value.
+        let ret = unsafe { ffi::ibv_get_async_event(self.context.as_ptr(), raw.as_c_ptr()) };
+        if ret != 0 {
+            let errno = ffi::last_errno();
+            if errno == libc::EAGAIN || errno == libc::EINTR {
+                return Ok(None);
+            }
+            return Err(CmError::from_errno("ibv_get_async_event", errno));
+        }
+        // SAFETY: `raw` was just filled by ibv_get_async_event and is not yet acked, so
+        // the object it names is alive.
+        let event = unsafe { decode(&raw) };
+        // SAFETY: acknowledges the event read above, exactly once, after the copy.
+        unsafe { ffi::ibv_ack_async_event(raw.as_c_ptr()) };
+        Ok(Some(event))
+    }
+}
+
+/// Copies an asynchronous event out of C memory.
+///
+/// # Safety
+/// For a known event type naming a QP/CQ/SRQ/WQ, `element` is NULL or points to the
+/// live object (true until the event is acknowledged).
+pub(crate) unsafe fn decode(raw: &RawAsyncEvent) -> AsyncEvent {
+    let event_type = AsyncEventType::from_raw(raw.event_type);
+    // SAFETY: the union member read is the one the event type selects; pointers are
+    // checked for NULL and otherwise live (caller's guarantee).
+    let element = unsafe {
+        let object = raw.element.object;
+        match event_type.object() {
+            EventObject::Qp if !object.is_null() => {
+                EventElement::Qp(QpNum((*object.cast::<ffi::ibv_qp>()).qp_num))
+            }
+            EventObject::Cq if !object.is_null() => {
+                EventElement::Cq((*object.cast::<ffi::ibv_cq>()).handle)
+            }
+            EventObject::Srq if !object.is_null() => {
+                EventElement::Srq((*object.cast::<ffi::ibv_srq>()).handle)
+            }
+            EventObject::Wq if !object.is_null() => {
+                EventElement::Wq((*object.cast::<ffi::ibv_wq>()).handle)
+            }
+            // Port numbers are 1-based u8s carried in an int.
+            EventObject::Port => EventElement::Port(raw.element.port_num as u8),
+            _ => EventElement::Unknown,
+        }
+    };
+    AsyncEvent {
+        event_type,
+        element,
+    }
+}
+
+impl AsRawFd for AsyncEvents {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd()
+    }
+}
+
+impl AsFd for AsyncEvents {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the async_fd stays open while the context is, which `self` keeps alive
+        // longer than the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
+    }
+}
+
+impl cm_core::AsyncEventSource for AsyncEvents {
+    fn try_next_async_event(&mut self) -> Result<Option<AsyncEvent>, CmError> {
+        AsyncEvents::try_next_event(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::RawAsyncElement;
+    use std::ffi::c_void;
+
+    fn port_event(event_type: u32, port: i32) -> RawAsyncEvent {
+        RawAsyncEvent {
+            element: RawAsyncElement { port_num: port },
+            event_type,
+        }
+    }
+
+    #[test]
+    fn unknown_event_numbers_decode_without_touching_the_element() {
+        for raw in [21u32, 64, 0x7fff_ffff, u32::MAX] {
+            // A dangling "pointer": decoding must not follow it for an unknown type.
+            let event = RawAsyncEvent {
+                element: RawAsyncElement {
+                    object: 0x10 as *mut c_void,
+                },
+                event_type: raw,
+            };
+            // SAFETY: the type is unknown, so the element is never dereferenced.
+            let decoded = unsafe { decode(&event) };
+            assert_eq!(decoded.event_type, AsyncEventType::Unknown(raw));
+            assert_eq!(decoded.element, EventElement::Unknown);
+        }
+    }
+
+    #[test]
+    fn device_speed_change_beyond_rdma_core_44_decodes_as_a_port_event() {
+        // SAFETY: port events never dereference the element.
+        let decoded = unsafe { decode(&port_event(20, 1)) };
+        assert_eq!(decoded.event_type, AsyncEventType::DeviceSpeedChange);
+        assert_eq!(decoded.element, EventElement::Port(1));
+        // SAFETY: as above.
+        let decoded = unsafe { decode(&port_event(9, 2)) };
+        assert_eq!(
+            decoded,
+            AsyncEvent {
+                event_type: AsyncEventType::PortActive,
+                element: EventElement::Port(2),
+            }
+        );
+    }
+
+    #[test]
+    fn qp_events_carry_the_qp_number_and_cq_events_the_handle() {
+        // SAFETY: ibv_qp/ibv_cq are integers, pointers and opaque pthread storage: all
+        // zeroes is a valid value to read fields from.
+        let mut qp: ffi::ibv_qp = unsafe { std::mem::zeroed() };
+        qp.qp_num = 0x11;
+        let event = RawAsyncEvent {
+            element: RawAsyncElement {
+                object: (&mut qp as *mut ffi::ibv_qp).cast(),
+            },
+            event_type: AsyncEventType::CommEst.as_raw(),
+        };
+        // SAFETY: the element points to a live ibv_qp.
+        let decoded = unsafe { decode(&event) };
+        assert_eq!(
+            decoded,
+            AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0x11))
+        );
+
+        // SAFETY: as above.
+        let mut cq: ffi::ibv_cq = unsafe { std::mem::zeroed() };
+        cq.handle = 7;
+        let event = RawAsyncEvent {
+            element: RawAsyncElement {
+                object: (&mut cq as *mut ffi::ibv_cq).cast(),
+            },
+            event_type: AsyncEventType::CqErr.as_raw(),
+        };
+        // SAFETY: the element points to a live ibv_cq.
+        assert_eq!(unsafe { decode(&event) }.element, EventElement::Cq(7));
+
+        let null_qp = RawAsyncEvent {
+            element: RawAsyncElement {
+                object: std::ptr::null_mut(),
+            },
+            event_type: AsyncEventType::QpFatal.as_raw(),
+        };
+        // SAFETY: NULL elements are checked, never dereferenced.
+        assert_eq!(unsafe { decode(&null_qp) }.element, EventElement::Unknown);
+    }
+
+    #[test]
+    fn the_mirror_reads_the_type_where_libibverbs_writes_it() {
+        // libibverbs writes `enum ibv_event_type` (4 bytes) after the 8-byte element.
+        let mut bytes = [0u8; size_of::<RawAsyncEvent>()];
+        bytes[8..12].copy_from_slice(&20u32.to_ne_bytes());
+        bytes[0..4].copy_from_slice(&3i32.to_ne_bytes());
+        // SAFETY: RawAsyncEvent is plain integers/pointers; any bit pattern of the right
+        // size is valid, read unaligned from the byte array.
+        let raw: RawAsyncEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        assert_eq!(raw.event_type, 20);
+        // SAFETY: port events never dereference the element.
+        let decoded = unsafe { decode(&raw) };
+        assert_eq!(decoded.event_type, AsyncEventType::DeviceSpeedChange);
+        assert_eq!(decoded.element, EventElement::Port(3));
+    }
+}

@@ -1,0 +1,688 @@
+//! `CmId`: one `rdma_cm_id`, shared by cheap clones and destroyed with the last one.
+
+use std::ffi::c_void;
+use std::mem::ManuallyDrop;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use cm_core::{
+    notify_result_from_errno, AsyncEventType, CmError, NotifyError, NotifyOutcome, QpNum,
+};
+
+use crate::channel::{ChannelInner, EventChannel};
+use crate::device::AsyncEvents;
+use crate::ffi;
+use crate::verbs::{Completion, MemoryRegion, QpCaps, RegisteredMemory};
+
+/// `qp_num` value meaning "no QP yet" (QP numbers are 24 bits).
+const NO_QP: u32 = u32::MAX;
+
+/// Connection parameters of [`CmId::connect`] and [`CmId::accept`]
+/// (`struct rdma_conn_param`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnParams<'a> {
+    /// Private data sent with the REQ or REP (at most 56 and 196 bytes on IB/RoCE).
+    pub private_data: &'a [u8],
+    /// Outstanding RDMA reads/atomics this side accepts as responder.
+    pub responder_resources: u8,
+    /// Outstanding RDMA reads/atomics this side issues as initiator.
+    pub initiator_depth: u8,
+    /// Transport retries before an error (0–7).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (0–7, 7 = forever).
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParams<'_> {
+    /// No private data, one outstanding read each way, 7 retries.
+    fn default() -> Self {
+        ConnParams {
+            private_data: &[],
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+impl ConnParams<'_> {
+    fn to_raw(self, op: &'static str) -> Result<ffi::rdma_conn_param, CmError> {
+        let private_data_len =
+            u8::try_from(self.private_data.len()).map_err(|_| CmError::InvalidArgument {
+                op,
+                reason: "private data longer than 255 bytes",
+            })?;
+        Ok(ffi::rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: 0,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        })
+    }
+}
+
+/// The shared state of one `rdma_cm_id`; destroyed (QP, memory, id) when the last
+/// [`CmId`] or [`crate::CmEvent`] referring to it goes.
+///
+/// The id's `context` holds a `Weak` of this struct (leaked into a raw pointer), so that
+/// reading an event can find the owner of `event->id`. The `Weak` is reclaimed after
+/// `rdma_destroy_id` returns: from then on librdmacm reports no event for the id.
+pub(crate) struct IdInner {
+    raw: NonNull<ffi::rdma_cm_id>,
+    /// The channel the id's events arrive on; write-locked only while migrating, because
+    /// `rdma_notify` reads `id->channel` and `rdma_migrate_id` writes it.
+    channel: RwLock<Arc<ChannelInner>>,
+    /// Serializes the calls that change librdmacm's user-space id state (bind, resolve,
+    /// connect, accept, QP creation, posting, polling). `notify` does not take it.
+    ops: Mutex<()>,
+    /// QP number, or [`NO_QP`]; cached so that `qp_num` never reads `id->qp` while
+    /// another thread creates the QP.
+    qp_num: AtomicU32,
+    /// CM events for this id read but not yet acknowledged.
+    events_out: AtomicUsize,
+    /// Memory registered for the id's QP; deregistered after the QP is destroyed.
+    regions: Mutex<Vec<RegisteredMemory>>,
+}
+
+// SAFETY: librdmacm ids may be used from any thread. The user-space id fields librdmacm
+// changes are guarded here: `ops` serializes every call that writes them, `channel`
+// serializes migration against notify, and the cached QP number is atomic. The kernel
+// serializes the commands themselves.
+unsafe impl Send for IdInner {}
+// SAFETY: see Send; every `&self` method takes the lock its C call needs.
+unsafe impl Sync for IdInner {}
+
+impl IdInner {
+    pub(crate) fn as_ptr(&self) -> *mut ffi::rdma_cm_id {
+        self.raw.as_ptr()
+    }
+
+    fn lock_ops(&self) -> MutexGuard<'_, ()> {
+        self.ops.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn event_read(&self) {
+        self.events_out.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn event_acked(&self) {
+        self.events_out.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Finds the owner of an id reported by `rdma_get_cm_event`, if it is still alive.
+    ///
+    /// # Safety
+    /// `raw` is NULL or an id this crate created (its context is NULL or a `Weak` leaked
+    /// by [`IdInner::new`]) that is not yet destroyed: true for `event->id` and
+    /// `event->listen_id` of an unacknowledged event, since `rdma_destroy_id` waits for
+    /// that acknowledgement before it frees the id and the `Weak` is reclaimed after.
+    pub(crate) unsafe fn upgrade(raw: *mut ffi::rdma_cm_id) -> Option<Arc<IdInner>> {
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: the caller guarantees `raw` is a live id.
+        let context = unsafe { (*raw).context }.cast_const().cast::<IdInner>();
+        if context.is_null() {
+            return None;
+        }
+        // SAFETY: `context` came from Weak::into_raw in IdInner::new and is reclaimed
+        // only after the id is destroyed; ManuallyDrop keeps the leaked count as is.
+        let weak = ManuallyDrop::new(unsafe { Weak::from_raw(context) });
+        weak.upgrade()
+    }
+
+    /// Takes ownership of a fresh id and points its context at the new owner.
+    ///
+    /// # Safety
+    /// `raw` is a live id created on `channel`, owned by nobody else, with no event read
+    /// for it yet.
+    pub(crate) unsafe fn new(
+        raw: NonNull<ffi::rdma_cm_id>,
+        channel: Arc<ChannelInner>,
+    ) -> Arc<IdInner> {
+        Arc::new_cyclic(|weak: &Weak<IdInner>| {
+            let context = Weak::into_raw(weak.clone()).cast_mut().cast::<c_void>();
+            // SAFETY: the caller owns the id exclusively; the context is this crate's.
+            unsafe { (*raw.as_ptr()).context = context };
+            IdInner {
+                raw,
+                channel: RwLock::new(channel),
+                ops: Mutex::new(()),
+                qp_num: AtomicU32::new(NO_QP),
+                events_out: AtomicUsize::new(0),
+                regions: Mutex::new(Vec::new()),
+            }
+        })
+    }
+}
+
+impl Drop for IdInner {
+    fn drop(&mut self) {
+        let raw = self.raw.as_ptr();
+        // SAFETY: last owner: no other thread uses the id. Order matters: the QP first
+        // (it references the memory regions and the CQs), then the regions (they
+        // reference the device's PD, which the id keeps), then the id.
+        unsafe {
+            if !(*raw).qp.is_null() {
+                ffi::rdma_destroy_qp(raw);
+            }
+        }
+        let regions = self
+            .regions
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        for region in regions.drain(..) {
+            // SAFETY: the QP that could use the region is destroyed; nothing else holds it.
+            unsafe { region.deregister() };
+        }
+        // SAFETY: reading our own context pointer of the live id.
+        let context = unsafe { (*raw).context }.cast_const().cast::<IdInner>();
+        // SAFETY: every event of this id is acknowledged (each holds an owner, and there
+        // is none left), so rdma_destroy_id cannot wait on one of ours; an event read
+        // concurrently by another thread fails to upgrade and is acked at once.
+        let ret = unsafe { ffi::rdma_destroy_id(raw) };
+        if ret == 0 && !context.is_null() {
+            // SAFETY: the id is gone, so no event can name it any more: reclaim the Weak
+            // leaked in IdInner::new.
+            drop(unsafe { Weak::from_raw(context) });
+        }
+    }
+}
+
+/// An RDMA CM id (`struct rdma_cm_id`), reliable-connected (`RDMA_PS_TCP`).
+///
+/// Clones are cheap handles to the same id: the notify pump keeps one to call
+/// [`CmId::notify`] while the application keeps using its own. The id (with its QP and
+/// registered memory) is destroyed when the last clone, and the last [`crate::CmEvent`]
+/// about it, are gone: an id can never be destroyed while one of its events is
+/// unacknowledged, so `rdma_destroy_id` never hangs on one.
+///
+/// `Send + Sync`: every method takes `&self`.
+#[derive(Clone)]
+pub struct CmId {
+    inner: Arc<IdInner>,
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmId")
+            .field("raw", &self.inner.raw)
+            .field("qp_num", &self.qp_num())
+            .finish()
+    }
+}
+
+impl PartialEq for CmId {
+    /// Two handles are equal when they refer to the same id.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for CmId {}
+
+fn check(op: &'static str, ret: i32) -> Result<(), CmError> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(CmError::from_errno(op, ffi::last_errno()))
+    }
+}
+
+impl CmId {
+    /// # Safety
+    /// As [`IdInner::new`].
+    pub(crate) unsafe fn from_new_raw(
+        raw: NonNull<ffi::rdma_cm_id>,
+        channel: Arc<ChannelInner>,
+    ) -> CmId {
+        CmId {
+            // SAFETY: forwarded from the caller.
+            inner: unsafe { IdInner::new(raw, channel) },
+        }
+    }
+
+    pub(crate) fn from_inner(inner: Arc<IdInner>) -> CmId {
+        CmId { inner }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<IdInner> {
+        &self.inner
+    }
+
+    /// `rdma_bind_addr`: binds to a local address (port 0 picks one); an address of an
+    /// RDMA device's netdev also binds the id to that device.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        let mut storage = ffi::sockaddr_from(&addr);
+        // SAFETY: live id; `storage` is a valid sockaddr for the call's duration.
+        let ret = unsafe {
+            ffi::rdma_bind_addr(
+                self.inner.as_ptr(),
+                (&mut storage as *mut libc::sockaddr_storage).cast(),
+            )
+        };
+        check("rdma_bind_addr", ret)
+    }
+
+    /// `rdma_resolve_addr`: starts resolving `dst` (from `src`, if given) to a device;
+    /// ADDR_RESOLVED or ADDR_ERROR follows on the channel.
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        let mut src_storage = src.as_ref().map(ffi::sockaddr_from);
+        let mut dst_storage = ffi::sockaddr_from(&dst);
+        let src_ptr = src_storage.as_mut().map_or(ptr::null_mut(), |s| {
+            (s as *mut libc::sockaddr_storage).cast()
+        });
+        // SAFETY: live id; both addresses are valid (or NULL) for the call's duration.
+        let ret = unsafe {
+            ffi::rdma_resolve_addr(
+                self.inner.as_ptr(),
+                src_ptr,
+                (&mut dst_storage as *mut libc::sockaddr_storage).cast(),
+                ffi::timeout_ms(timeout),
+            )
+        };
+        check("rdma_resolve_addr", ret)
+    }
+
+    /// `rdma_resolve_route`: ROUTE_RESOLVED or ROUTE_ERROR follows.
+    pub fn resolve_route(&self, timeout: Duration) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id.
+        let ret = unsafe { ffi::rdma_resolve_route(self.inner.as_ptr(), ffi::timeout_ms(timeout)) };
+        check("rdma_resolve_route", ret)
+    }
+
+    /// `rdma_listen`: CONNECT_REQUEST events (each with a new id) follow.
+    pub fn listen(&self, backlog: i32) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id.
+        let ret = unsafe { ffi::rdma_listen(self.inner.as_ptr(), backlog) };
+        check("rdma_listen", ret)
+    }
+
+    /// `rdma_connect`: sends the REQ. With a QP, librdmacm answers the REP itself (QP to
+    /// RTR/RTS, RTU sent) and reports ESTABLISHED.
+    pub fn connect(&self, params: &ConnParams<'_>) -> Result<(), CmError> {
+        let mut raw = params.to_raw("rdma_connect")?;
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id; `raw` and its private data outlive the call.
+        let ret = unsafe { ffi::rdma_connect(self.inner.as_ptr(), &mut raw) };
+        check("rdma_connect", ret)
+    }
+
+    /// `rdma_accept` on the id of a CONNECT_REQUEST: moves the QP to RTR/RTS and sends
+    /// the REP (IB CM state REP_SENT until the RTU or a notify).
+    pub fn accept(&self, params: &ConnParams<'_>) -> Result<(), CmError> {
+        let mut raw = params.to_raw("rdma_accept")?;
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id; `raw` and its private data outlive the call.
+        let ret = unsafe { ffi::rdma_accept(self.inner.as_ptr(), &mut raw) };
+        check("rdma_accept", ret)
+    }
+
+    /// `rdma_reject` on the id of a CONNECT_REQUEST.
+    pub fn reject(&self, private_data: &[u8]) -> Result<(), CmError> {
+        let len = u8::try_from(private_data.len()).map_err(|_| CmError::InvalidArgument {
+            op: "rdma_reject",
+            reason: "private data longer than 255 bytes",
+        })?;
+        let data = if private_data.is_empty() {
+            ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id; `data` is valid for `len` bytes during the call.
+        let ret = unsafe { ffi::rdma_reject(self.inner.as_ptr(), data, len) };
+        check("rdma_reject", ret)
+    }
+
+    /// `rdma_disconnect`. Call it also on receiving DISCONNECTED: the peer's teardown
+    /// waits for this side's DREP.
+    pub fn disconnect(&self) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id.
+        let ret = unsafe { ffi::rdma_disconnect(self.inner.as_ptr()) };
+        check("rdma_disconnect", ret)
+    }
+
+    /// `rdma_notify(id, event)`: tells the CM that `event` (COMM_EST) happened on the id's
+    /// QP. EISCONN is `Ok(AlreadyEstablished)`; see [`cm_core::CmId::notify`].
+    ///
+    /// The event number goes to the kernel as is, unknown ones included. Does not wait
+    /// behind the id's other calls.
+    pub fn notify(&self, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+        let _channel = self
+            .inner
+            .channel
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: live id; the read lock keeps migrate_id from changing `id->channel`,
+        // the only id field rdma_notify reads that can change.
+        let ret = unsafe { ffi::rdma_notify_raw(self.inner.as_ptr(), event.as_raw()) };
+        if ret == 0 {
+            Ok(NotifyOutcome::Established)
+        } else {
+            notify_result_from_errno(ffi::last_errno())
+        }
+    }
+
+    /// `rdma_migrate_id`: the id's future events arrive on `channel`.
+    ///
+    /// Refused with [`CmError::UnackedEvents`] while an event of the id is
+    /// unacknowledged: librdmacm would wait for it, possibly forever.
+    pub fn migrate(&self, channel: &EventChannel) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        let unacked = self.inner.events_out.load(Ordering::Acquire);
+        if unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                op: "rdma_migrate_id",
+                unacked,
+            });
+        }
+        let mut current = self
+            .inner
+            .channel
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: live id and channel; the write lock excludes concurrent notify.
+        let ret = unsafe { ffi::rdma_migrate_id(self.inner.as_ptr(), channel.inner().as_ptr()) };
+        check("rdma_migrate_id", ret)?;
+        *current = Arc::clone(channel.inner());
+        Ok(())
+    }
+
+    /// How many of the id's CM events are read but not yet acknowledged.
+    pub fn unacked_events(&self) -> usize {
+        self.inner.events_out.load(Ordering::Acquire)
+    }
+
+    /// The local address (`rdma_get_local_addr`), once bound or resolved.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id; the route's source address is a sockaddr_storage-sized union.
+        unsafe {
+            let id = self.inner.as_ptr();
+            ffi::socket_addr_from_raw(ptr::addr_of!((*id).route.addr.src_addr_union).cast())
+        }
+    }
+
+    /// The peer address (`rdma_get_peer_addr`), once resolved or connected.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id; the route's destination address is a sockaddr_storage-sized
+        // union.
+        unsafe {
+            let id = self.inner.as_ptr();
+            ffi::socket_addr_from_raw(ptr::addr_of!((*id).route.addr.dst_addr_union).cast())
+        }
+    }
+
+    /// `rdma_create_qp` with an RC QP on the device's default protection domain and
+    /// completion queues librdmacm creates for it; every send is signalled.
+    pub fn create_qp(&self, caps: &QpCaps) -> Result<QpNum, CmError> {
+        let _ops = self.inner.lock_ops();
+        let id = self.inner.as_ptr();
+        // SAFETY: live id, read under the ops lock.
+        if unsafe { (*id).verbs.is_null() } {
+            return Err(CmError::InvalidArgument {
+                op: "rdma_create_qp",
+                reason: "the id is not bound to a device yet",
+            });
+        }
+        // SAFETY: ibv_qp_init_attr is integers and pointers; all zeroes is valid (NULL
+        // CQs/SRQ: librdmacm creates the CQs).
+        let mut attr: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.cap.max_send_wr = caps.max_send_wr;
+        attr.cap.max_recv_wr = caps.max_recv_wr;
+        attr.cap.max_send_sge = caps.max_send_sge;
+        attr.cap.max_recv_sge = caps.max_recv_sge;
+        attr.cap.max_inline_data = caps.max_inline_data;
+        attr.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 1;
+        // SAFETY: live id bound to a device; `attr` valid for the call; NULL PD means the
+        // id's (the device's default) PD.
+        let ret = unsafe { ffi::rdma_create_qp(id, ptr::null_mut(), &mut attr) };
+        check("rdma_create_qp", ret)?;
+        // SAFETY: rdma_create_qp succeeded, so `id->qp` is the new live QP.
+        let qp_num = unsafe { (*(*id).qp).qp_num };
+        self.inner.qp_num.store(qp_num, Ordering::Release);
+        Ok(QpNum(qp_num))
+    }
+
+    /// The id's QP number, once [`CmId::create_qp`] succeeded.
+    pub fn qp_num(&self) -> Option<QpNum> {
+        match self.inner.qp_num.load(Ordering::Acquire) {
+            NO_QP => None,
+            n => Some(QpNum(n)),
+        }
+    }
+
+    /// The asynchronous events of the id's device (`id->verbs`). Every id on the same
+    /// device shares one stream; the returned source keeps this id alive.
+    pub fn async_events(&self) -> Result<AsyncEvents, CmError> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id, read under the ops lock.
+        let verbs = unsafe { (*self.inner.as_ptr()).verbs };
+        match NonNull::new(verbs) {
+            // SAFETY: librdmacm keeps the device context open while an id is bound to
+            // it, and the source holds this id.
+            Some(context) => Ok(unsafe { AsyncEvents::new(context, Arc::clone(&self.inner)) }),
+            None => Err(CmError::InvalidArgument {
+                op: "async_events",
+                reason: "the id is not bound to a device yet",
+            }),
+        }
+    }
+
+    /// Registers `len` zeroed bytes with the device for local read/write, for this id's
+    /// QP. The memory lives as long as the id (after its QP is destroyed).
+    pub fn register_memory(&self, len: usize) -> Result<MemoryRegion, CmError> {
+        let _ops = self.inner.lock_ops();
+        // SAFETY: live id, read under the ops lock.
+        let pd = unsafe { (*self.inner.as_ptr()).pd };
+        if pd.is_null() {
+            return Err(CmError::InvalidArgument {
+                op: "ibv_reg_mr",
+                reason: "the id is not bound to a device yet",
+            });
+        }
+        // SAFETY: `pd` is the device's PD, alive while the id is; the id outlives the
+        // region (regions are deregistered in IdInner's Drop).
+        let region = unsafe { RegisteredMemory::register(pd, len) }?;
+        let mut regions = self
+            .inner
+            .regions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let handle = MemoryRegion {
+            owner: Arc::as_ptr(&self.inner) as usize,
+            index: regions.len(),
+            len,
+        };
+        regions.push(region);
+        Ok(handle)
+    }
+
+    fn with_region<T>(
+        &self,
+        op: &'static str,
+        region: &MemoryRegion,
+        range: &Range<usize>,
+        f: impl FnOnce(&RegisteredMemory) -> Result<T, CmError>,
+    ) -> Result<T, CmError> {
+        if region.owner != Arc::as_ptr(&self.inner) as usize {
+            return Err(CmError::InvalidArgument {
+                op,
+                reason: "the memory region belongs to another id",
+            });
+        }
+        if range.start > range.end || range.end > region.len {
+            return Err(CmError::InvalidArgument {
+                op,
+                reason: "range outside the memory region",
+            });
+        }
+        let regions = self
+            .inner
+            .regions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        f(&regions[region.index])
+    }
+
+    /// Copies `data` into the region at `offset`.
+    ///
+    /// Do not write into bytes a posted receive may be filling: their content is then
+    /// unspecified (the call stays memory-safe).
+    pub fn write_memory(
+        &self,
+        region: &MemoryRegion,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), CmError> {
+        let range = offset..offset.saturating_add(data.len());
+        self.with_region("write_memory", region, &range, |memory| {
+            memory.write(offset, data);
+            Ok(())
+        })
+    }
+
+    /// Copies `range` of the region out.
+    pub fn read_memory(
+        &self,
+        region: &MemoryRegion,
+        range: Range<usize>,
+    ) -> Result<Vec<u8>, CmError> {
+        self.with_region("read_memory", region, &range, |memory| {
+            Ok(memory.read(range.clone()))
+        })
+    }
+
+    /// `ibv_post_send` of one signalled SEND of `range` of the region.
+    pub fn post_send(
+        &self,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        let qp = self.qp_ptr("ibv_post_send")?;
+        self.with_region("ibv_post_send", region, &range, |memory| {
+            let mut sge = memory.sge(range.clone());
+            // SAFETY: ibv_send_wr is integers, pointers and unions of those: all zeroes
+            // is valid.
+            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = wr_id;
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+            let mut bad = ptr::null_mut();
+            // SAFETY: live QP (the ops lock excludes its destruction); the WR and SGE are
+            // valid for the call (the provider copies them); the SGE's memory is
+            // registered and lives as long as the QP.
+            let ret = unsafe { ffi::ibv_post_send(qp, &mut wr, &mut bad) };
+            // ibv_post_send returns the errno itself.
+            if ret == 0 {
+                Ok(())
+            } else {
+                Err(CmError::from_errno("ibv_post_send", ret))
+            }
+        })
+    }
+
+    /// `ibv_post_recv` of one receive into `range` of the region.
+    pub fn post_recv(
+        &self,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        let qp = self.qp_ptr("ibv_post_recv")?;
+        self.with_region("ibv_post_recv", region, &range, |memory| {
+            let mut sge = memory.sge(range.clone());
+            let mut wr = ffi::ibv_recv_wr {
+                wr_id,
+                next: ptr::null_mut(),
+                sg_list: &mut sge,
+                num_sge: 1,
+            };
+            let mut bad = ptr::null_mut();
+            // SAFETY: as post_send: live QP, WR valid for the call, memory registered and
+            // alive as long as the QP.
+            let ret = unsafe { ffi::ibv_post_recv(qp, &mut wr, &mut bad) };
+            if ret == 0 {
+                Ok(())
+            } else {
+                Err(CmError::from_errno("ibv_post_recv", ret))
+            }
+        })
+    }
+
+    /// Polls the send completion queue (up to `max` completions, none: empty vector).
+    pub fn poll_send_cq(&self, max: usize) -> Result<Vec<Completion>, CmError> {
+        let _ops = self.inner.lock_ops();
+        self.qp_ptr("ibv_poll_cq")?;
+        // SAFETY: live id with a QP (checked), so `send_cq` is librdmacm's live CQ.
+        let cq = unsafe { (*self.inner.as_ptr()).send_cq };
+        // SAFETY: `cq` is live while the QP is, and the ops lock excludes its destruction.
+        unsafe { crate::verbs::poll_cq(cq, max) }
+    }
+
+    /// Polls the receive completion queue (up to `max` completions).
+    pub fn poll_recv_cq(&self, max: usize) -> Result<Vec<Completion>, CmError> {
+        let _ops = self.inner.lock_ops();
+        self.qp_ptr("ibv_poll_cq")?;
+        // SAFETY: live id with a QP (checked), so `recv_cq` is librdmacm's live CQ.
+        let cq = unsafe { (*self.inner.as_ptr()).recv_cq };
+        // SAFETY: `cq` is live while the QP is, and the ops lock excludes its destruction.
+        unsafe { crate::verbs::poll_cq(cq, max) }
+    }
+
+    /// The live QP; callers hold the ops lock.
+    fn qp_ptr(&self, op: &'static str) -> Result<*mut ffi::ibv_qp, CmError> {
+        // SAFETY: live id; `qp` is written only by create_qp under the ops lock, which
+        // the caller holds.
+        let qp = unsafe { (*self.inner.as_ptr()).qp };
+        if qp.is_null() {
+            Err(CmError::InvalidArgument {
+                op,
+                reason: "the id has no QP",
+            })
+        } else {
+            Ok(qp)
+        }
+    }
+}
+
+impl cm_core::CmId for CmId {
+    fn notify(&self, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+        CmId::notify(self, event)
+    }
+
+    fn qp_num(&self) -> Option<QpNum> {
+        CmId::qp_num(self)
+    }
+}

@@ -1,0 +1,219 @@
+//! The minimal data path tests and benches need: registered memory, SEND/RECV, polling.
+
+use std::ops::Range;
+use std::ptr::NonNull;
+
+use cm_core::{CmError, QpNum};
+
+use crate::ffi;
+
+/// Queue sizes of [`crate::CmId::create_qp`] (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive.
+    pub max_recv_sge: u32,
+    /// Bytes a send may carry inline.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    /// 16 sends and 16 receives of one SGE each, no inline data.
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        }
+    }
+}
+
+/// A handle to memory registered with [`crate::CmId::register_memory`]; usable only
+/// with the id that registered it (the id owns the memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemoryRegion {
+    /// Address of the owning id's shared state, to refuse use with another id.
+    pub(crate) owner: usize,
+    pub(crate) index: usize,
+    pub(crate) len: usize,
+}
+
+impl MemoryRegion {
+    /// The region's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A heap buffer and its `ibv_mr`, owned by an id and deregistered after its QP.
+pub(crate) struct RegisteredMemory {
+    mr: NonNull<ffi::ibv_mr>,
+    buffer: NonNull<u8>,
+    len: usize,
+}
+
+impl RegisteredMemory {
+    /// Allocates `len` zeroed bytes and registers them on `pd` for local write.
+    ///
+    /// # Safety
+    /// `pd` is a live protection domain that outlives the returned value.
+    pub(crate) unsafe fn register(pd: *mut rdma_sys::ibv_pd, len: usize) -> Result<Self, CmError> {
+        // At least one byte so that the pointer is a real allocation.
+        let boxed: Box<[u8]> = vec![0u8; len.max(1)].into_boxed_slice();
+        let buffer = NonNull::new(Box::into_raw(boxed).cast::<u8>()).ok_or(CmError::Os {
+            op: "ibv_reg_mr",
+            errno: cm_core::Errno(libc::ENOMEM),
+        })?;
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        // SAFETY: `pd` is live (caller); the buffer is a live allocation of `len.max(1)`
+        // bytes that stays allocated until `deregister`.
+        let mr = unsafe { ffi::ibv_reg_mr(pd, buffer.as_ptr().cast(), len.max(1), access) };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(RegisteredMemory { mr, buffer, len }),
+            None => {
+                let errno = ffi::last_errno();
+                // SAFETY: the buffer came from Box::into_raw of a slice of this length
+                // and was not registered.
+                drop(unsafe { Self::reclaim(buffer, len) });
+                Err(CmError::from_errno("ibv_reg_mr", errno))
+            }
+        }
+    }
+
+    /// # Safety
+    /// `buffer` came from `Box::into_raw` of a `[u8]` of `len.max(1)` bytes, not freed.
+    unsafe fn reclaim(buffer: NonNull<u8>, len: usize) -> Box<[u8]> {
+        let slice = std::ptr::slice_from_raw_parts_mut(buffer.as_ptr(), len.max(1));
+        // SAFETY: forwarded from the caller.
+        unsafe { Box::from_raw(slice) }
+    }
+
+    /// Deregisters and frees.
+    ///
+    /// # Safety
+    /// No QP can use the memory any more (its QP is destroyed).
+    pub(crate) unsafe fn deregister(self) {
+        // SAFETY: the MR is live and no work request can reference it (caller).
+        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        // SAFETY: allocated in `register` with this length; the device no longer
+        // accesses it.
+        drop(unsafe { Self::reclaim(self.buffer, self.len) });
+    }
+
+    /// The scatter/gather entry for `range` (checked by the caller to be in bounds).
+    pub(crate) fn sge(&self, range: Range<usize>) -> ffi::ibv_sge {
+        // SAFETY: the MR is live while `self` is; lkey is set at registration.
+        let lkey = unsafe { (*self.mr.as_ptr()).lkey };
+        ffi::ibv_sge {
+            addr: self.buffer.as_ptr() as u64 + range.start as u64,
+            length: u32::try_from(range.len()).unwrap_or(u32::MAX),
+            lkey,
+        }
+    }
+
+    /// Copies `data` in at `offset` (bounds checked by the caller).
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) {
+        debug_assert!(offset + data.len() <= self.len);
+        // SAFETY: in bounds of the live allocation; raw copies (no Rust reference to the
+        // buffer exists), so the device writing concurrently is not a Rust aliasing
+        // violation, only unspecified content.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.buffer.as_ptr().add(offset),
+                data.len(),
+            )
+        };
+    }
+
+    /// Copies `range` out (bounds checked by the caller).
+    pub(crate) fn read(&self, range: Range<usize>) -> Vec<u8> {
+        debug_assert!(range.end <= self.len);
+        let mut out = vec![0u8; range.len()];
+        // SAFETY: in bounds of the live allocation; raw copy, as in `write`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.buffer.as_ptr().add(range.start),
+                out.as_mut_ptr(),
+                range.len(),
+            )
+        };
+        out
+    }
+}
+
+/// One work completion (`struct ibv_wc`), copied out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Completion {
+    /// The work request id given when posting.
+    pub wr_id: u64,
+    /// The QP the work request was on.
+    pub qp_num: QpNum,
+    /// `enum ibv_wc_opcode` (SEND 0, … RECV 128).
+    pub opcode: u32,
+    /// `enum ibv_wc_status` (0 = success).
+    pub status: u32,
+    /// Bytes received (receive completions).
+    pub byte_len: u32,
+}
+
+impl Completion {
+    /// Whether the work request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == 0
+    }
+
+    /// Whether this completes a receive.
+    pub fn is_recv(&self) -> bool {
+        self.opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0
+    }
+
+    /// libibverbs' text for the status (`ibv_wc_status_str`).
+    pub fn status_str(&self) -> &'static str {
+        ffi::wc_status_str(self.status)
+    }
+}
+
+/// Polls up to `max` completions.
+///
+/// # Safety
+/// `cq` is a live completion queue, not destroyed during the call.
+pub(crate) unsafe fn poll_cq(cq: *mut ffi::ibv_cq, max: usize) -> Result<Vec<Completion>, CmError> {
+    if cq.is_null() {
+        return Err(CmError::InvalidArgument {
+            op: "ibv_poll_cq",
+            reason: "no completion queue",
+        });
+    }
+    let max = max.clamp(1, 64);
+    // SAFETY: ibv_wc is integers and a union of integers: all zeroes is valid.
+    let mut wcs: Vec<ffi::ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
+    // SAFETY: live CQ (caller); `wcs` has room for `max` entries.
+    let n = unsafe { ffi::ibv_poll_cq(cq, max as i32, wcs.as_mut_ptr()) };
+    if n < 0 {
+        return Err(CmError::from_errno("ibv_poll_cq", ffi::last_errno()));
+    }
+    Ok(wcs
+        .iter()
+        .take(n as usize)
+        .map(|wc| Completion {
+            wr_id: wc.wr_id,
+            qp_num: QpNum(wc.qp_num),
+            opcode: wc.opcode,
+            status: wc.status,
+            byte_len: wc.byte_len,
+        })
+        .collect())
+}
