@@ -6,6 +6,7 @@ mod ci;
 mod deps;
 mod run;
 mod tidy;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -17,6 +18,9 @@ Commands:
                   docs, packaging; prints each step's time and a summary.
                   --no-vm skips the soft-RoCE VM run (quick local loops only).
   deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
+  vm [--accel kvm|tcg|auto] [--timeout SECS]
+                  the real-device tests and RDMA CM smoke on the real Linux kernel:
+                  soft-RoCE in a qemu VM (ci/vm/); console in target/vm/console.log
   help            this text
 ";
 
@@ -29,6 +33,7 @@ fn main() -> ExitCode {
     let result = match command {
         "ci" => ci::run(rest),
         "deps" => deps::ensure(&deps::host_packages()).map(|_| ()),
+        "vm" => vm::run(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())

@@ -1,0 +1,248 @@
+//! `cargo xtask vm`: the project's real-device tests on the real Linux kernel RDMA CM,
+//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/` and
+//! shared/spec/softroce-vm.md).
+//!
+//! Steps: host packages (`ci/vm/host-packages.txt`), the pinned Debian packages
+//! (`debs`), the payload (`payload`, from `ci/vm/payload.txt`), the initramfs (`image`),
+//! the boot (`qemu`) and the verdict read from the console log (`console`).
+
+mod console;
+mod debs;
+mod image;
+mod payload;
+mod qemu;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::deps;
+use crate::run::workspace_root;
+use console::ConsoleReport;
+use qemu::{Accel, Ended, VmConfig};
+
+/// Host packages this step needs, relative to the workspace root.
+const HOST_PACKAGES: &str = "ci/vm/host-packages.txt";
+/// Time from qemu's start until `/init` must have printed its first line. Boot takes
+/// ~10 s under TCG on 2 cores.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Time for KVM to reach `/init` before falling back to TCG (a broken KVM hangs).
+const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Slack added to the entries' own timeouts for the overall timeout.
+const OVERALL_SLACK: Duration = Duration::from_secs(60);
+
+/// How to run the VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Options {
+    /// `None`: KVM if it boots quickly, else TCG.
+    accel: Option<Accel>,
+    /// Overrides the overall timeout computed from the payload.
+    timeout: Option<Duration>,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Options, String> {
+        let mut options = Options {
+            accel: None,
+            timeout: None,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--accel" => {
+                    options.accel = match args.next().map(String::as_str) {
+                        Some("kvm") => Some(Accel::Kvm),
+                        Some("tcg") => Some(Accel::Tcg),
+                        Some("auto") => None,
+                        other => {
+                            return Err(format!(
+                                "vm: --accel wants kvm, tcg or auto, not {other:?}"
+                            ))
+                        }
+                    }
+                }
+                "--timeout" => {
+                    let secs = args
+                        .next()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .ok_or("vm: --timeout wants a number of seconds")?;
+                    options.timeout = Some(Duration::from_secs(secs));
+                }
+                other => return Err(format!("vm: unknown option `{other}`")),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// `cargo xtask vm [--accel kvm|tcg|auto] [--timeout SECS]`.
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    run_vm(&Options::parse(args)?).map(|_| ())
+}
+
+/// The VM step for `cargo xtask ci`: runs everything with default options and returns the
+/// one-line note, e.g. `real kernel: 23 passed, 0 failed, 0 skipped; smoke: 4/4 passed`.
+// Until `cargo xtask ci` calls it, only the `vm` subcommand uses this module.
+#[allow(dead_code)]
+pub(crate) fn ci_step() -> Result<String, String> {
+    run_vm(&Options {
+        accel: None,
+        timeout: None,
+    })
+}
+
+/// Where the VM's files go: `<target dir>/vm`.
+fn vm_dir() -> PathBuf {
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => workspace_root().join(dir),
+        None => workspace_root().join("target"),
+    };
+    target.join("vm")
+}
+
+fn run_vm(options: &Options) -> Result<String, String> {
+    deps::ensure(&deps::read_list(HOST_PACKAGES))?;
+    if !qemu::available() {
+        return Err(format!(
+            "missing qemu: `{} --version` does not run (Debian package qemu-system-x86)",
+            qemu::QEMU
+        ));
+    }
+    let dir = vm_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let unpacked = debs::fetch(&dir.join("cache"))?;
+    let share = dir.join("share");
+    let payload = payload::build(&share)?;
+    let boot_files = image::build(&unpacked.root, &dir, &payload.executables)?;
+
+    let overall = options
+        .timeout
+        .unwrap_or(BOOT_TIMEOUT + Duration::from_secs(payload.total_timeout_secs) + OVERALL_SLACK);
+    let mut config = VmConfig {
+        kernel: boot_files.kernel.clone(),
+        initramfs: boot_files.initramfs.clone(),
+        share,
+        console_log: dir.join("console.log"),
+        accel: Accel::Tcg,
+        boot_timeout: BOOT_TIMEOUT,
+        overall_timeout: overall,
+        memory_mib: 1024,
+        cpus: 2,
+    };
+    let ended = match options.accel {
+        Some(accel) => {
+            config.accel = accel;
+            start(&config)?
+        }
+        None if qemu::kvm_usable() => {
+            config.accel = Accel::Kvm;
+            config.boot_timeout = KVM_PROBE_TIMEOUT;
+            match start(&config)? {
+                Ended::BootTimeout => {
+                    println!(
+                        "vm: KVM did not reach /init in {} s: using TCG",
+                        KVM_PROBE_TIMEOUT.as_secs()
+                    );
+                    config.accel = Accel::Tcg;
+                    config.boot_timeout = BOOT_TIMEOUT;
+                    start(&config)?
+                }
+                ended => ended,
+            }
+        }
+        None => start(&config)?,
+    };
+
+    let log = std::fs::read_to_string(&config.console_log)
+        .map_err(|e| format!("{}: {e}", config.console_log.display()))?;
+    let report = ConsoleReport::parse(&log);
+    print_entries(&report);
+    let mut problems = report.problems(&payload.entries, &payload.test_packages);
+    match ended {
+        Ended::BootTimeout => problems.insert(
+            0,
+            format!(
+                "boot timeout: /init did not start within {} s (qemu killed)",
+                config.boot_timeout.as_secs()
+            ),
+        ),
+        Ended::Timeout => problems.insert(
+            0,
+            format!(
+                "overall timeout of {} s: qemu killed",
+                config.overall_timeout.as_secs()
+            ),
+        ),
+        Ended::Exited(Some(1)) => {}
+        Ended::Exited(code) if problems.is_empty() => problems.push(format!(
+            "qemu exited with {code:?} instead of the pass verdict"
+        )),
+        Ended::Exited(_) => {}
+    }
+    let summary = report.summary_line();
+    println!("vm: {summary}");
+    println!("vm: console log: {}", config.console_log.display());
+    if !problems.is_empty() {
+        return Err(format!(
+            "{summary}: {} (console log: {})",
+            problems.join("; "),
+            config.console_log.display()
+        ));
+    }
+    Ok(match unpacked.fallbacks.len() {
+        0 => summary,
+        n => format!("{summary} (WARNING: {n} Debian pins replaced, see log)"),
+    })
+}
+
+fn start(config: &VmConfig) -> Result<Ended, String> {
+    println!(
+        "vm: booting {} (boot timeout {} s, overall {} s)",
+        qemu::describe(config),
+        config.boot_timeout.as_secs(),
+        config.overall_timeout.as_secs()
+    );
+    let ended = qemu::boot(config)?;
+    println!();
+    Ok(ended)
+}
+
+fn print_entries(report: &ConsoleReport) {
+    println!("vm: entries:");
+    for entry in &report.entries {
+        let word = if entry.passed() { "ok" } else { "FAILED" };
+        let exit = entry
+            .exit
+            .map_or("did not finish".to_string(), |c| format!("exit {c}"));
+        let tests = if entry.is_test() {
+            format!(", {}", entry.tests.line())
+        } else {
+            String::new()
+        };
+        println!("  {word:<7}{} ({exit}{tests})", entry.name);
+        for skip in &entry.tests.skipped {
+            println!("           skipped: {skip}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_read() {
+        let args: Vec<String> = ["--accel", "tcg", "--timeout", "300"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            Options::parse(&args),
+            Ok(Options {
+                accel: Some(Accel::Tcg),
+                timeout: Some(Duration::from_secs(300))
+            })
+        );
+        assert!(Options::parse(&["--accel".to_string(), "xen".to_string()]).is_err());
+        assert!(Options::parse(&["--fast".to_string()]).is_err());
+    }
+}

@@ -1,0 +1,380 @@
+//! The payload: what runs inside the VM, read from `ci/vm/payload.txt`, built on the host
+//! and laid out in the folder shared read-only into the VM.
+//!
+//! Share layout: `bin/` (test executables and binaries; on PATH inside), `entries/N.sh`
+//! (one busybox `sh` script per entry) and `entries.list` (`<timeout> <script> <name>`),
+//! which `ci/vm/init` runs in order.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use crate::run::{cargo, workspace_root};
+use crate::vm::console::TEST_ENTRY_PREFIX;
+
+/// The manifest, relative to the workspace root.
+pub(crate) const MANIFEST: &str = "ci/vm/payload.txt";
+/// Timeout of an `exec` entry without `timeout=`.
+const EXEC_TIMEOUT_SECS: u64 = 120;
+/// Timeout of one test executable.
+const TEST_TIMEOUT_SECS: u64 = 300;
+
+/// One manifest line.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Item {
+    /// Every test executable of a package.
+    CargoTest {
+        /// Package name.
+        package: String,
+        /// Value for `--features`, if any.
+        features: Option<String>,
+    },
+    /// A named binary, put on PATH inside.
+    CargoBin {
+        /// Package name.
+        package: String,
+        /// Binary name.
+        binary: String,
+        /// Value for `--features`, if any.
+        features: Option<String>,
+    },
+    /// A shell command run inside.
+    Exec {
+        /// Entry name.
+        name: String,
+        /// Per-entry timeout.
+        timeout_secs: u64,
+        /// busybox `sh` text.
+        command: String,
+    },
+}
+
+/// Parses the manifest text (see the header of `ci/vm/payload.txt`).
+pub(crate) fn parse_manifest(text: &str) -> Result<Vec<Item>, String> {
+    let mut logical = Vec::new();
+    let mut pending = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if pending.is_empty() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            // The backslash stays: busybox sh joins the lines itself.
+            Some(_) => {
+                pending.push_str(trimmed);
+                pending.push('\n');
+            }
+            None => {
+                pending.push_str(trimmed);
+                logical.push(std::mem::take(&mut pending));
+            }
+        }
+    }
+    if !pending.is_empty() {
+        return Err(format!("{MANIFEST}: the last line ends in `\\`"));
+    }
+    logical.iter().map(|l| parse_item(l)).collect()
+}
+
+fn parse_item(line: &str) -> Result<Item, String> {
+    let (kind, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    let bad = || format!("{MANIFEST}: cannot read `{line}`");
+    match kind {
+        "cargo-test" => match words.as_slice() {
+            [package] => Ok(Item::CargoTest {
+                package: package.to_string(),
+                features: None,
+            }),
+            [package, features] => Ok(Item::CargoTest {
+                package: package.to_string(),
+                features: Some(features.to_string()),
+            }),
+            _ => Err(bad()),
+        },
+        "cargo-bin" => match words.as_slice() {
+            [package, binary] => Ok(Item::CargoBin {
+                package: package.to_string(),
+                binary: binary.to_string(),
+                features: None,
+            }),
+            [package, binary, features] => Ok(Item::CargoBin {
+                package: package.to_string(),
+                binary: binary.to_string(),
+                features: Some(features.to_string()),
+            }),
+            _ => Err(bad()),
+        },
+        "exec" => {
+            let rest = rest.trim_start();
+            let (name, mut command) = rest.split_once(char::is_whitespace).ok_or_else(bad)?;
+            command = skip_blank(command);
+            let mut timeout_secs = EXEC_TIMEOUT_SECS;
+            if let Some(after) = command.strip_prefix("timeout=") {
+                let (secs, tail) = after.split_once(char::is_whitespace).ok_or_else(bad)?;
+                timeout_secs = secs.parse().map_err(|_| bad())?;
+                command = skip_blank(tail);
+            }
+            if name.contains(char::is_whitespace) || command.is_empty() {
+                return Err(bad());
+            }
+            Ok(Item::Exec {
+                name: name.to_string(),
+                timeout_secs,
+                command: command.to_string(),
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Skips whitespace and line continuations (a backslash before a newline).
+fn skip_blank(mut text: &str) -> &str {
+    loop {
+        text = text.trim_start();
+        match text.strip_prefix("\\\n") {
+            Some(rest) => text = rest,
+            None => return text,
+        }
+    }
+}
+
+/// The built payload.
+pub(crate) struct Payload {
+    /// Entry names in run order.
+    pub(crate) entries: Vec<String>,
+    /// Packages whose tests must really run in the VM.
+    pub(crate) test_packages: Vec<String>,
+    /// Host executables copied into the share (their libraries go into the image).
+    pub(crate) executables: Vec<PathBuf>,
+    /// Sum of the entries' timeouts.
+    pub(crate) total_timeout_secs: u64,
+}
+
+/// Builds everything the manifest names and lays out `share`.
+pub(crate) fn build(share: &Path) -> Result<Payload, String> {
+    let path = workspace_root().join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let items = parse_manifest(&text)?;
+    if share.exists() {
+        std::fs::remove_dir_all(share).map_err(|e| format!("{}: {e}", share.display()))?;
+    }
+    let bin = share.join("bin");
+    let scripts = share.join("entries");
+    for dir in [&bin, &scripts] {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut payload = Payload {
+        entries: Vec::new(),
+        test_packages: Vec::new(),
+        executables: Vec::new(),
+        total_timeout_secs: 0,
+    };
+    let mut list = String::new();
+    let mut add_entry = |payload: &mut Payload, name: String, secs: u64, script: String| {
+        let file = format!("{}.sh", payload.entries.len());
+        list.push_str(&format!("{secs} {file} {name}\n"));
+        payload.entries.push(name);
+        payload.total_timeout_secs += secs;
+        std::fs::write(scripts.join(&file), script).map_err(|e| e.to_string())
+    };
+    for item in items {
+        match item {
+            Item::CargoTest { package, features } => {
+                let mut args = vec!["test", "--no-run", "--message-format=json", "-p", &package];
+                if let Some(f) = &features {
+                    args.extend(["--features", f]);
+                }
+                let executables = cargo_executables(&args)?;
+                if executables.is_empty() {
+                    return Err(format!(
+                        "`cargo test -p {package}` built no test executable"
+                    ));
+                }
+                for exe in executables {
+                    let file = copy_into(&exe, &bin, None)?;
+                    payload.executables.push(exe);
+                    let script = format!("exec /mnt/host/bin/{file} --test-threads=1\n");
+                    add_entry(
+                        &mut payload,
+                        format!("{TEST_ENTRY_PREFIX}{package} {file}"),
+                        TEST_TIMEOUT_SECS,
+                        script,
+                    )?;
+                }
+                payload.test_packages.push(package);
+            }
+            Item::CargoBin {
+                package,
+                binary,
+                features,
+            } => {
+                let mut args = vec![
+                    "build",
+                    "--message-format=json",
+                    "-p",
+                    &package,
+                    "--bin",
+                    &binary,
+                ];
+                if let Some(f) = &features {
+                    args.extend(["--features", f]);
+                }
+                let exe = cargo_executables(&args)?
+                    .pop()
+                    .ok_or_else(|| format!("`cargo build --bin {binary}` built no executable"))?;
+                copy_into(&exe, &bin, Some(&binary))?;
+                payload.executables.push(exe);
+            }
+            Item::Exec {
+                name,
+                timeout_secs,
+                command,
+            } => add_entry(&mut payload, name, timeout_secs, format!("{command}\n"))?,
+        }
+    }
+    std::fs::write(share.join("entries.list"), list).map_err(|e| e.to_string())?;
+    Ok(payload)
+}
+
+fn copy_into(exe: &Path, bin: &Path, name: Option<&str>) -> Result<String, String> {
+    let file = match name {
+        Some(name) => name.to_string(),
+        None => exe
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or("executable without a name")?
+            .to_string(),
+    };
+    std::fs::copy(exe, bin.join(&file)).map_err(|e| format!("{}: {e}", exe.display()))?;
+    Ok(file)
+}
+
+/// Runs a cargo build with `--message-format=json` and returns every executable it made.
+fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>, String> {
+    println!("vm: cargo {}", args.join(" "));
+    let out = cargo(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
+    }
+    Ok(executables(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The `"executable"` fields of cargo's JSON messages (one message per line).
+pub(crate) fn executables(json_lines: &str) -> Vec<PathBuf> {
+    const KEY: &str = "\"executable\":";
+    json_lines
+        .lines()
+        .filter_map(|line| {
+            let value = line[line.find(KEY)? + KEY.len()..].trim_start();
+            json_string(value.strip_prefix('"')?).map(PathBuf::from)
+        })
+        .collect()
+}
+
+/// Decodes a JSON string body up to its closing quote.
+fn json_string(body: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut chars = body.chars();
+    loop {
+        match chars.next()? {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'b' => out.push('\u{8}'),
+                'f' => out.push('\u{c}'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                other => out.push(other),
+            },
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_lines_and_continuations_are_read() {
+        let text = "\
+# comment
+cargo-test cm-sys
+cargo-test cm-verbs real-device,extra
+cargo-bin cm-sys notify-peer
+exec ibv-devices ibv_devices
+exec rping timeout=30 \\
+  rping -s & \\
+  rping -c
+";
+        let items = parse_manifest(text).expect("valid manifest");
+        assert_eq!(
+            items,
+            [
+                Item::CargoTest {
+                    package: "cm-sys".into(),
+                    features: None
+                },
+                Item::CargoTest {
+                    package: "cm-verbs".into(),
+                    features: Some("real-device,extra".into())
+                },
+                Item::CargoBin {
+                    package: "cm-sys".into(),
+                    binary: "notify-peer".into(),
+                    features: None
+                },
+                Item::Exec {
+                    name: "ibv-devices".into(),
+                    timeout_secs: EXEC_TIMEOUT_SECS,
+                    command: "ibv_devices".into()
+                },
+                Item::Exec {
+                    name: "rping".into(),
+                    timeout_secs: 30,
+                    command: "rping -s & \\\nrping -c".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_manifest_lines_are_errors() {
+        assert!(parse_manifest("frobnicate x").is_err());
+        assert!(parse_manifest("exec lonely").is_err());
+        assert!(parse_manifest("exec a timeout=soon b").is_err());
+        assert!(parse_manifest("exec a b \\").is_err());
+    }
+
+    #[test]
+    fn the_project_manifest_parses() {
+        let text = std::fs::read_to_string(workspace_root().join(MANIFEST)).expect("manifest");
+        let items = parse_manifest(&text).expect("valid manifest");
+        assert!(items
+            .iter()
+            .any(|i| matches!(i, Item::Exec { name, .. } if name == "rping-veth")));
+    }
+
+    #[test]
+    fn executables_come_from_cargo_json() {
+        let json = r#"{"reason":"compiler-artifact","target":{"kind":["lib"]},"executable":null,"fresh":true}
+{"reason":"compiler-artifact","profile":{"test":true},"executable":"/t/debug/deps/cm_sys-ab12","fresh":false}
+{"reason":"compiler-artifact","executable":"/odd \"dir\"/x","fresh":false}
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(
+            executables(json),
+            [
+                PathBuf::from("/t/debug/deps/cm_sys-ab12"),
+                PathBuf::from("/odd \"dir\"/x")
+            ]
+        );
+    }
+}
