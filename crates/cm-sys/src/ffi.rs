@@ -291,10 +291,8 @@ mod tests {
         assert_eq!(is_nonblocking(read_end), Ok(false));
         assert_eq!(wait_readable(read_end, Some(Duration::ZERO)), Ok(false));
         // SAFETY: writes one byte from a live buffer to the pipe we own.
-        assert_eq!(
-            unsafe { libc::write(write_end, [7u8].as_ptr().cast(), 1) },
-            1
-        );
+        let written = unsafe { libc::write(write_end, [7u8].as_ptr().cast(), 1) };
+        assert_eq!(written, 1);
         assert_eq!(
             wait_readable(read_end, Some(Duration::from_secs(10))),
             Ok(true)
