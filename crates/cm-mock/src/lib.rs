@@ -3,6 +3,9 @@
 //! - [`MockCmId`], [`MockCmEvent`], [`MockCmEventSource`], [`MockAsyncEventSource`]
 //!   (and [`MockBackend`] tying them together): mockall mocks, for unit tests that
 //!   script exact calls.
+//! - [`sim::SimFabric`]: a deterministic simulated RDMA CM fabric (virtual clock,
+//!   seeded faults, the kernel's IB CM states and notify answers) on which the same
+//!   consumer code runs unchanged.
 //!
 //! Unit-testing a consumer of the traits with the mocks: a function that forwards a
 //! COMM_EST to the id owning the QP must call `notify(CommEst)` exactly once.
@@ -41,5 +44,6 @@
 #![forbid(unsafe_code)]
 
 mod mocks;
+pub mod sim;
 
 pub use mocks::{MockAsyncEventSource, MockBackend, MockCmEvent, MockCmEventSource, MockCmId};

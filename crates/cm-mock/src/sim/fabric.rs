@@ -1,0 +1,1430 @@
+//! The simulation's state and its rules: the IB CM state machine, the wire, the QPs.
+//! Everything here runs under one `RefCell` borrow; the handles in `mod.rs` are thin.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
+
+use cm_core::kernel_model::{ib_cm_notify, notify_delivers_established, LapState};
+use cm_core::{
+    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CmIdState, Errno, IbCmState,
+    NotifyError, NotifyOutcome, QpNum,
+};
+
+use super::rng::SplitMix64;
+use super::trace::{Trace, TraceEntry, TraceEvent};
+use super::types::{
+    ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
+    SimConfig, SimIdKey, SimStats,
+};
+
+/// The first QP number handed out (QPs 0 and 1 are special in verbs).
+const FIRST_QPN: u32 = 0x11;
+/// REJ reason: no listener for the service id (IB_CM_REJ_INVALID_SERVICE_ID).
+pub(crate) const REJ_INVALID_SERVICE_ID: i32 = 8;
+/// REJ reason: the application rejected (IB_CM_REJ_CONSUMER_DEFINED).
+pub(crate) const REJ_CONSUMER_DEFINED: i32 = 28;
+/// REJ reason sent when an id is destroyed mid-handshake (IB_CM_REJ_TIMEOUT).
+pub(crate) const REJ_TIMEOUT: i32 = 1;
+/// EADDRINUSE, for a second listener on a port.
+const EADDRINUSE: i32 = 98;
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A message on the wire. One flat struct for every kind keeps the queue simple.
+#[derive(Debug, Clone)]
+pub(crate) struct Message {
+    kind: MsgKind,
+    conn: Option<ConnId>,
+    from: NodeId,
+    to: NodeId,
+    /// The sending id (REQ: the active id).
+    src: Option<SimIdKey>,
+    /// The receiving id (not known for a REQ).
+    dst: Option<SimIdKey>,
+    /// REQ/REP: the sender's QP; data: the receiving QP.
+    qp: QpNum,
+    /// REQ: the service (port) asked for.
+    port: u16,
+    /// REJ: the reason; MRA: the kind acknowledged (as index); data: the length.
+    value: i32,
+    private: Vec<u8>,
+    retransmit: bool,
+}
+
+impl Message {
+    fn new(kind: MsgKind, conn: Option<ConnId>, from: NodeId, to: NodeId) -> Self {
+        Message {
+            kind,
+            conn,
+            from,
+            to,
+            src: None,
+            dst: None,
+            qp: QpNum(0),
+            port: 0,
+            value: 0,
+            private: Vec::new(),
+            retransmit: false,
+        }
+    }
+}
+
+/// What the clock triggers.
+#[derive(Debug)]
+enum Action {
+    Deliver(Message),
+    /// The retransmission (or timewait) timer of an id; stale when `gen` differs.
+    Timer {
+        id: SimIdKey,
+        gen: u32,
+    },
+    AddrResolved(SimIdKey),
+    RouteResolved(SimIdKey),
+    /// The deferred work item of a forced establish.
+    EstablishWork(SimIdKey),
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    action: Action,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    /// Reversed: `BinaryHeap` is a max-heap and the earliest (then first scheduled)
+    /// action must come out first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// A CM event waiting in a channel.
+#[derive(Debug, Clone)]
+pub(crate) struct QueuedEvent {
+    pub(crate) id: SimIdKey,
+    pub(crate) listen_id: Option<SimIdKey>,
+    pub(crate) kind: QueuedKind,
+    pub(crate) status: i32,
+    pub(crate) private: Vec<u8>,
+}
+
+/// A real event, or librdmacm's internal CONNECT_RESPONSE that becomes ESTABLISHED
+/// (after the QP transitions and the RTU) when the application reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueuedKind {
+    Event(CmEventType),
+    ConnectResponse,
+}
+
+/// An event handed out by `next_event`.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadEvent {
+    pub(crate) id: SimIdKey,
+    pub(crate) listen_id: Option<SimIdKey>,
+    pub(crate) event_type: CmEventType,
+    pub(crate) status: i32,
+    pub(crate) qp: Option<QpNum>,
+    pub(crate) private: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    kind: DeviceKind,
+    going_down: bool,
+    async_events: VecDeque<AsyncEvent>,
+    completions: VecDeque<RecvCompletion>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    node: NodeId,
+    queue: VecDeque<QueuedEvent>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QpState {
+    Init,
+    /// RTR and RTS alike: librdmacm moves a QP through RTR to RTS in one go.
+    Rts,
+    Error,
+}
+
+#[derive(Debug)]
+struct Qp {
+    node: NodeId,
+    owner: SimIdKey,
+    state: QpState,
+    peer: Option<QpNum>,
+    got_first_packet: bool,
+    alive: bool,
+}
+
+/// One CM id: the rdma_cm id and its IB CM id together.
+#[derive(Debug)]
+struct IdData {
+    node: NodeId,
+    channel: usize,
+    /// Bound to the node's device (bind, resolve, or created by a connection request).
+    device: bool,
+    cm_state: CmIdState,
+    /// The IB CM id's state; `None` until connect/accept/listen attaches one.
+    ib: Option<IbCmState>,
+    qp: Option<QpNum>,
+    conn: Option<ConnId>,
+    port: u16,
+    /// Where `resolve_addr` points.
+    dst: Option<(NodeId, u16)>,
+    /// The peer id, once known.
+    remote: Option<(NodeId, SimIdKey)>,
+    remote_qp: Option<QpNum>,
+    /// Bumped to cancel the pending timer.
+    timer_gen: u32,
+    /// Which message the timer resends (`None`: the timer is the TIMEWAIT timer).
+    retrying: Option<MsgKind>,
+    retries_left: u32,
+    retry_timeout: u64,
+    /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
+    /// active side once the REP arrived.
+    private: Vec<u8>,
+    peer_private: Vec<u8>,
+    /// Events handed out and not yet acknowledged.
+    unacked: u32,
+    /// The listener the id came from (passive ids), to clean the duplicate-REQ table.
+    from_req: Option<(NodeId, SimIdKey)>,
+    lap: LapState,
+}
+
+#[derive(Debug, Default)]
+struct IdSlot {
+    generation: u32,
+    data: Option<IdData>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ConnRecord {
+    /// Messages of each kind sent so far on the connection (fault rules' `nth`).
+    sent: [u32; 8],
+}
+
+/// The whole simulated fabric.
+#[derive(Debug)]
+pub(crate) struct Fabric {
+    pub(crate) config: SimConfig,
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Scheduled>,
+    rng: SplitMix64,
+    nodes: Vec<Node>,
+    channels: Vec<Channel>,
+    ids: Vec<IdSlot>,
+    free_ids: Vec<u32>,
+    qps: Vec<Qp>,
+    conns: Vec<ConnRecord>,
+    listeners: HashMap<(NodeId, u16), SimIdKey>,
+    /// (active node, active id) → passive id: detects duplicate REQs.
+    remote_reqs: HashMap<(NodeId, SimIdKey), SimIdKey>,
+    rules: Vec<FaultRule>,
+    odds: [FaultOdds; 8],
+    any_odds: bool,
+    pub(crate) trace: Option<Trace>,
+    pub(crate) stats: SimStats,
+}
+
+fn os(op: &'static str, e: i32) -> CmError {
+    CmError::Os {
+        op,
+        errno: Errno(e),
+    }
+}
+
+fn gone(op: &'static str) -> CmError {
+    CmError::Gone { op, what: "id" }
+}
+
+impl Fabric {
+    pub(crate) fn new(config: SimConfig, seed: u64) -> Self {
+        let trace = config.trace.then(Trace::default);
+        Fabric {
+            config,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            rng: SplitMix64::new(seed),
+            nodes: Vec::new(),
+            channels: Vec::new(),
+            ids: Vec::new(),
+            free_ids: Vec::new(),
+            qps: Vec::new(),
+            conns: Vec::new(),
+            listeners: HashMap::new(),
+            remote_reqs: HashMap::new(),
+            rules: Vec::new(),
+            odds: [FaultOdds::default(); 8],
+            any_odds: false,
+            trace,
+            stats: SimStats::default(),
+        }
+    }
+
+    // ----- bookkeeping -------------------------------------------------------------
+
+    pub(crate) fn now(&self) -> Duration {
+        Duration::from_nanos(self.now)
+    }
+
+    fn record(&mut self, event: impl FnOnce() -> TraceEvent) {
+        if let Some(trace) = &mut self.trace {
+            trace.entries.push(TraceEntry {
+                at: Duration::from_nanos(self.now),
+                event: event(),
+            });
+        }
+    }
+
+    fn schedule(&mut self, delay: u64, action: Action) {
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            at: self.now.saturating_add(delay),
+            seq: self.seq,
+            action,
+        });
+    }
+
+    pub(crate) fn pending(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub(crate) fn add_node(&mut self, kind: DeviceKind) -> NodeId {
+        self.nodes.push(Node {
+            kind,
+            ..Node::default()
+        });
+        NodeId((self.nodes.len() - 1) as u32)
+    }
+
+    pub(crate) fn node_exists(&self, node: NodeId) -> bool {
+        (node.0 as usize) < self.nodes.len()
+    }
+
+    pub(crate) fn set_going_down(&mut self, node: NodeId, going_down: bool) -> Result<(), CmError> {
+        let n = self
+            .nodes
+            .get_mut(node.0 as usize)
+            .ok_or(CmError::InvalidArgument {
+                op: "set_going_down",
+                reason: "no such node",
+            })?;
+        n.going_down = going_down;
+        Ok(())
+    }
+
+    pub(crate) fn add_channel(&mut self, node: NodeId) -> usize {
+        self.channels.push(Channel {
+            node,
+            queue: VecDeque::new(),
+        });
+        self.channels.len() - 1
+    }
+
+    pub(crate) fn channel_node(&self, channel: usize) -> NodeId {
+        self.channels[channel].node
+    }
+
+    pub(crate) fn add_rule(&mut self, rule: FaultRule) {
+        self.rules.push(rule);
+    }
+
+    pub(crate) fn clear_rules(&mut self) {
+        self.rules.clear();
+    }
+
+    pub(crate) fn set_odds(&mut self, kind: MsgKind, odds: FaultOdds) {
+        self.odds[kind.index()] = odds;
+        self.any_odds = self.odds.iter().any(|o| !o.is_zero());
+    }
+
+    fn id(&self, key: SimIdKey) -> Option<&IdData> {
+        let slot = self.ids.get(key.index as usize)?;
+        if slot.generation == key.generation {
+            slot.data.as_ref()
+        } else {
+            None
+        }
+    }
+
+    fn id_mut(&mut self, key: SimIdKey) -> Option<&mut IdData> {
+        let slot = self.ids.get_mut(key.index as usize)?;
+        if slot.generation == key.generation {
+            slot.data.as_mut()
+        } else {
+            None
+        }
+    }
+
+    fn live(&mut self, key: SimIdKey, op: &'static str) -> Result<&mut IdData, CmError> {
+        self.id_mut(key).ok_or_else(|| gone(op))
+    }
+
+    pub(crate) fn is_alive(&self, key: SimIdKey) -> bool {
+        self.id(key).is_some()
+    }
+
+    pub(crate) fn create_id(&mut self, channel: usize) -> SimIdKey {
+        let data = IdData {
+            node: self.channels[channel].node,
+            channel,
+            device: false,
+            cm_state: CmIdState::Idle,
+            ib: None,
+            qp: None,
+            conn: None,
+            port: 0,
+            dst: None,
+            remote: None,
+            remote_qp: None,
+            timer_gen: 0,
+            retrying: None,
+            retries_left: 0,
+            retry_timeout: 0,
+            private: Vec::new(),
+            peer_private: Vec::new(),
+            unacked: 0,
+            from_req: None,
+            lap: LapState::Uninit,
+        };
+        if let Some(index) = self.free_ids.pop() {
+            let slot = &mut self.ids[index as usize];
+            slot.data = Some(data);
+            SimIdKey {
+                index,
+                generation: slot.generation,
+            }
+        } else {
+            self.ids.push(IdSlot {
+                generation: 0,
+                data: Some(data),
+            });
+            SimIdKey {
+                index: (self.ids.len() - 1) as u32,
+                generation: 0,
+            }
+        }
+    }
+
+    fn set_ib(&mut self, key: SimIdKey, to: IbCmState) {
+        let Some(id) = self.id_mut(key) else { return };
+        let from = id.ib.replace(to);
+        let conn = id.conn;
+        if from != Some(to) {
+            self.record(|| TraceEvent::State {
+                id: key,
+                conn,
+                from,
+                to,
+            });
+        }
+    }
+
+    /// Queues a CM event on the id's channel, subject to the RDMA CM's filter: IB CM
+    /// events reach the application only while the id is connecting (RDMA_CM_CONNECT),
+    /// TIMEWAIT_EXIT only while it is disconnecting.
+    fn queue_cm_event(&mut self, key: SimIdKey, kind: QueuedKind, status: i32, private: Vec<u8>) {
+        let Some(id) = self.id(key) else { return };
+        let wanted = match kind {
+            QueuedKind::Event(CmEventType::TimewaitExit) => id.cm_state == CmIdState::Disconnect,
+            _ => id.cm_state == CmIdState::Connect,
+        };
+        if wanted {
+            self.push_event(key, None, kind, status, private);
+        }
+    }
+
+    fn push_event(
+        &mut self,
+        key: SimIdKey,
+        listen_id: Option<SimIdKey>,
+        kind: QueuedKind,
+        status: i32,
+        private: Vec<u8>,
+    ) {
+        let Some(id) = self.id(key) else { return };
+        let (channel, conn) = (id.channel, id.conn);
+        self.channels[channel].queue.push_back(QueuedEvent {
+            id: key,
+            listen_id,
+            kind,
+            status,
+            private,
+        });
+        self.stats.events_queued += 1;
+        if let QueuedKind::Event(event) = kind {
+            self.record(|| TraceEvent::CmEvent {
+                id: key,
+                conn,
+                event,
+                status,
+            });
+        }
+    }
+
+    // ----- timers ------------------------------------------------------------------
+
+    fn cancel_timer(&mut self, key: SimIdKey) {
+        if let Some(id) = self.id_mut(key) {
+            id.timer_gen = id.timer_gen.wrapping_add(1);
+            id.retrying = None;
+        }
+    }
+
+    fn start_retry(&mut self, key: SimIdKey, kind: MsgKind) {
+        let timeout = nanos(self.config.cm_response_timeout);
+        let retries = self.config.max_cm_retries;
+        let Some(id) = self.id_mut(key) else { return };
+        id.timer_gen = id.timer_gen.wrapping_add(1);
+        id.retrying = Some(kind);
+        id.retries_left = retries;
+        id.retry_timeout = timeout;
+        let gen = id.timer_gen;
+        self.schedule(timeout, Action::Timer { id: key, gen });
+    }
+
+    /// An MRA: the peer needs more time; the pending message's timeout becomes the
+    /// MRA's service timeout (for this and later retries).
+    fn extend_retry(&mut self, key: SimIdKey) {
+        let timeout = nanos(self.config.mra_service_timeout);
+        let Some(id) = self.id_mut(key) else { return };
+        id.timer_gen = id.timer_gen.wrapping_add(1);
+        id.retry_timeout = timeout;
+        let gen = id.timer_gen;
+        self.schedule(timeout, Action::Timer { id: key, gen });
+    }
+
+    fn enter_timewait(&mut self, key: SimIdKey) {
+        self.set_ib(key, IbCmState::Timewait);
+        let timewait = nanos(self.config.timewait);
+        let Some(id) = self.id_mut(key) else { return };
+        id.timer_gen = id.timer_gen.wrapping_add(1);
+        id.retrying = None;
+        let gen = id.timer_gen;
+        self.schedule(timewait, Action::Timer { id: key, gen });
+    }
+
+    fn set_qp_state(&mut self, qp: Option<QpNum>, state: QpState) {
+        if let Some(qp) = qp.and_then(|q| self.qp_mut(q)) {
+            if qp.alive {
+                qp.state = state;
+            }
+        }
+    }
+
+    fn qp_mut(&mut self, qp: QpNum) -> Option<&mut Qp> {
+        let index = qp.0.checked_sub(FIRST_QPN)? as usize;
+        self.qps.get_mut(index)
+    }
+
+    fn qp(&self, qp: QpNum) -> Option<&Qp> {
+        let index = qp.0.checked_sub(FIRST_QPN)? as usize;
+        self.qps.get(index)
+    }
+
+    // ----- the wire ----------------------------------------------------------------
+
+    fn send(&mut self, msg: Message) {
+        let kind = msg.kind;
+        let conn = msg.conn;
+        self.stats.sent[kind.index()] += 1;
+        if msg.retransmit {
+            self.stats.retransmissions += 1;
+        }
+        self.record(|| TraceEvent::Sent {
+            kind,
+            conn,
+            from: msg.from,
+            to: msg.to,
+            retransmit: msg.retransmit,
+        });
+        let nth = match conn {
+            Some(c) => {
+                let record = &mut self.conns[c.0 as usize];
+                let n = record.sent[kind.index()];
+                record.sent[kind.index()] = n.saturating_add(1);
+                n
+            }
+            None => 0,
+        };
+        let mut fault = self
+            .rules
+            .iter()
+            .find(|r| r.matches(kind, conn, nth))
+            .map(|r| r.action);
+        if fault.is_none() && self.any_odds {
+            fault = self.draw_fault(kind);
+        }
+        let latency = nanos(self.config.wire_latency);
+        match fault {
+            None => self.schedule(latency, Action::Deliver(msg)),
+            Some(action) => {
+                self.record(|| TraceEvent::Fault { kind, conn, action });
+                match action {
+                    FaultAction::Drop => self.stats.dropped += 1,
+                    FaultAction::Duplicate => {
+                        self.stats.duplicated += 1;
+                        self.schedule(latency, Action::Deliver(msg.clone()));
+                        self.schedule(latency.saturating_mul(2), Action::Deliver(msg));
+                    }
+                    FaultAction::Delay(extra) => {
+                        self.stats.delayed += 1;
+                        self.schedule(latency.saturating_add(nanos(extra)), Action::Deliver(msg));
+                    }
+                    FaultAction::Reorder => {
+                        self.stats.delayed += 1;
+                        let extra = self.rng.up_to(nanos(self.config.reorder_window));
+                        self.schedule(latency.saturating_add(extra), Action::Deliver(msg));
+                    }
+                }
+            }
+        }
+    }
+
+    fn draw_fault(&mut self, kind: MsgKind) -> Option<FaultAction> {
+        let odds = self.odds[kind.index()];
+        if odds.is_zero() {
+            return None;
+        }
+        if self.rng.chance(odds.drop) {
+            Some(FaultAction::Drop)
+        } else if self.rng.chance(odds.duplicate) {
+            Some(FaultAction::Duplicate)
+        } else if self.rng.chance(odds.delay) {
+            let d = self.rng.up_to(nanos(odds.max_delay));
+            Some(FaultAction::Delay(Duration::from_nanos(d)))
+        } else if self.rng.chance(odds.reorder) {
+            Some(FaultAction::Reorder)
+        } else {
+            None
+        }
+    }
+
+    /// Builds the message `kind` from id `key` to its peer.
+    fn to_peer(&self, key: SimIdKey, kind: MsgKind) -> Option<Message> {
+        let id = self.id(key)?;
+        let (peer_node, peer) = id.remote?;
+        let mut msg = Message::new(kind, id.conn, id.node, peer_node);
+        msg.src = Some(key);
+        msg.dst = Some(peer);
+        Some(msg)
+    }
+
+    fn send_to_peer(&mut self, key: SimIdKey, kind: MsgKind, value: i32) {
+        if let Some(mut msg) = self.to_peer(key, kind) {
+            msg.value = value;
+            self.send(msg);
+        }
+    }
+
+    fn send_req(&mut self, key: SimIdKey, retransmit: bool) {
+        let Some(id) = self.id(key) else { return };
+        let Some((to, port)) = id.dst else { return };
+        let mut msg = Message::new(MsgKind::Req, id.conn, id.node, to);
+        msg.src = Some(key);
+        msg.qp = id.qp.unwrap_or(QpNum(0));
+        msg.port = port;
+        msg.private = id.private.clone();
+        msg.retransmit = retransmit;
+        self.send(msg);
+    }
+
+    fn send_rep(&mut self, key: SimIdKey, retransmit: bool) {
+        let Some(mut msg) = self.to_peer(key, MsgKind::Rep) else {
+            return;
+        };
+        let Some(id) = self.id(key) else { return };
+        msg.qp = id.qp.unwrap_or(QpNum(0));
+        msg.private = id.private.clone();
+        msg.retransmit = retransmit;
+        self.send(msg);
+    }
+
+    fn resend(&mut self, key: SimIdKey, kind: MsgKind) {
+        match kind {
+            MsgKind::Req => self.send_req(key, true),
+            MsgKind::Rep => self.send_rep(key, true),
+            other => {
+                if let Some(mut msg) = self.to_peer(key, other) {
+                    msg.retransmit = true;
+                    self.send(msg);
+                }
+            }
+        }
+    }
+
+    // ----- the clock ---------------------------------------------------------------
+
+    pub(crate) fn next_due(&self) -> Option<u64> {
+        self.queue.peek().map(|s| s.at)
+    }
+
+    pub(crate) fn set_now(&mut self, at: u64) {
+        self.now = self.now.max(at);
+    }
+
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.now
+    }
+
+    /// Runs the earliest scheduled action; `false` when there is none.
+    pub(crate) fn step(&mut self) -> bool {
+        let Some(next) = self.queue.pop() else {
+            return false;
+        };
+        self.now = self.now.max(next.at);
+        match next.action {
+            Action::Deliver(msg) => self.deliver(msg),
+            Action::Timer { id, gen } => self.on_timer(id, gen),
+            Action::AddrResolved(key) => {
+                let resolved = self.id_mut(key).is_some_and(|id| {
+                    let querying = id.cm_state == CmIdState::AddrQuery;
+                    if querying {
+                        id.cm_state = CmIdState::AddrResolved;
+                        id.device = true;
+                    }
+                    querying
+                });
+                if resolved {
+                    let ev = QueuedKind::Event(CmEventType::AddrResolved);
+                    self.push_event(key, None, ev, 0, Vec::new());
+                }
+            }
+            Action::RouteResolved(key) => {
+                let resolved = self.id_mut(key).is_some_and(|id| {
+                    let querying = id.cm_state == CmIdState::RouteQuery;
+                    if querying {
+                        id.cm_state = CmIdState::RouteResolved;
+                    }
+                    querying
+                });
+                if resolved {
+                    let ev = QueuedKind::Event(CmEventType::RouteResolved);
+                    self.push_event(key, None, ev, 0, Vec::new());
+                }
+            }
+            Action::EstablishWork(key) => {
+                // The kernel's work handler re-checks the state: a DREQ (or anything
+                // else) that moved the id on suppresses the event.
+                if self.id(key).and_then(|id| id.ib) == Some(IbCmState::Established) {
+                    let ev = QueuedKind::Event(CmEventType::Established);
+                    self.queue_cm_event(key, ev, 0, Vec::new());
+                }
+            }
+        }
+        true
+    }
+
+    fn on_timer(&mut self, key: SimIdKey, gen: u32) {
+        let Some(id) = self.id_mut(key) else { return };
+        if id.timer_gen != gen {
+            return;
+        }
+        let (retrying, retries_left, timeout, qp, ib) =
+            (id.retrying, id.retries_left, id.retry_timeout, id.qp, id.ib);
+        match retrying {
+            None => {
+                // TIMEWAIT is over.
+                if ib == Some(IbCmState::Timewait) {
+                    self.set_ib(key, IbCmState::Idle);
+                    let ev = QueuedKind::Event(CmEventType::TimewaitExit);
+                    self.queue_cm_event(key, ev, 0, Vec::new());
+                }
+            }
+            Some(kind) if retries_left > 0 => {
+                id.retries_left -= 1;
+                self.resend(key, kind);
+                self.schedule(timeout, Action::Timer { id: key, gen });
+            }
+            Some(kind) => {
+                id.retrying = None;
+                match kind {
+                    MsgKind::Req | MsgKind::Rep => {
+                        // REQ_ERROR / REP_ERROR: the IB CM id goes back to IDLE.
+                        self.set_ib(key, IbCmState::Idle);
+                        self.set_qp_state(qp, QpState::Error);
+                        let ev = QueuedKind::Event(CmEventType::Unreachable);
+                        self.queue_cm_event(key, ev, -errno::ETIMEDOUT, Vec::new());
+                    }
+                    _ => {
+                        // DREQ_ERROR: TIMEWAIT, DISCONNECTED with -ETIMEDOUT.
+                        self.enter_timewait(key);
+                        self.disconnected(key, -errno::ETIMEDOUT);
+                    }
+                }
+            }
+        }
+    }
+
+    /// DREQ received / DREP received / DREQ timed out: one DISCONNECTED, moving the
+    /// rdma_cm id from CONNECT to DISCONNECT (a second one finds DISCONNECT and is
+    /// filtered).
+    fn disconnected(&mut self, key: SimIdKey, status: i32) {
+        let Some(id) = self.id_mut(key) else { return };
+        if id.cm_state == CmIdState::Connect {
+            id.cm_state = CmIdState::Disconnect;
+            let ev = QueuedKind::Event(CmEventType::Disconnected);
+            self.push_event(key, None, ev, status, Vec::new());
+        }
+    }
+
+    fn ignore(&mut self, msg: &Message, reason: &'static str) {
+        self.stats.ignored += 1;
+        let (kind, conn) = (msg.kind, msg.conn);
+        self.record(|| TraceEvent::Ignored { kind, conn, reason });
+    }
+
+    fn deliver(&mut self, msg: Message) {
+        self.stats.delivered[msg.kind.index()] += 1;
+        let (kind, conn, to) = (msg.kind, msg.conn, msg.to);
+        self.record(|| TraceEvent::Delivered { kind, conn, to });
+        if msg.kind == MsgKind::Data {
+            return self.deliver_data(msg);
+        }
+        if msg.kind == MsgKind::Req {
+            return self.deliver_req(msg);
+        }
+        let Some(dst) = msg.dst.filter(|k| self.is_alive(*k)) else {
+            return self.ignore(&msg, "no such id");
+        };
+        let state = self.id(dst).and_then(|id| id.ib);
+        use IbCmState as S;
+        match (msg.kind, state) {
+            (MsgKind::Mra, Some(S::ReqSent)) if msg.value == MsgKind::Req.index() as i32 => {
+                self.set_ib(dst, S::MraReqRcvd);
+                self.extend_retry(dst);
+            }
+            (MsgKind::Mra, Some(S::RepSent)) if msg.value == MsgKind::Rep.index() as i32 => {
+                self.set_ib(dst, S::MraRepRcvd);
+                self.extend_retry(dst);
+            }
+            (MsgKind::Rep, Some(S::ReqSent | S::MraReqRcvd)) => self.rep_received(dst, msg),
+            // A duplicate REP: the passive side did not get our RTU (resend it) or is
+            // waiting for us (tell it so with the delayed MRA).
+            (MsgKind::Rep, Some(S::Established)) => self.send_to_peer(dst, MsgKind::Rtu, 0),
+            (MsgKind::Rep, Some(S::MraRepSent)) => {
+                self.send_to_peer(dst, MsgKind::Mra, MsgKind::Rep.index() as i32)
+            }
+            (MsgKind::Rtu, Some(S::RepSent | S::MraRepRcvd)) => {
+                self.cancel_timer(dst);
+                self.set_ib(dst, S::Established);
+                let ev = QueuedKind::Event(CmEventType::Established);
+                self.queue_cm_event(dst, ev, 0, Vec::new());
+            }
+            (MsgKind::Rtu, Some(S::Established)) => {
+                self.stats.late_rtus += 1;
+                self.ignore(&msg, "late RTU: already ESTABLISHED (counted as duplicate)");
+            }
+            (MsgKind::Dreq, Some(S::RepSent | S::MraRepRcvd | S::DreqSent | S::Established)) => {
+                self.cancel_timer(dst);
+                self.set_ib(dst, S::DreqRcvd);
+                self.disconnected(dst, 0);
+            }
+            (MsgKind::Dreq, Some(S::Timewait)) => self.send_to_peer(dst, MsgKind::Drep, 0),
+            (MsgKind::Drep, Some(S::DreqSent)) => {
+                self.enter_timewait(dst);
+                self.disconnected(dst, 0);
+            }
+            (
+                MsgKind::Rej,
+                Some(
+                    S::ReqSent
+                    | S::MraReqRcvd
+                    | S::RepSent
+                    | S::MraRepRcvd
+                    | S::ReqRcvd
+                    | S::MraReqSent
+                    | S::RepRcvd
+                    | S::MraRepSent,
+                ),
+            ) => {
+                self.cancel_timer(dst);
+                self.set_ib(dst, S::Idle);
+                let qp = self.id(dst).and_then(|id| id.qp);
+                self.set_qp_state(qp, QpState::Error);
+                let ev = QueuedKind::Event(CmEventType::Rejected);
+                self.queue_cm_event(dst, ev, msg.value, msg.private);
+            }
+            _ => self.ignore(&msg, "the id's state does not take this message"),
+        }
+    }
+
+    fn deliver_req(&mut self, msg: Message) {
+        let Some(src) = msg.src else {
+            return self.ignore(&msg, "REQ without sender");
+        };
+        if let Some(&existing) = self.remote_reqs.get(&(msg.from, src)) {
+            // A retried REQ: answer with the delayed MRA if the application has not
+            // accepted yet, else ignore it.
+            if self.id(existing).and_then(|id| id.ib) == Some(IbCmState::MraReqSent) {
+                self.send_to_peer(existing, MsgKind::Mra, MsgKind::Req.index() as i32);
+            } else {
+                self.ignore(&msg, "duplicate REQ");
+            }
+            return;
+        }
+        let listener = self
+            .listeners
+            .get(&(msg.to, msg.port))
+            .copied()
+            .filter(|l| self.id(*l).and_then(|id| id.ib) == Some(IbCmState::Listen));
+        let Some(listener) = listener else {
+            let mut rej = Message::new(MsgKind::Rej, msg.conn, msg.to, msg.from);
+            rej.dst = Some(src);
+            rej.value = REJ_INVALID_SERVICE_ID;
+            self.send(rej);
+            return;
+        };
+        let channel = self.id(listener).map_or(0, |l| l.channel);
+        let key = self.create_id(channel);
+        if let Some(id) = self.id_mut(key) {
+            id.device = true;
+            id.cm_state = CmIdState::Connect;
+            id.conn = msg.conn;
+            id.port = msg.port;
+            id.remote = Some((msg.from, src));
+            id.remote_qp = Some(msg.qp);
+            id.from_req = Some((msg.from, src));
+        }
+        self.remote_reqs.insert((msg.from, src), key);
+        self.set_ib(key, IbCmState::ReqRcvd);
+        let ev = QueuedKind::Event(CmEventType::ConnectRequest);
+        self.push_event(key, Some(listener), ev, 0, msg.private);
+        if self.config.delayed_mra {
+            self.set_ib(key, IbCmState::MraReqSent);
+        }
+    }
+
+    fn rep_received(&mut self, key: SimIdKey, msg: Message) {
+        self.cancel_timer(key);
+        if let Some(id) = self.id_mut(key) {
+            id.remote = Some((msg.from, msg.src.unwrap_or(key)));
+            id.remote_qp = Some(msg.qp);
+            id.peer_private = msg.private;
+        }
+        self.set_ib(key, IbCmState::RepRcvd);
+        if self.config.delayed_mra {
+            self.set_ib(key, IbCmState::MraRepSent);
+        }
+        // librdmacm turns this into QP transitions + RTU + ESTABLISHED when the
+        // application reads it.
+        self.queue_cm_event(key, QueuedKind::ConnectResponse, 0, Vec::new());
+    }
+
+    fn deliver_data(&mut self, msg: Message) {
+        let Some(qp) = self.qp(msg.qp) else {
+            return self.ignore(&msg, "no such QP");
+        };
+        if !qp.alive || qp.state != QpState::Rts {
+            return self.ignore(&msg, "QP not ready to receive");
+        }
+        let (node, owner, first) = (qp.node, qp.owner, !qp.got_first_packet);
+        if let Some(qp) = self.qp_mut(msg.qp) {
+            qp.got_first_packet = true;
+        }
+        let completion = RecvCompletion {
+            qp: msg.qp,
+            byte_len: msg.value.max(0) as u32,
+        };
+        self.nodes[node.0 as usize]
+            .completions
+            .push_back(completion);
+        self.stats.recv_completions += 1;
+        let qpn = msg.qp;
+        self.record(|| TraceEvent::RecvCompletion { node, qp: qpn });
+        let cm_waiting = matches!(
+            self.id(owner).and_then(|id| id.ib),
+            Some(IbCmState::RepSent | IbCmState::MraRepRcvd)
+        );
+        if first && cm_waiting && self.config.comm_est {
+            let event = AsyncEvent::qp(AsyncEventType::CommEst, msg.qp);
+            self.nodes[node.0 as usize].async_events.push_back(event);
+            self.stats.comm_est_raised += 1;
+            self.record(|| TraceEvent::AsyncEvent { node, event });
+        }
+    }
+
+    // ----- verbs -------------------------------------------------------------------
+
+    pub(crate) fn next_async_event(&mut self, node: NodeId) -> Option<AsyncEvent> {
+        self.nodes
+            .get_mut(node.0 as usize)?
+            .async_events
+            .pop_front()
+    }
+
+    pub(crate) fn poll_cq(&mut self, node: NodeId) -> Option<RecvCompletion> {
+        self.nodes.get_mut(node.0 as usize)?.completions.pop_front()
+    }
+
+    pub(crate) fn raise_async_event(&mut self, node: NodeId, event: AsyncEvent) {
+        if let Some(n) = self.nodes.get_mut(node.0 as usize) {
+            n.async_events.push_back(event);
+            self.record(|| TraceEvent::AsyncEvent { node, event });
+        }
+    }
+
+    pub(crate) fn create_qp(&mut self, key: SimIdKey) -> Result<QpNum, CmError> {
+        const OP: &str = "rdma_create_qp";
+        let qpn = QpNum(FIRST_QPN + self.qps.len() as u32);
+        let id = self.live(key, OP)?;
+        if !id.device {
+            return Err(os(OP, errno::EINVAL));
+        }
+        if id.qp.is_some() {
+            return Err(os(OP, errno::EBUSY));
+        }
+        id.qp = Some(qpn);
+        let node = id.node;
+        self.qps.push(Qp {
+            node,
+            owner: key,
+            state: QpState::Init,
+            peer: None,
+            got_first_packet: false,
+            alive: true,
+        });
+        Ok(qpn)
+    }
+
+    pub(crate) fn post_send(&mut self, key: SimIdKey, len: u32) -> Result<(), CmError> {
+        const OP: &str = "ibv_post_send";
+        let id = self.live(key, OP)?;
+        let (conn, node) = (id.conn, id.node);
+        let qpn = id.qp.ok_or(os(OP, errno::EINVAL))?;
+        let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
+        if !qp.alive || qp.state != QpState::Rts {
+            return Err(os(OP, errno::EINVAL));
+        }
+        let peer = qp.peer.ok_or(os(OP, errno::EINVAL))?;
+        let to = self.qp(peer).map_or(node, |q| q.node);
+        let mut msg = Message::new(MsgKind::Data, conn, node, to);
+        msg.qp = peer;
+        msg.value = i32::try_from(len).unwrap_or(i32::MAX);
+        self.send(msg);
+        Ok(())
+    }
+
+    pub(crate) fn qp_state(&self, key: SimIdKey) -> Option<QpState> {
+        let qp = self.id(key)?.qp?;
+        self.qp(qp).filter(|q| q.alive).map(|q| q.state)
+    }
+
+    // ----- rdma_cm calls -----------------------------------------------------------
+
+    pub(crate) fn bind(&mut self, key: SimIdKey, port: u16) -> Result<(), CmError> {
+        const OP: &str = "rdma_bind_addr";
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::Idle {
+            return Err(os(OP, errno::EINVAL));
+        }
+        id.cm_state = CmIdState::AddrBound;
+        id.device = true;
+        id.port = port;
+        Ok(())
+    }
+
+    pub(crate) fn listen(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_listen";
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::AddrBound {
+            return Err(os(OP, errno::EINVAL));
+        }
+        let at = (id.node, id.port);
+        if self.listeners.contains_key(&at) {
+            return Err(os(OP, EADDRINUSE));
+        }
+        if let Some(id) = self.id_mut(key) {
+            id.cm_state = CmIdState::Listen;
+        }
+        self.listeners.insert(at, key);
+        self.set_ib(key, IbCmState::Listen);
+        Ok(())
+    }
+
+    pub(crate) fn resolve_addr(
+        &mut self,
+        key: SimIdKey,
+        to: NodeId,
+        port: u16,
+    ) -> Result<(), CmError> {
+        const OP: &str = "rdma_resolve_addr";
+        if !self.node_exists(to) {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "no such node",
+            });
+        }
+        let delay = nanos(self.config.resolve_delay);
+        let id = self.live(key, OP)?;
+        if !matches!(id.cm_state, CmIdState::Idle | CmIdState::AddrBound) {
+            return Err(os(OP, errno::EINVAL));
+        }
+        id.cm_state = CmIdState::AddrQuery;
+        id.dst = Some((to, port));
+        self.schedule(delay, Action::AddrResolved(key));
+        Ok(())
+    }
+
+    pub(crate) fn resolve_route(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_resolve_route";
+        let delay = nanos(self.config.resolve_delay);
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::AddrResolved {
+            return Err(os(OP, errno::EINVAL));
+        }
+        id.cm_state = CmIdState::RouteQuery;
+        self.schedule(delay, Action::RouteResolved(key));
+        Ok(())
+    }
+
+    pub(crate) fn connect(&mut self, key: SimIdKey, private: &[u8]) -> Result<ConnId, CmError> {
+        const OP: &str = "rdma_connect";
+        let conn = ConnId(self.conns.len() as u32);
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::RouteResolved {
+            return Err(os(OP, errno::EINVAL));
+        }
+        if id.qp.is_none() {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "the simulated fabric needs a QP before connect (rdma_create_qp)",
+            });
+        }
+        id.cm_state = CmIdState::Connect;
+        id.conn = Some(conn);
+        id.private = private.to_vec();
+        self.conns.push(ConnRecord::default());
+        self.set_ib(key, IbCmState::ReqSent);
+        self.send_req(key, false);
+        self.start_retry(key, MsgKind::Req);
+        Ok(conn)
+    }
+
+    pub(crate) fn accept(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
+        const OP: &str = "rdma_accept";
+        let id = self.live(key, OP)?;
+        if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
+            return Err(os(OP, errno::EINVAL));
+        }
+        let qp = id.qp.ok_or(CmError::InvalidArgument {
+            op: OP,
+            reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
+        })?;
+        id.private = private.to_vec();
+        let peer = id.remote_qp;
+        // librdmacm moves the QP to RTR and RTS before it sends the REP.
+        if let Some(q) = self.qp_mut(qp) {
+            q.peer = peer;
+            q.state = QpState::Rts;
+        }
+        self.set_ib(key, IbCmState::RepSent);
+        self.send_rep(key, false);
+        self.start_retry(key, MsgKind::Rep);
+        Ok(())
+    }
+
+    pub(crate) fn reject(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
+        const OP: &str = "rdma_reject";
+        let id = self.live(key, OP)?;
+        if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
+            return Err(os(OP, errno::EINVAL));
+        }
+        if let Some(mut msg) = self.to_peer(key, MsgKind::Rej) {
+            msg.value = REJ_CONSUMER_DEFINED;
+            msg.private = private.to_vec();
+            self.send(msg);
+        }
+        self.cancel_timer(key);
+        self.set_ib(key, IbCmState::Idle);
+        Ok(())
+    }
+
+    pub(crate) fn disconnect(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_disconnect";
+        let id = self.live(key, OP)?;
+        let (ib, qp) = (id.ib, id.qp);
+        if ib.is_none() {
+            return Err(os(OP, errno::EINVAL));
+        }
+        // librdmacm moves the QP to the error state first.
+        self.set_qp_state(qp, QpState::Error);
+        match ib {
+            Some(IbCmState::Established) => {
+                self.set_ib(key, IbCmState::DreqSent);
+                self.send_to_peer(key, MsgKind::Dreq, 0);
+                self.start_retry(key, MsgKind::Dreq);
+                Ok(())
+            }
+            Some(IbCmState::DreqRcvd) => {
+                self.send_to_peer(key, MsgKind::Drep, 0);
+                self.enter_timewait(key);
+                Ok(())
+            }
+            _ => Err(os(OP, errno::EINVAL)),
+        }
+    }
+
+    pub(crate) fn destroy(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_destroy_id";
+        let id = self.live(key, OP)?;
+        if id.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                op: OP,
+                unacked: id.unacked as usize,
+            });
+        }
+        let (ib, qp, node, port, from_req) = (id.ib, id.qp, id.node, id.port, id.from_req);
+        // What ib_destroy_cm_id tells the peer, by state.
+        use IbCmState as S;
+        match ib {
+            Some(S::Established) => self.send_to_peer(key, MsgKind::Dreq, 0),
+            Some(S::DreqRcvd) => self.send_to_peer(key, MsgKind::Drep, 0),
+            Some(
+                S::ReqSent
+                | S::MraReqRcvd
+                | S::RepSent
+                | S::MraRepRcvd
+                | S::RepRcvd
+                | S::MraRepSent,
+            ) => self.send_to_peer_or_req(key, REJ_TIMEOUT),
+            Some(S::ReqRcvd | S::MraReqSent) => {
+                self.send_to_peer(key, MsgKind::Rej, REJ_CONSUMER_DEFINED)
+            }
+            _ => {}
+        }
+        if ib == Some(S::Listen) && self.listeners.get(&(node, port)) == Some(&key) {
+            self.listeners.remove(&(node, port));
+        }
+        if let Some(from) = from_req {
+            self.remote_reqs.remove(&from);
+        }
+        if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
+            q.alive = false;
+        }
+        let slot = &mut self.ids[key.index as usize];
+        slot.data = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_ids.push(key.index);
+        Ok(())
+    }
+
+    /// REJ to the peer; an active id whose peer is not known yet (REQ_SENT) addresses
+    /// the REJ by its own id, which the passive side's duplicate-REQ table knows.
+    fn send_to_peer_or_req(&mut self, key: SimIdKey, reason: i32) {
+        if self.id(key).is_some_and(|id| id.remote.is_some()) {
+            self.send_to_peer(key, MsgKind::Rej, reason);
+        } else if let Some(id) = self.id(key) {
+            if let Some((to, _)) = id.dst {
+                let mut msg = Message::new(MsgKind::Rej, id.conn, id.node, to);
+                msg.src = Some(key);
+                msg.value = reason;
+                // Addressed through the duplicate-REQ table on arrival.
+                msg.dst = self.remote_reqs.get(&(id.node, key)).copied();
+                self.send(msg);
+            }
+        }
+    }
+
+    pub(crate) fn migrate(&mut self, key: SimIdKey, channel: usize) -> Result<(), CmError> {
+        const OP: &str = "rdma_migrate_id";
+        let id = self.live(key, OP)?;
+        if id.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                op: OP,
+                unacked: id.unacked as usize,
+            });
+        }
+        let old = id.channel;
+        id.channel = channel;
+        if old != channel {
+            // Pending events follow the id (linear in the old queue, like the kernel).
+            let queue = std::mem::take(&mut self.channels[old].queue);
+            let (moving, staying): (VecDeque<_>, VecDeque<_>) =
+                queue.into_iter().partition(|e| e.id == key);
+            self.channels[old].queue = staying;
+            self.channels[channel].queue.extend(moving);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn notify(
+        &mut self,
+        key: SimIdKey,
+        event: AsyncEventType,
+    ) -> Result<NotifyOutcome, NotifyError> {
+        let result = self.notify_inner(key, event);
+        let conn = self.id(key).and_then(|id| id.conn);
+        self.record(|| TraceEvent::Notify {
+            id: key,
+            conn,
+            event,
+            result,
+        });
+        result
+    }
+
+    fn notify_inner(
+        &mut self,
+        key: SimIdKey,
+        event: AsyncEventType,
+    ) -> Result<NotifyOutcome, NotifyError> {
+        // ucma: a destroyed id's handle is unknown to the kernel.
+        let Some(id) = self.id(key) else {
+            return Err(NotifyError::UnknownId);
+        };
+        // ucma: no device bound yet; rdma_notify: no IB CM id attached.
+        if !id.device {
+            return Err(NotifyError::WrongState);
+        }
+        let Some(state) = id.ib else {
+            return Err(NotifyError::WrongState);
+        };
+        let node = &self.nodes[id.node.0 as usize];
+        if node.kind == DeviceKind::Iwarp {
+            return Ok(NotifyOutcome::Established);
+        }
+        if event == AsyncEventType::CommEst && node.going_down {
+            return Err(NotifyError::NoDevice);
+        }
+        let result = ib_cm_notify(state, id.lap, event);
+        if result.is_ok() && notify_delivers_established(state, event) {
+            self.cancel_timer(key);
+            self.set_ib(key, IbCmState::Established);
+            self.stats.forced_establishes += 1;
+            let delay = nanos(self.config.establish_work_delay);
+            self.schedule(delay, Action::EstablishWork(key));
+        }
+        result
+    }
+
+    // ----- event channels ----------------------------------------------------------
+
+    pub(crate) fn next_event(&mut self, channel: usize) -> Option<ReadEvent> {
+        loop {
+            let queued = self.channels.get_mut(channel)?.queue.pop_front()?;
+            if !self.is_alive(queued.id) {
+                self.stats.events_discarded += 1;
+                continue;
+            }
+            let (event_type, status, private) = match queued.kind {
+                QueuedKind::Event(t) => (t, queued.status, queued.private),
+                QueuedKind::ConnectResponse => self.process_connect_response(queued.id),
+            };
+            let id = self.id_mut(queued.id)?;
+            id.unacked += 1;
+            let qp = id.qp;
+            self.stats.events_delivered += 1;
+            return Some(ReadEvent {
+                id: queued.id,
+                listen_id: queued.listen_id,
+                event_type,
+                status,
+                qp,
+                private,
+            });
+        }
+    }
+
+    /// What librdmacm does with CONNECT_RESPONSE: QP to RTR and RTS, send the RTU
+    /// (ucma accept), and report ESTABLISHED with the REP's private data.
+    fn process_connect_response(&mut self, key: SimIdKey) -> (CmEventType, i32, Vec<u8>) {
+        let Some(id) = self.id_mut(key) else {
+            return (CmEventType::ConnectError, -errno::EINVAL, Vec::new());
+        };
+        let ready = matches!(id.ib, Some(IbCmState::RepRcvd | IbCmState::MraRepSent));
+        if !ready || id.cm_state != CmIdState::Connect {
+            return (CmEventType::ConnectError, -errno::EINVAL, Vec::new());
+        }
+        let private = std::mem::take(&mut id.peer_private);
+        let (qp, peer) = (id.qp, id.remote_qp);
+        if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
+            q.peer = peer;
+            q.state = QpState::Rts;
+        }
+        self.send_to_peer(key, MsgKind::Rtu, 0);
+        self.set_ib(key, IbCmState::Established);
+        let conn = self.id(key).and_then(|id| id.conn);
+        self.record(|| TraceEvent::CmEvent {
+            id: key,
+            conn,
+            event: CmEventType::Established,
+            status: 0,
+        });
+        (CmEventType::Established, 0, private)
+    }
+
+    pub(crate) fn ack(&mut self, key: SimIdKey) {
+        if let Some(id) = self.id_mut(key) {
+            id.unacked = id.unacked.saturating_sub(1);
+        }
+        self.stats.events_acked += 1;
+    }
+
+    pub(crate) fn channel_len(&self, channel: usize) -> usize {
+        self.channels.get(channel).map_or(0, |c| c.queue.len())
+    }
+
+    // ----- inspection --------------------------------------------------------------
+
+    pub(crate) fn ib_state(&self, key: SimIdKey) -> Result<Option<IbCmState>, CmError> {
+        self.id(key).map(|id| id.ib).ok_or(gone("ib_state"))
+    }
+
+    pub(crate) fn cm_state(&self, key: SimIdKey) -> Result<CmIdState, CmError> {
+        self.id(key).map(|id| id.cm_state).ok_or(gone("cm_state"))
+    }
+
+    pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {
+        self.id(key)?.qp
+    }
+
+    pub(crate) fn id_conn(&self, key: SimIdKey) -> Option<ConnId> {
+        self.id(key)?.conn
+    }
+
+    pub(crate) fn id_node(&self, key: SimIdKey) -> Option<NodeId> {
+        self.id(key).map(|id| id.node)
+    }
+
+    pub(crate) fn id_unacked(&self, key: SimIdKey) -> Option<u32> {
+        self.id(key).map(|id| id.unacked)
+    }
+
+    pub(crate) fn force_ib_state(
+        &mut self,
+        key: SimIdKey,
+        state: IbCmState,
+    ) -> Result<(), CmError> {
+        let id = self.live(key, "force_ib_state")?;
+        id.device = true;
+        self.cancel_timer(key);
+        self.set_ib(key, state);
+        Ok(())
+    }
+
+    pub(crate) fn set_lap_state(&mut self, key: SimIdKey, lap: LapState) -> Result<(), CmError> {
+        self.live(key, "set_lap_state")?.lap = lap;
+        Ok(())
+    }
+}

@@ -1,0 +1,598 @@
+//! A deterministic simulated RDMA CM fabric implementing the cm-core backend traits.
+//!
+//! Nodes with one RDMA device each, event channels, CM ids and QPs; the IB CM handshake
+//! (REQ, delayed MRA, REP, RTU, DREQ/DREP, REJ, TIMEWAIT) with the kernel's states,
+//! retransmissions and timeouts; the QP data path with COMM_EST and receive
+//! completions; `rdma_notify` answering exactly like the kernel. Virtual time only:
+//! nothing happens until [`SimFabric::step`], [`SimFabric::advance`] or
+//! [`SimFabric::run_until_idle`] runs the clock. The same seed, configuration and calls
+//! always give the same run (compare [`SimFabric::trace`]s).
+//!
+//! ```
+//! use cm_core::{AsyncEventSource, AsyncEventType, CmEvent, CmEventSource, CmEventType, CmId,
+//!               IbCmState, NotifyOutcome};
+//! use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric};
+//!
+//! let fabric = SimFabric::new(SimConfig::default(), 7);
+//! let (server, client) = (fabric.add_node(), fabric.add_node());
+//! let (server_events, mut client_events) = (server.create_channel(), client.create_channel());
+//! let mut server_events = server_events;
+//!
+//! // The RTU will be lost.
+//! fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+//!
+//! let listener = server_events.create_id();
+//! listener.bind(4791).unwrap();
+//! listener.listen().unwrap();
+//!
+//! let active = client_events.create_id();
+//! active.resolve_addr(server.id(), 4791).unwrap();
+//! fabric.run_until_idle();
+//! assert_eq!(client_events.try_next_event().unwrap().unwrap().event_type(), CmEventType::AddrResolved);
+//! active.resolve_route().unwrap();
+//! fabric.run_until_idle();
+//! client_events.try_next_event().unwrap().unwrap().ack().unwrap();
+//! active.create_qp().unwrap();
+//! active.connect(b"hello").unwrap();
+//! fabric.advance(std::time::Duration::from_millis(1));
+//!
+//! let request = server_events.try_next_event().unwrap().unwrap();
+//! assert_eq!(request.event_type(), CmEventType::ConnectRequest);
+//! let passive = request.id();
+//! request.ack().unwrap();
+//! passive.create_qp().unwrap();
+//! passive.accept(b"").unwrap();
+//! fabric.advance(std::time::Duration::from_millis(1));
+//!
+//! // The active side reads its REP (librdmacm sends the RTU here) and sends data.
+//! let established = client_events.try_next_event().unwrap().unwrap();
+//! assert_eq!(established.event_type(), CmEventType::Established);
+//! established.ack().unwrap();
+//! active.post_send(64).unwrap();
+//! fabric.advance(std::time::Duration::from_millis(1));
+//!
+//! // The passive side never got the RTU, but the data raised COMM_EST.
+//! assert_eq!(passive.ib_state().unwrap(), Some(IbCmState::RepSent));
+//! let mut device = server.device();
+//! let comm_est = device.try_next_async_event().unwrap().unwrap();
+//! assert_eq!(comm_est.event_type, AsyncEventType::CommEst);
+//! assert_eq!(passive.notify(AsyncEventType::CommEst), Ok(NotifyOutcome::Established));
+//! fabric.advance(std::time::Duration::from_millis(1));
+//! let event = server_events.try_next_event().unwrap().unwrap();
+//! assert_eq!(event.event_type(), CmEventType::Established);
+//! ```
+
+mod fabric;
+mod rng;
+mod trace;
+mod types;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+use std::time::Duration;
+
+use cm_core::kernel_model::LapState;
+use cm_core::{
+    AsyncEvent, AsyncEventSource, AsyncEventType, CmBackend, CmError, CmEvent, CmEventSource,
+    CmEventType, CmId, CmIdState, IbCmState, NotifyError, NotifyOutcome, QpNum,
+};
+
+use fabric::Fabric;
+pub use rng::SplitMix64;
+pub use trace::{Trace, TraceEntry, TraceEvent};
+pub use types::{
+    ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
+    SimConfig, SimIdKey, SimStats,
+};
+
+type Shared = Rc<RefCell<Fabric>>;
+
+/// The simulated fabric: a cheap, clonable handle (all clones share one simulation).
+#[derive(Clone)]
+pub struct SimFabric {
+    inner: Shared,
+}
+
+impl fmt::Debug for SimFabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fabric = self.inner.borrow();
+        f.debug_struct("SimFabric")
+            .field("now", &fabric.now())
+            .field("pending", &fabric.pending())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimFabric {
+    /// A fabric with no nodes; `seed` drives every random fault.
+    pub fn new(config: SimConfig, seed: u64) -> Self {
+        SimFabric {
+            inner: Rc::new(RefCell::new(Fabric::new(config, seed))),
+        }
+    }
+
+    /// Adds a node with an InfiniBand/RoCE device.
+    pub fn add_node(&self) -> SimNode {
+        self.add_node_with(DeviceKind::InfiniBand)
+    }
+
+    /// Adds a node with a device of `kind`.
+    pub fn add_node_with(&self, kind: DeviceKind) -> SimNode {
+        let id = self.inner.borrow_mut().add_node(kind);
+        SimNode {
+            fabric: self.clone(),
+            id,
+        }
+    }
+
+    /// The node `id`, if it exists.
+    pub fn node(&self, id: NodeId) -> Option<SimNode> {
+        self.inner.borrow().node_exists(id).then(|| SimNode {
+            fabric: self.clone(),
+            id,
+        })
+    }
+
+    /// The configuration the fabric runs with.
+    pub fn config(&self) -> SimConfig {
+        self.inner.borrow().config.clone()
+    }
+
+    /// Virtual time since the fabric was created.
+    pub fn now(&self) -> Duration {
+        self.inner.borrow().now()
+    }
+
+    /// How many deliveries and timers are scheduled.
+    pub fn pending(&self) -> usize {
+        self.inner.borrow().pending()
+    }
+
+    /// When the next scheduled action is due, if any.
+    pub fn next_due(&self) -> Option<Duration> {
+        self.inner.borrow().next_due().map(Duration::from_nanos)
+    }
+
+    /// Runs the earliest scheduled action (advancing the clock to it); `false` when
+    /// nothing is scheduled.
+    pub fn step(&self) -> bool {
+        self.inner.borrow_mut().step()
+    }
+
+    /// Runs every action due within `duration` from now, then sets the clock to now +
+    /// `duration`. Returns how many actions ran.
+    pub fn advance(&self, duration: Duration) -> usize {
+        let mut fabric = self.inner.borrow_mut();
+        let until = fabric
+            .now_nanos()
+            .saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX));
+        let mut ran = 0;
+        while fabric.next_due().is_some_and(|at| at <= until) {
+            fabric.step();
+            ran += 1;
+        }
+        fabric.set_now(until);
+        ran
+    }
+
+    /// Runs until nothing is scheduled (every retry exhausted, every timer fired).
+    /// Returns how many actions ran.
+    pub fn run_until_idle(&self) -> usize {
+        let mut fabric = self.inner.borrow_mut();
+        let mut ran = 0;
+        while fabric.step() {
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Steps until `done` holds (checked before each step) or nothing is scheduled;
+    /// returns whether `done` held.
+    pub fn run_until(&self, mut done: impl FnMut(&SimFabric) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+    }
+
+    /// Adds a deterministic fault rule (the first matching rule applies).
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.inner.borrow_mut().add_rule(rule);
+    }
+
+    /// Removes every fault rule.
+    pub fn clear_faults(&self) {
+        self.inner.borrow_mut().clear_rules();
+    }
+
+    /// Sets the random faults for messages of `kind` (applied when no rule matches).
+    pub fn set_fault_odds(&self, kind: MsgKind, odds: FaultOdds) {
+        self.inner.borrow_mut().set_odds(kind, odds);
+    }
+
+    /// A copy of the trace so far (`None` when the configuration has it off).
+    pub fn trace(&self) -> Option<Trace> {
+        self.inner.borrow().trace.clone()
+    }
+
+    /// Takes the trace so far, leaving an empty one.
+    pub fn take_trace(&self) -> Option<Trace> {
+        self.inner.borrow_mut().trace.as_mut().map(std::mem::take)
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> SimStats {
+        self.inner.borrow().stats.clone()
+    }
+}
+
+/// One node: a host with one RDMA device.
+#[derive(Clone, Debug)]
+pub struct SimNode {
+    fabric: SimFabric,
+    id: NodeId,
+}
+
+impl SimNode {
+    /// The node's number.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The fabric the node belongs to.
+    pub fn fabric(&self) -> &SimFabric {
+        &self.fabric
+    }
+
+    /// Opens an event channel on this node (`rdma_create_event_channel`).
+    pub fn create_channel(&self) -> SimChannel {
+        let index = self.fabric.inner.borrow_mut().add_channel(self.id);
+        SimChannel {
+            fabric: self.fabric.clone(),
+            index,
+        }
+    }
+
+    /// The node's device: its asynchronous events and its completion queue.
+    pub fn device(&self) -> SimDevice {
+        SimDevice {
+            fabric: self.fabric.clone(),
+            node: self.id,
+        }
+    }
+
+    /// Marks the device as going away (notify(COMM_EST) then answers ENODEV) or back.
+    pub fn set_going_down(&self, going_down: bool) -> Result<(), CmError> {
+        self.fabric
+            .inner
+            .borrow_mut()
+            .set_going_down(self.id, going_down)
+    }
+}
+
+/// A node's device as the verbs layer sees it: asynchronous events
+/// (`ibv_get_async_event`) and receive completions (`ibv_poll_cq`).
+#[derive(Clone, Debug)]
+pub struct SimDevice {
+    fabric: SimFabric,
+    node: NodeId,
+}
+
+impl SimDevice {
+    /// The node the device belongs to.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The next receive completion of any QP of this device.
+    pub fn poll_cq(&mut self) -> Option<RecvCompletion> {
+        self.fabric.inner.borrow_mut().poll_cq(self.node)
+    }
+
+    /// Raises an asynchronous event as if the device had (QP_FATAL, PORT_ERR, …).
+    pub fn raise(&self, event: AsyncEvent) {
+        self.fabric
+            .inner
+            .borrow_mut()
+            .raise_async_event(self.node, event);
+    }
+}
+
+impl AsyncEventSource for SimDevice {
+    fn try_next_async_event(&mut self) -> Result<Option<AsyncEvent>, CmError> {
+        Ok(self.fabric.inner.borrow_mut().next_async_event(self.node))
+    }
+}
+
+/// An event channel: a FIFO of CM events of the ids created on it.
+#[derive(Clone, Debug)]
+pub struct SimChannel {
+    fabric: SimFabric,
+    index: usize,
+}
+
+impl SimChannel {
+    /// Creates an id on this channel (`rdma_create_id`, RDMA_PS_TCP).
+    pub fn create_id(&self) -> SimCmId {
+        let key = self.fabric.inner.borrow_mut().create_id(self.index);
+        SimCmId {
+            fabric: self.fabric.clone(),
+            key,
+        }
+    }
+
+    /// The node the channel is on.
+    pub fn node(&self) -> NodeId {
+        self.fabric.inner.borrow().channel_node(self.index)
+    }
+
+    /// Events waiting to be read (including ones of destroyed ids not yet skipped).
+    pub fn queued(&self) -> usize {
+        self.fabric.inner.borrow().channel_len(self.index)
+    }
+}
+
+impl CmEventSource for SimChannel {
+    type Event = SimCmEvent;
+
+    fn try_next_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
+        let read = self.fabric.inner.borrow_mut().next_event(self.index);
+        Ok(read.map(|read| SimCmEvent {
+            fabric: self.fabric.clone(),
+            read,
+            acked: false,
+        }))
+    }
+}
+
+/// One CM event read from a [`SimChannel`]; acknowledged by [`CmEvent::ack`] or on drop.
+pub struct SimCmEvent {
+    fabric: SimFabric,
+    read: fabric::ReadEvent,
+    acked: bool,
+}
+
+impl fmt::Debug for SimCmEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimCmEvent")
+            .field("id", &self.read.id)
+            .field("event_type", &self.read.event_type)
+            .field("status", &self.read.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimCmEvent {
+    /// The id the event is about (for CONNECT_REQUEST: the new id).
+    pub fn id(&self) -> SimCmId {
+        SimCmId {
+            fabric: self.fabric.clone(),
+            key: self.read.id,
+        }
+    }
+
+    /// For CONNECT_REQUEST: the listening id the request came to.
+    pub fn listen_id(&self) -> Option<SimCmId> {
+        self.read.listen_id.map(|key| SimCmId {
+            fabric: self.fabric.clone(),
+            key,
+        })
+    }
+
+    /// The connection the event's id belongs to.
+    pub fn conn(&self) -> Option<ConnId> {
+        self.fabric.inner.borrow().id_conn(self.read.id)
+    }
+}
+
+impl CmEvent for SimCmEvent {
+    fn event_type(&self) -> CmEventType {
+        self.read.event_type
+    }
+
+    fn status(&self) -> i32 {
+        self.read.status
+    }
+
+    fn qp_num(&self) -> Option<QpNum> {
+        self.read.qp
+    }
+
+    fn private_data(&self) -> &[u8] {
+        &self.read.private
+    }
+
+    fn ack(mut self) -> Result<(), CmError> {
+        self.acked = true;
+        self.fabric.inner.borrow_mut().ack(self.read.id);
+        Ok(())
+    }
+}
+
+impl Drop for SimCmEvent {
+    fn drop(&mut self) {
+        if !self.acked {
+            // Never panic in drop: the fabric is only borrowed inside its own calls,
+            // which never drop events.
+            if let Ok(mut fabric) = self.fabric.inner.try_borrow_mut() {
+                fabric.ack(self.read.id);
+            }
+        }
+    }
+}
+
+/// A CM id of the fabric. Cheap to clone; every clone names the same id. Calls on a
+/// destroyed id fail with [`CmError::Gone`] (notify: [`NotifyError::UnknownId`]).
+#[derive(Clone)]
+pub struct SimCmId {
+    fabric: SimFabric,
+    key: SimIdKey,
+}
+
+impl fmt::Debug for SimCmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SimCmId({})", self.key)
+    }
+}
+
+impl PartialEq for SimCmId {
+    fn eq(&self, other: &Self) -> bool {
+        Rc::ptr_eq(&self.fabric.inner, &other.fabric.inner) && self.key == other.key
+    }
+}
+
+impl Eq for SimCmId {}
+
+impl SimCmId {
+    fn with<T>(&self, f: impl FnOnce(&mut Fabric) -> T) -> T {
+        f(&mut self.fabric.inner.borrow_mut())
+    }
+
+    /// The id's key in the fabric.
+    pub fn key(&self) -> SimIdKey {
+        self.key
+    }
+
+    /// The node the id lives on; `None` once destroyed.
+    pub fn node(&self) -> Option<NodeId> {
+        self.with(|f| f.id_node(self.key))
+    }
+
+    /// The connection the id belongs to, once it connects or is created by a request.
+    pub fn conn(&self) -> Option<ConnId> {
+        self.with(|f| f.id_conn(self.key))
+    }
+
+    /// Whether the id still exists.
+    pub fn is_alive(&self) -> bool {
+        self.with(|f| f.is_alive(self.key))
+    }
+
+    /// The IB CM state (`None`: no IB CM id attached yet).
+    pub fn ib_state(&self) -> Result<Option<IbCmState>, CmError> {
+        self.with(|f| f.ib_state(self.key))
+    }
+
+    /// The RDMA CM id state.
+    pub fn cm_state(&self) -> Result<CmIdState, CmError> {
+        self.with(|f| f.cm_state(self.key))
+    }
+
+    /// Events of this id read and not yet acknowledged.
+    pub fn unacked_events(&self) -> Result<u32, CmError> {
+        self.with(|f| f.id_unacked(self.key)).ok_or(CmError::Gone {
+            op: "unacked_events",
+            what: "id",
+        })
+    }
+
+    /// `rdma_bind_addr` to `port` on the id's node: binds the device.
+    pub fn bind(&self, port: u16) -> Result<(), CmError> {
+        self.with(|f| f.bind(self.key, port))
+    }
+
+    /// `rdma_listen` on the bound port.
+    pub fn listen(&self) -> Result<(), CmError> {
+        self.with(|f| f.listen(self.key))
+    }
+
+    /// `rdma_resolve_addr` towards `port` on node `to`; ADDR_RESOLVED follows.
+    pub fn resolve_addr(&self, to: NodeId, port: u16) -> Result<(), CmError> {
+        self.with(|f| f.resolve_addr(self.key, to, port))
+    }
+
+    /// `rdma_resolve_route`; ROUTE_RESOLVED follows.
+    pub fn resolve_route(&self) -> Result<(), CmError> {
+        self.with(|f| f.resolve_route(self.key))
+    }
+
+    /// `rdma_create_qp`: the id needs a device (bound, resolved, or from a request).
+    pub fn create_qp(&self) -> Result<QpNum, CmError> {
+        self.with(|f| f.create_qp(self.key))
+    }
+
+    /// `rdma_connect` (route resolved and QP created); returns the connection's number.
+    pub fn connect(&self, private_data: &[u8]) -> Result<ConnId, CmError> {
+        self.with(|f| f.connect(self.key, private_data))
+    }
+
+    /// `rdma_accept` on an id from CONNECT_REQUEST: QP to RTR and RTS, REP sent.
+    pub fn accept(&self, private_data: &[u8]) -> Result<(), CmError> {
+        self.with(|f| f.accept(self.key, private_data))
+    }
+
+    /// `rdma_reject` on an id from CONNECT_REQUEST.
+    pub fn reject(&self, private_data: &[u8]) -> Result<(), CmError> {
+        self.with(|f| f.reject(self.key, private_data))
+    }
+
+    /// `rdma_disconnect`: QP to error, then DREQ (from ESTABLISHED) or DREP (after a
+    /// DREQ was received).
+    pub fn disconnect(&self) -> Result<(), CmError> {
+        self.with(|f| f.disconnect(self.key))
+    }
+
+    /// `rdma_destroy_id`. Refused with [`CmError::UnackedEvents`] while events of the
+    /// id are unacknowledged (librdmacm would block forever).
+    pub fn destroy(&self) -> Result<(), CmError> {
+        self.with(|f| f.destroy(self.key))
+    }
+
+    /// `rdma_migrate_id`: moves the id and its pending events to `channel`.
+    pub fn migrate(&self, channel: &SimChannel) -> Result<(), CmError> {
+        if !Rc::ptr_eq(&self.fabric.inner, &channel.fabric.inner) {
+            return Err(CmError::InvalidArgument {
+                op: "rdma_migrate_id",
+                reason: "channel of another fabric",
+            });
+        }
+        self.with(|f| f.migrate(self.key, channel.index))
+    }
+
+    /// Posts one SEND of `len` bytes on the id's QP (must be in RTS).
+    pub fn post_send(&self, len: u32) -> Result<(), CmError> {
+        self.with(|f| f.post_send(self.key, len))
+    }
+
+    /// Test hook: puts the IB CM id in `state` directly (cancelling its timers), for
+    /// states the handshake cannot reach (SIDR_*, LAP-related) in table tests.
+    pub fn force_ib_state(&self, state: IbCmState) -> Result<(), CmError> {
+        self.with(|f| f.force_ib_state(self.key, state))
+    }
+
+    /// Test hook: sets the id's LAP state, which decides PATH_MIG.
+    pub fn set_lap_state(&self, lap: LapState) -> Result<(), CmError> {
+        self.with(|f| f.set_lap_state(self.key, lap))
+    }
+
+    /// Whether the id's QP is in RTS (can send).
+    pub fn qp_ready_to_send(&self) -> bool {
+        self.with(|f| f.qp_state(self.key)) == Some(fabric::QpState::Rts)
+    }
+}
+
+impl CmId for SimCmId {
+    fn notify(&self, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+        self.with(|f| f.notify(self.key, event))
+    }
+
+    fn qp_num(&self) -> Option<QpNum> {
+        self.with(|f| f.id_qp(self.key))
+    }
+}
+
+/// The [`CmBackend`] of the simulated fabric.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimBackend;
+
+impl CmBackend for SimBackend {
+    type Id = SimCmId;
+    type Event = SimCmEvent;
+    type Events = SimChannel;
+    type AsyncEvents = SimDevice;
+}
