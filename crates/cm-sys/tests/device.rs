@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEventType, CmError, CmEventType, NotifyError, NotifyOutcome};
-use cm_sys::{CmEvent, ConnParams, EventChannel, QpCaps};
+use cm_sys::{CmEvent, CmId, ConnParams, EventChannel, QpCaps};
 
 /// The bound of every wait in these tests.
 const WAIT: Duration = Duration::from_secs(10);
@@ -99,6 +99,62 @@ fn wait_completion(
     }
 }
 
+/// The kernel's timeout of one address or route resolution attempt.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A new id on `channel` whose address resolution from `src` to `dst` succeeded, with
+/// its ADDR_RESOLVED event (not yet acknowledged).
+///
+/// The first resolution after the devices come up can time out (the neighbour entry is
+/// still being resolved), so an ADDR_ERROR is retried with a fresh id, the whole bounded
+/// by [`WAIT`].
+fn addr_resolved_id(channel: &EventChannel, src: IpAddr, dst: SocketAddr) -> (CmId, CmEvent) {
+    let deadline = Instant::now() + WAIT;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let id = channel.create_id().expect("id");
+        id.resolve_addr(Some(SocketAddr::new(src, 0)), dst, RESOLVE_TIMEOUT)
+            .expect("resolve_addr");
+        let event = next_event_within(channel, RESOLVE_TIMEOUT * 2);
+        match event.event_type() {
+            CmEventType::AddrResolved => {
+                if attempt > 1 {
+                    eprintln!("resolved {dst} on attempt {attempt}");
+                }
+                assert_eq!(event.id(), Some(&id));
+                return (id, event);
+            }
+            CmEventType::AddrError if Instant::now() < deadline => {
+                eprintln!(
+                    "attempt {attempt}: ADDR_ERROR (status {}) resolving {dst}; retrying",
+                    event.status()
+                );
+            }
+            other => panic!("resolving {dst}: {other} (status {})", event.status()),
+        }
+    }
+}
+
+/// A new id on `channel`, resolved (address and route) from `src` to `dst`.
+fn resolved_id(channel: &EventChannel, src: IpAddr, dst: SocketAddr) -> CmId {
+    let (id, event) = addr_resolved_id(channel, src, dst);
+    event.ack().expect("ack");
+    id.resolve_route(RESOLVE_TIMEOUT).expect("resolve_route");
+    expect_event(channel, CmEventType::RouteResolved)
+        .ack()
+        .expect("ack");
+    id
+}
+
+/// The next event on `channel` within `timeout`, whatever it is.
+fn next_event_within(channel: &EventChannel, timeout: Duration) -> CmEvent {
+    channel
+        .next_event_timeout(timeout)
+        .expect("rdma_get_cm_event")
+        .unwrap_or_else(|| panic!("no event within {timeout:?}"))
+}
+
 #[test]
 fn notify_on_a_fresh_id_is_wrong_state() {
     let Some(_setup) = setup("notify_on_a_fresh_id_is_wrong_state") else {
@@ -171,11 +227,7 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
     listener.listen(4).expect("listen");
     let target = listener.local_addr().expect("listener address");
 
-    let id = first.create_id().expect("id");
-    id.resolve_addr(Some(SocketAddr::new(setup.addr_b, 0)), target, WAIT)
-        .expect("resolve_addr");
-    let resolved = expect_event(&first, CmEventType::AddrResolved);
-    assert_eq!(resolved.id(), Some(&id));
+    let (id, resolved) = addr_resolved_id(&first, setup.addr_b, target);
     assert_eq!(id.unacked_events(), 1);
     // librdmacm would wait for the unacknowledged event: refused instead.
     match id.migrate(&second) {
@@ -186,7 +238,7 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
     assert_eq!(id.unacked_events(), 0);
     id.migrate(&second).expect("migrate");
 
-    id.resolve_route(WAIT).expect("resolve_route");
+    id.resolve_route(RESOLVE_TIMEOUT).expect("resolve_route");
     let routed = expect_event(&second, CmEventType::RouteResolved);
     assert_eq!(routed.id(), Some(&id));
     assert!(first.try_next_event().expect("read").is_none());
@@ -215,17 +267,7 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     let server_addr = listener.local_addr().expect("listener address");
 
     // Active side: resolve, QP, connect.
-    let client = client_channel.create_id().expect("client id");
-    client
-        .resolve_addr(Some(SocketAddr::new(setup.addr_b, 0)), server_addr, WAIT)
-        .expect("resolve_addr");
-    expect_event(&client_channel, CmEventType::AddrResolved)
-        .ack()
-        .expect("ack");
-    client.resolve_route(WAIT).expect("resolve_route");
-    expect_event(&client_channel, CmEventType::RouteResolved)
-        .ack()
-        .expect("ack");
+    let client = resolved_id(&client_channel, setup.addr_b, server_addr);
     let client_qp = client.create_qp(&QpCaps::default()).expect("client QP");
     assert_eq!(client.qp_num(), Some(client_qp));
     let client_mem = client.register_memory(64).expect("client memory");
@@ -242,7 +284,13 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     // Passive side: the request carries a new id and the listener.
     let request = expect_event(&server_channel, CmEventType::ConnectRequest);
     assert_eq!(request.listener(), Some(&listener));
-    assert_eq!(request.private_data(), b"hello");
+    // The CM hands over the REQ's whole private data field (56 bytes), zero-padded.
+    let private_data = request.private_data();
+    assert!(private_data.starts_with(b"hello"), "{private_data:?}");
+    assert!(
+        private_data[5..].iter().all(|&b| b == 0),
+        "{private_data:?}"
+    );
     let server = request.id().expect("new id").clone();
     assert_ne!(server, listener);
     assert_eq!(server.unacked_events(), 1);
@@ -372,17 +420,11 @@ fn a_dropped_connect_request_rejects_the_connection() {
         .expect("bind");
     listener.listen(4).expect("listen");
 
-    let client = client_channel.create_id().expect("client id");
-    client
-        .resolve_addr(
-            Some(SocketAddr::new(setup.addr_b, 0)),
-            listener.local_addr().expect("listener address"),
-            WAIT,
-        )
-        .expect("resolve_addr");
-    expect_event(&client_channel, CmEventType::AddrResolved);
-    client.resolve_route(WAIT).expect("resolve_route");
-    expect_event(&client_channel, CmEventType::RouteResolved);
+    let client = resolved_id(
+        &client_channel,
+        setup.addr_b,
+        listener.local_addr().expect("listener address"),
+    );
     client.create_qp(&QpCaps::default()).expect("client QP");
     client.connect(&ConnParams::default()).expect("connect");
 
