@@ -18,7 +18,7 @@ Commands:
                   docs, packaging; prints each step's time and a summary.
                   --no-vm skips the soft-RoCE VM run (quick local loops only).
   deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
-  vm [--accel kvm|tcg|auto] [--timeout SECS]
+  vm [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]
                   the real-device tests and RDMA CM smoke on the real Linux kernel:
                   soft-RoCE in a qemu VM (ci/vm/); console in target/vm/console.log
   help            this text

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use crate::run::{cargo, workspace_root};
+use crate::run::cargo;
 use crate::vm::console::TEST_ENTRY_PREFIX;
 
 /// The manifest, relative to the workspace root.
@@ -150,10 +150,9 @@ pub(crate) struct Payload {
     pub(crate) total_timeout_secs: u64,
 }
 
-/// Builds everything the manifest names and lays out `share`.
-pub(crate) fn build(share: &Path) -> Result<Payload, String> {
-    let path = workspace_root().join(MANIFEST);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// Builds everything the manifest at `path` names and lays out `share`.
+pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let items = parse_manifest(&text)?;
     if share.exists() {
         std::fs::remove_dir_all(share).map_err(|e| format!("{}: {e}", share.display()))?;
@@ -302,6 +301,7 @@ fn json_string(body: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::workspace_root;
 
     #[test]
     fn manifest_lines_and_continuations_are_read() {

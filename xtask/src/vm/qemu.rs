@@ -124,7 +124,7 @@ pub(crate) fn boot(config: &VmConfig) -> Result<Ended, String> {
     let _ = reader.join();
     let qemu_errors = errors.join().unwrap_or_default();
     if !qemu_errors.trim().is_empty() {
-        eprintln!("{QEMU}: {}", qemu_errors.trim());
+        eprintln!("{}", qemu_errors.trim());
     }
     // A qemu that could not start the guest at all says why on stderr.
     if let Ended::Exited(code) = &ended {
