@@ -133,7 +133,9 @@ impl CmEvent {
     }
 
     /// The private data of the connection message behind the event (REQ, REP, REJ,
-    /// DREQ); empty when there is none.
+    /// DREQ); empty when there is none. On InfiniBand and RoCE the CM hands over the
+    /// message's whole private data field, zero-padded (56 bytes for a REQ): protocols
+    /// carry their own length.
     pub fn private_data(&self) -> &[u8] {
         if !matches!(
             self.event_type,

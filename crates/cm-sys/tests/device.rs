@@ -442,3 +442,160 @@ fn a_dropped_connect_request_rejects_the_connection() {
         event.status()
     );
 }
+
+/// An nftables table dropping every CM RTU MAD addressed to one IP in the INPUT hook
+/// (never OUTPUT: see the VM spec). Deleted on drop.
+struct RtuDrop {
+    nft: String,
+}
+
+impl RtuDrop {
+    const TABLE: &'static str = "cmnotify_sys";
+
+    fn install(nft: &str, to: IpAddr) -> RtuDrop {
+        let guard = RtuDrop {
+            nft: nft.to_string(),
+        };
+        guard.run(&["add", "table", "inet", Self::TABLE]);
+        guard.run(&[
+            "add",
+            "chain",
+            "inet",
+            Self::TABLE,
+            "input",
+            "{ type filter hook input priority 0; }",
+        ]);
+        // RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY, MAD class CM, attribute RTU.
+        let rule = format!(
+            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 0x0014 \
+             counter drop"
+        );
+        let mut args = vec!["add", "rule", "inet", Self::TABLE, "input"];
+        args.extend(rule.split(' '));
+        guard.run(&args);
+        guard
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let output = std::process::Command::new(&self.nft)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{} {args:?}: {e}", self.nft));
+        assert!(
+            output.status.success(),
+            "{} {args:?}: {}",
+            self.nft,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// How many RTUs the rule dropped.
+    fn dropped(&self) -> u64 {
+        let listing = self.run(&["list", "table", "inet", Self::TABLE]);
+        let after = listing
+            .split("counter packets ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no counter in {listing}"));
+        after
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("bad counter in {listing}"))
+    }
+}
+
+impl Drop for RtuDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(&self.nft)
+            .args(["delete", "table", "inet", Self::TABLE])
+            .status();
+    }
+}
+
+#[test]
+fn notify_forces_established_when_the_rtu_is_lost() {
+    let test = "notify_forces_established_when_the_rtu_is_lost";
+    let Some(setup) = setup(test) else {
+        return;
+    };
+    let Ok(nft) = std::env::var("CMNOTIFY_NFT") else {
+        skip(
+            test,
+            "a device exists but CMNOTIFY_NFT names no nft to drop the RTU",
+        );
+        return;
+    };
+    let server_channel = EventChannel::new().expect("server channel");
+    let client_channel = EventChannel::new().expect("client channel");
+    let listener = server_channel.create_id().expect("listener");
+    listener
+        .bind_addr(SocketAddr::new(setup.addr_a, 0))
+        .expect("bind");
+    listener.listen(4).expect("listen");
+    let client = resolved_id(
+        &client_channel,
+        setup.addr_b,
+        listener.local_addr().expect("listener address"),
+    );
+    client.create_qp(&QpCaps::default()).expect("client QP");
+    let client_mem = client.register_memory(16).expect("client memory");
+
+    let rtu_drop = RtuDrop::install(&nft, setup.addr_a);
+    client.connect(&ConnParams::default()).expect("connect");
+    let request = expect_event(&server_channel, CmEventType::ConnectRequest);
+    let server = request.id().expect("new id").clone();
+    request.ack().expect("ack");
+    let server_qp = server.create_qp(&QpCaps::default()).expect("server QP");
+    let server_mem = server.register_memory(16).expect("server memory");
+    server.post_recv(&server_mem, 0..16, 1).expect("post_recv");
+    server.accept(&ConnParams::default()).expect("accept");
+
+    // The active side is established (its RTU is sent, and dropped) and sends at once.
+    expect_event(&client_channel, CmEventType::Established)
+        .ack()
+        .expect("ack");
+    client
+        .write_memory(&client_mem, 0, b"early")
+        .expect("write");
+    client.post_send(&client_mem, 0..5, 7).expect("post_send");
+
+    // The passive QP (RTS since accept) completes the receive while its id is still in
+    // REP_SENT: no ESTABLISHED has arrived.
+    let received = wait_completion("server receive", || server.poll_recv_cq(4));
+    assert!(received.is_success(), "{}", received.status_str());
+    assert_eq!((received.qp_num, received.byte_len), (server_qp, 5));
+    assert!(rtu_drop.dropped() > 0, "the RTU was not dropped");
+    if let Some(event) = server_channel.try_next_event().expect("read") {
+        panic!("the passive side got {event:?} without its RTU");
+    }
+
+    // Forwarding the trigger forces the connection to ESTABLISHED: exactly one event.
+    assert_eq!(
+        server.notify(AsyncEventType::CommEst),
+        Ok(NotifyOutcome::Established)
+    );
+    let established = expect_event(&server_channel, CmEventType::Established);
+    assert_eq!(established.id(), Some(&server));
+    established.ack().expect("ack");
+    assert_eq!(
+        server.notify(AsyncEventType::CommEst),
+        Ok(NotifyOutcome::AlreadyEstablished)
+    );
+    drop(rtu_drop);
+    if let Some(event) = server_channel
+        .next_event_timeout(Duration::from_millis(200))
+        .expect("read")
+    {
+        panic!("a second event after the forced establish: {event:?}");
+    }
+
+    client.disconnect().expect("client disconnect");
+    expect_event(&server_channel, CmEventType::Disconnected)
+        .ack()
+        .expect("ack");
+    server.disconnect().expect("server disconnect");
+    expect_event(&client_channel, CmEventType::Disconnected)
+        .ack()
+        .expect("ack");
+}
