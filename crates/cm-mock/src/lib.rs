@@ -43,6 +43,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod conformance;
 mod mocks;
 pub mod sim;
 

@@ -1,0 +1,376 @@
+//! notify's answer in every one of the 16 IB CM states, for every event number: ids are
+//! driven into each state by the handshake where it can reach it (and by the test hook
+//! for the SIDR states), then checked against the spec's table written out here.
+
+use std::time::Duration;
+
+use cm_core::kernel_model::LapState;
+use cm_core::{
+    AsyncEventType, CmEvent, CmEventSource, CmEventType, CmId, IbCmState, NotifyError,
+    NotifyOutcome,
+};
+use cm_mock::sim::{
+    DeviceKind, FaultAction, FaultRule, MsgKind, NodeId, SimChannel, SimCmId, SimConfig, SimFabric,
+};
+
+const PORT: u16 = 7471;
+const MS: Duration = Duration::from_millis(1);
+
+/// The spec's table (notify-semantics.md), independent of the code under test.
+fn spec(state: IbCmState, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+    match (event, state) {
+        (AsyncEventType::CommEst, IbCmState::RepSent | IbCmState::MraRepRcvd) => {
+            Ok(NotifyOutcome::Established)
+        }
+        (AsyncEventType::CommEst, IbCmState::Established) => Ok(NotifyOutcome::AlreadyEstablished),
+        (AsyncEventType::PathMig, IbCmState::Established) => Ok(NotifyOutcome::Established),
+        _ => Err(NotifyError::WrongState),
+    }
+}
+
+struct World {
+    fabric: SimFabric,
+    server: SimChannel,
+    client: SimChannel,
+    listener: SimCmId,
+}
+
+fn world(config: SimConfig) -> World {
+    let fabric = SimFabric::new(config, 99);
+    let server = fabric.add_node().create_channel();
+    let client = fabric.add_node().create_channel();
+    let listener = server.create_id();
+    listener.bind(PORT).unwrap();
+    listener.listen().unwrap();
+    World {
+        fabric,
+        server,
+        client,
+        listener,
+    }
+}
+
+fn drain(channel: &mut SimChannel) -> Vec<CmEventType> {
+    let mut out = Vec::new();
+    while let Some(event) = channel.try_next_event().unwrap() {
+        out.push(event.event_type());
+        event.ack().unwrap();
+    }
+    out
+}
+
+/// An active id with REQ sent (the request not yet delivered).
+fn connecting(w: &mut World) -> SimCmId {
+    let id = w.client.create_id();
+    id.resolve_addr(NodeId(0), PORT).unwrap();
+    w.fabric.advance(MS);
+    id.resolve_route().unwrap();
+    w.fabric.advance(MS);
+    drain(&mut w.client);
+    id.create_qp().unwrap();
+    id.connect(&[]).unwrap();
+    id
+}
+
+/// The passive id of the request that just arrived (CONNECT_REQUEST read and acked).
+fn requested(w: &mut World) -> SimCmId {
+    w.fabric.advance(MS);
+    let event = w.server.try_next_event().unwrap().unwrap();
+    assert_eq!(event.event_type(), CmEventType::ConnectRequest);
+    let id = event.id();
+    event.ack().unwrap();
+    id
+}
+
+/// (active, passive) after accept, REP delivered, active has not read it.
+fn accepted(w: &mut World) -> (SimCmId, SimCmId) {
+    let active = connecting(w);
+    let passive = requested(w);
+    passive.create_qp().unwrap();
+    passive.accept(&[]).unwrap();
+    w.fabric.advance(MS);
+    (active, passive)
+}
+
+fn established(w: &mut World) -> (SimCmId, SimCmId) {
+    let pair = accepted(w);
+    assert_eq!(drain(&mut w.client), [CmEventType::Established]);
+    w.fabric.advance(MS);
+    assert_eq!(drain(&mut w.server), [CmEventType::Established]);
+    pair
+}
+
+/// Drives an id into `state` through the protocol (or the test hook for SIDR states).
+/// Returns the world, the id, and whether the id lives on the server channel.
+fn reach(state: IbCmState) -> (World, SimCmId, bool) {
+    let no_mra = SimConfig {
+        delayed_mra: false,
+        ..SimConfig::default()
+    };
+    use IbCmState as S;
+    let (w, id, server) = match state {
+        S::Idle => {
+            let mut w = world(SimConfig::default());
+            w.fabric
+                .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+            let (_, passive) = accepted(&mut w);
+            drain(&mut w.client);
+            w.fabric.run_until_idle();
+            assert_eq!(drain(&mut w.server), [CmEventType::Unreachable]);
+            (w, passive, true)
+        }
+        S::Listen => {
+            let w = world(SimConfig::default());
+            let id = w.listener.clone();
+            (w, id, true)
+        }
+        S::ReqSent => {
+            let mut w = world(SimConfig::default());
+            let id = connecting(&mut w);
+            (w, id, false)
+        }
+        S::ReqRcvd => {
+            let mut w = world(no_mra);
+            connecting(&mut w);
+            let id = requested(&mut w);
+            (w, id, true)
+        }
+        S::MraReqSent => {
+            let mut w = world(SimConfig::default());
+            connecting(&mut w);
+            let id = requested(&mut w);
+            (w, id, true)
+        }
+        S::MraReqRcvd => {
+            // The passive application sits on the request past the REQ timeout.
+            let mut w = world(SimConfig::default());
+            let id = connecting(&mut w);
+            requested(&mut w);
+            w.fabric.advance(Duration::from_secs(5));
+            (w, id, false)
+        }
+        S::RepSent => {
+            let mut w = world(SimConfig::default());
+            let (_, passive) = accepted(&mut w);
+            (w, passive, true)
+        }
+        S::RepRcvd => {
+            let mut w = world(no_mra);
+            let (active, _) = accepted(&mut w);
+            (w, active, false)
+        }
+        S::MraRepSent => {
+            let mut w = world(SimConfig::default());
+            let (active, _) = accepted(&mut w);
+            (w, active, false)
+        }
+        S::MraRepRcvd => {
+            // The active application sits on the REP past the REP timeout.
+            let mut w = world(SimConfig::default());
+            let (_, passive) = accepted(&mut w);
+            w.fabric.advance(Duration::from_secs(5));
+            (w, passive, true)
+        }
+        S::Established => {
+            let mut w = world(SimConfig::default());
+            let (_, passive) = established(&mut w);
+            (w, passive, true)
+        }
+        S::DreqSent => {
+            let mut w = world(SimConfig::default());
+            let (active, _) = established(&mut w);
+            active.disconnect().unwrap();
+            (w, active, false)
+        }
+        S::DreqRcvd => {
+            let mut w = world(SimConfig::default());
+            let (active, passive) = established(&mut w);
+            active.disconnect().unwrap();
+            w.fabric.advance(MS);
+            assert_eq!(drain(&mut w.server), [CmEventType::Disconnected]);
+            (w, passive, true)
+        }
+        S::Timewait => {
+            let mut w = world(SimConfig::default());
+            let (active, passive) = established(&mut w);
+            active.disconnect().unwrap();
+            w.fabric.advance(MS);
+            drain(&mut w.server);
+            passive.disconnect().unwrap();
+            w.fabric.advance(MS);
+            assert_eq!(drain(&mut w.client), [CmEventType::Disconnected]);
+            (w, active, false)
+        }
+        S::SidrReqSent | S::SidrReqRcvd => {
+            let mut w = world(SimConfig::default());
+            let (_, passive) = established(&mut w);
+            passive.force_ib_state(state).unwrap();
+            (w, passive, true)
+        }
+    };
+    assert_eq!(
+        id.ib_state().unwrap(),
+        Some(state),
+        "could not drive an id into {state}"
+    );
+    (w, id, server)
+}
+
+/// Every event number worth trying: all known ones and a few unknown ones. COMM_EST
+/// last, since it may change the state.
+fn event_numbers() -> Vec<AsyncEventType> {
+    let mut events: Vec<AsyncEventType> = (0..=24u32)
+        .chain([63, 255, 1 << 20, u32::MAX])
+        .filter(|&n| n != 4)
+        .map(AsyncEventType::from_raw)
+        .collect();
+    events.push(AsyncEventType::CommEst);
+    events
+}
+
+fn check_state(w: &mut World, id: &SimCmId, server: bool, state: IbCmState, how: &str) {
+    for event in event_numbers() {
+        let expected = spec(state, event);
+        let got = id.notify(event);
+        assert_eq!(
+            got,
+            expected,
+            "{how}: notify({event}, #{}) in {state}: expected {expected:?}, got {got:?}",
+            event.as_raw()
+        );
+        if event != AsyncEventType::CommEst {
+            assert_eq!(
+                id.ib_state().unwrap(),
+                Some(state),
+                "{how}: {event} changed the state"
+            );
+        }
+    }
+    // Exactly one ESTABLISHED follows a forced establish; nothing follows otherwise
+    // (an active id that got its REP still has its CONNECT_RESPONSE to read, which
+    // librdmacm turns into its one ESTABLISHED).
+    w.fabric.advance(MS);
+    let channel = if server { &mut w.server } else { &mut w.client };
+    let events = drain(channel);
+    let forced = spec(state, AsyncEventType::CommEst) == Ok(NotifyOutcome::Established);
+    let rep_pending = !server && matches!(state, IbCmState::RepRcvd | IbCmState::MraRepSent);
+    let established = events
+        .iter()
+        .filter(|e| **e == CmEventType::Established)
+        .count();
+    assert_eq!(
+        established,
+        usize::from(forced) + usize::from(rep_pending),
+        "{how}: ESTABLISHED events after notify in {state}: {events:?}"
+    );
+    assert_eq!(w.fabric.stats().forced_establishes, u64::from(forced));
+    if forced {
+        assert_eq!(id.ib_state().unwrap(), Some(IbCmState::Established));
+        assert_eq!(
+            id.notify(AsyncEventType::CommEst),
+            Ok(NotifyOutcome::AlreadyEstablished)
+        );
+    }
+}
+
+#[test]
+fn every_state_reached_by_the_handshake_answers_per_the_table() {
+    assert_eq!(IbCmState::ALL.len(), 16);
+    for &state in IbCmState::ALL {
+        let (mut w, id, server) = reach(state);
+        check_state(&mut w, &id, server, state, "reached");
+    }
+}
+
+#[test]
+fn every_state_set_directly_answers_per_the_table() {
+    for &state in IbCmState::ALL {
+        let mut w = world(SimConfig::default());
+        let (_, passive) = accepted(&mut w);
+        passive.force_ib_state(state).unwrap();
+        check_state(&mut w, &passive, true, state, "forced");
+    }
+}
+
+#[test]
+fn rdma_cm_level_checks_come_before_the_table() {
+    let mut w = world(SimConfig::default());
+    // No device: EINVAL. Bound to a device but no IB CM id: EINVAL.
+    let fresh = w.client.create_id();
+    assert_eq!(
+        fresh.notify(AsyncEventType::CommEst),
+        Err(NotifyError::WrongState)
+    );
+    let bound = w.client.create_id();
+    bound.bind(1).unwrap();
+    assert_eq!(
+        bound.notify(AsyncEventType::CommEst),
+        Err(NotifyError::WrongState)
+    );
+    // Destroyed: the kernel no longer knows the handle.
+    bound.destroy().unwrap();
+    assert_eq!(
+        bound.notify(AsyncEventType::CommEst),
+        Err(NotifyError::UnknownId)
+    );
+    // Device going down: ENODEV for COMM_EST, the table for the rest.
+    let (_, passive) = accepted(&mut w);
+    w.fabric
+        .node(NodeId(0))
+        .unwrap()
+        .set_going_down(true)
+        .unwrap();
+    assert_eq!(
+        passive.notify(AsyncEventType::CommEst),
+        Err(NotifyError::NoDevice)
+    );
+    assert_eq!(
+        passive.notify(AsyncEventType::PathMig),
+        Err(NotifyError::WrongState)
+    );
+    w.fabric
+        .node(NodeId(0))
+        .unwrap()
+        .set_going_down(false)
+        .unwrap();
+    assert_eq!(
+        passive.notify(AsyncEventType::CommEst),
+        Ok(NotifyOutcome::Established)
+    );
+}
+
+#[test]
+fn path_mig_depends_on_the_lap_state() {
+    let mut w = world(SimConfig::default());
+    let (_, passive) = established(&mut w);
+    for (lap, expected) in [
+        (LapState::Uninit, Ok(NotifyOutcome::Established)),
+        (LapState::Idle, Ok(NotifyOutcome::Established)),
+        (LapState::Busy, Err(NotifyError::WrongState)),
+    ] {
+        passive.set_lap_state(lap).unwrap();
+        assert_eq!(passive.notify(AsyncEventType::PathMig), expected, "{lap:?}");
+    }
+    w.fabric.advance(MS);
+    assert!(
+        drain(&mut w.server).is_empty(),
+        "PATH_MIG produces no CM event"
+    );
+}
+
+#[test]
+fn iwarp_notify_is_a_no_op_returning_zero_for_any_event() {
+    let fabric = SimFabric::new(SimConfig::default(), 1);
+    let node = fabric.add_node_with(DeviceKind::Iwarp);
+    let channel = node.create_channel();
+    let listener = channel.create_id();
+    listener.bind(PORT).unwrap();
+    listener.listen().unwrap();
+    for raw in [0, 4, 6, 11, 999] {
+        assert_eq!(
+            listener.notify(AsyncEventType::from_raw(raw)),
+            Ok(NotifyOutcome::Established)
+        );
+    }
+    assert_eq!(listener.ib_state().unwrap(), Some(IbCmState::Listen));
+}
