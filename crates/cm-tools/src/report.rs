@@ -1,0 +1,209 @@
+//! What `cmnotify` prints: a short human summary, or stable JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::sim_run::SimReport;
+use crate::stats::LatencySummary;
+
+/// The JSON document of a simulated run. Field names are a stable interface: add
+/// fields, never rename or remove them.
+#[derive(Debug, Serialize)]
+pub struct SimJson {
+    /// Always "sim".
+    pub backend: &'static str,
+    /// Connections attempted.
+    pub connections: u32,
+    /// The seed.
+    pub seed: u64,
+    /// RTU loss probability.
+    pub rtu_loss: f64,
+    /// Whether the pump ran.
+    pub pump: bool,
+    /// Whether soft-RoCE was modelled (no COMM_EST).
+    pub soft_roce: bool,
+    /// Whether the client sent data once established.
+    pub send_data: bool,
+    /// Connections established on both sides.
+    pub established: usize,
+    /// Of those, the server side by the RTU.
+    pub via_rtu: usize,
+    /// Of those, the server side forced by notify.
+    pub via_notify: usize,
+    /// notify answered EISCONN (the RTU won the race).
+    pub already_established_races: usize,
+    /// Connections not established.
+    pub failed: usize,
+    /// Of those, the server side UNREACHABLE.
+    pub unreachable: usize,
+    /// Connections breaking "exactly one ESTABLISHED per side or a failure" (always 0).
+    pub invariant_violations: usize,
+    /// notify calls refused.
+    pub notify_errors: u64,
+    /// COMM_EST events nobody forwarded.
+    pub comm_est_ignored: u64,
+    /// RTUs sent and lost.
+    pub rtus_sent: u64,
+    /// RTUs lost to the fault model.
+    pub messages_dropped: u64,
+    /// RTUs that arrived after a forced establish (counted and dropped).
+    pub late_rtus: u64,
+    /// Virtual microseconds from the trigger to ESTABLISHED.
+    pub trigger_to_established_us: LatencyJson,
+    /// Virtual seconds the run took.
+    pub virtual_seconds: f64,
+    /// Ids that could not be destroyed at teardown (always 0).
+    pub teardown_failures: u64,
+}
+
+/// Percentiles in microseconds.
+#[derive(Debug, Serialize)]
+pub struct LatencyJson {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+impl From<LatencySummary> for LatencyJson {
+    fn from(s: LatencySummary) -> Self {
+        LatencyJson {
+            count: s.count,
+            p50: micros(s.p50),
+            p99: micros(s.p99),
+            max: micros(s.max),
+        }
+    }
+}
+
+impl From<&SimReport> for SimJson {
+    fn from(r: &SimReport) -> Self {
+        SimJson {
+            backend: "sim",
+            connections: r.run.connections,
+            seed: r.run.seed,
+            rtu_loss: r.run.rtu_loss,
+            pump: r.run.pump,
+            soft_roce: r.run.soft_roce,
+            send_data: r.run.send_data,
+            established: r.established(),
+            via_rtu: r.via_rtu(),
+            via_notify: r.forced(),
+            already_established_races: r.raced(),
+            failed: r.failed(),
+            unreachable: r.unreachable(),
+            invariant_violations: r.invariant_violations(),
+            notify_errors: r.pump.rejected,
+            comm_est_ignored: r.comm_est_ignored,
+            rtus_sent: r.fabric.sent_of(cm_mock::sim::MsgKind::Rtu),
+            messages_dropped: r.fabric.dropped,
+            late_rtus: r.fabric.late_rtus,
+            trigger_to_established_us: r.trigger_to_established.into(),
+            virtual_seconds: r.virtual_time.as_secs_f64(),
+            teardown_failures: r.teardown_failures,
+        }
+    }
+}
+
+fn show(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{:.2} s", d.as_secs_f64())
+    } else if d >= Duration::from_millis(1) {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.1} µs", micros(d))
+    }
+}
+
+/// The human summary of a simulated run.
+pub fn human(r: &SimReport) -> String {
+    let run = &r.run;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "cmnotify: simulated fabric, {} connection(s), RTU loss {:.0}%{}, {}, {}, seed {}",
+        run.connections,
+        run.rtu_loss * 100.0,
+        if run.drop_rtu_of.is_empty() {
+            String::new()
+        } else {
+            format!(" + RTU dropped on {:?}", run.drop_rtu_of)
+        },
+        if run.send_data {
+            "client sends at once"
+        } else {
+            "no data"
+        },
+        match (run.pump, run.soft_roce) {
+            (true, false) => "pump on (COMM_EST)",
+            (true, true) => "pump on (soft-RoCE: receive completions)",
+            (false, _) => "pump OFF",
+        },
+        run.seed
+    );
+    let _ = writeln!(out, "  established          {:>8}", r.established());
+    let _ = writeln!(out, "    via RTU            {:>8}", r.via_rtu());
+    let _ = writeln!(
+        out,
+        "    rescued by notify  {:>8}   (RTU lost or late; COMM_EST/receive -> rdma_notify)",
+        r.forced()
+    );
+    let _ = writeln!(
+        out,
+        "  EISCONN races        {:>8}   (RTU won; harmless)",
+        r.raced()
+    );
+    let _ = writeln!(
+        out,
+        "  failed               {:>8}   (server UNREACHABLE: {})",
+        r.failed(),
+        r.unreachable()
+    );
+    if r.comm_est_ignored > 0 {
+        let _ = writeln!(
+            out,
+            "  COMM_EST ignored     {:>8}   (no pump: nobody forwarded them)",
+            r.comm_est_ignored
+        );
+    }
+    if r.pump.rejected > 0 {
+        let _ = writeln!(out, "  notify refused       {:>8}", r.pump.rejected);
+    }
+    let t = &r.trigger_to_established;
+    if t.count > 0 {
+        let _ = writeln!(
+            out,
+            "  trigger -> ESTABLISHED  p50 {}  p99 {}  max {}  (virtual time, {} samples)",
+            show(t.p50),
+            show(t.p99),
+            show(t.max),
+            t.count
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  exactly-once violations {}   teardown failures {}   virtual time {}",
+        r.invariant_violations(),
+        r.teardown_failures,
+        show(r.virtual_time)
+    );
+    if let Some(trace) = &r.trace {
+        let _ = writeln!(
+            out,
+            "\ntimeline of connection {}:",
+            run.trace_conn.unwrap_or(0)
+        );
+        out.push_str(trace);
+    }
+    out
+}

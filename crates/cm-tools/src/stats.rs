@@ -1,0 +1,57 @@
+//! Latency summaries.
+
+use std::time::Duration;
+
+/// Percentiles of a set of durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LatencySummary {
+    /// How many samples.
+    pub count: usize,
+    /// Median.
+    pub p50: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// Largest sample.
+    pub max: Duration,
+}
+
+impl LatencySummary {
+    /// Summarises `samples` (sorted in place). Nearest-rank percentiles.
+    pub fn from_durations(samples: &mut [Duration]) -> Self {
+        if samples.is_empty() {
+            return LatencySummary::default();
+        }
+        samples.sort_unstable();
+        let rank = |p: usize| samples[(samples.len() * p).div_ceil(100).max(1) - 1];
+        LatencySummary {
+            count: samples.len(),
+            p50: rank(50),
+            p99: rank(99),
+            max: samples[samples.len() - 1],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let s = LatencySummary::from_durations(&mut samples);
+        assert_eq!(s.count, 100);
+        assert_eq!(s.p50, Duration::from_micros(50));
+        assert_eq!(s.p99, Duration::from_micros(99));
+        assert_eq!(s.max, Duration::from_micros(100));
+        assert_eq!(
+            LatencySummary::from_durations(&mut []),
+            LatencySummary::default()
+        );
+        let mut one = [Duration::from_millis(3)];
+        assert_eq!(
+            LatencySummary::from_durations(&mut one).p99,
+            Duration::from_millis(3)
+        );
+    }
+}
