@@ -351,3 +351,42 @@ fn check_scale(n: usize) {
     assert!(forced > 0);
     assert_eq!(stats.events_delivered, stats.events_acked);
 }
+
+#[test]
+fn disconnect_follows_the_kernel_and_destroy_tells_the_peer() {
+    let mut p = pair(SimConfig::default(), 10);
+    // No IB CM id: EINVAL. Any IB CM state: 0, sending what the state allows.
+    let fresh = p.client.create_id();
+    assert!(matches!(fresh.disconnect(), Err(CmError::Os { .. })));
+    let conns = start(&mut p, 2);
+    let (active, passive) = &conns[0];
+    passive.disconnect().unwrap();
+    assert_eq!(passive.ib_state().unwrap(), Some(IbCmState::RepSent));
+    // Destroying the active id before it read its REP: REJ (consumer defined).
+    active.destroy().unwrap();
+    p.fabric.advance(Duration::from_millis(1));
+    let events = drain(&mut p.server);
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].1, events[0].2), (CmEventType::Rejected, 28));
+    assert_eq!(passive.ib_state().unwrap(), Some(IbCmState::Idle));
+    // The second connection: established, then the active side disconnects.
+    let (active, passive) = &conns[1];
+    drain(&mut p.client);
+    p.fabric.advance(Duration::from_millis(1));
+    drain(&mut p.server);
+    active.disconnect().unwrap();
+    p.fabric.advance(Duration::from_millis(1));
+    let events = drain(&mut p.server);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].1, CmEventType::Disconnected);
+    passive.disconnect().unwrap();
+    p.fabric.run_until_idle();
+    let active_events: Vec<CmEventType> = drain(&mut p.client).iter().map(|e| e.1).collect();
+    assert_eq!(
+        active_events,
+        [CmEventType::Disconnected, CmEventType::TimewaitExit]
+    );
+    let passive_events: Vec<CmEventType> = drain(&mut p.server).iter().map(|e| e.1).collect();
+    assert_eq!(passive_events, [CmEventType::TimewaitExit]);
+    assert_eq!(active.ib_state().unwrap(), Some(IbCmState::Idle));
+}

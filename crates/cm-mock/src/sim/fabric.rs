@@ -24,8 +24,10 @@ const FIRST_QPN: u32 = 0x11;
 pub(crate) const REJ_INVALID_SERVICE_ID: i32 = 8;
 /// REJ reason: the application rejected (IB_CM_REJ_CONSUMER_DEFINED).
 pub(crate) const REJ_CONSUMER_DEFINED: i32 = 28;
-/// REJ reason sent when an id is destroyed mid-handshake (IB_CM_REJ_TIMEOUT).
+/// REJ reason sent when an id with a REQ outstanding is destroyed (IB_CM_REJ_TIMEOUT).
 pub(crate) const REJ_TIMEOUT: i32 = 1;
+/// REJ reason for a retried REQ of a connection in TIMEWAIT (IB_CM_REJ_STALE_CONN).
+pub(crate) const REJ_STALE_CONN: i32 = 10;
 /// EADDRINUSE, for a second listener on a port.
 const EADDRINUSE: i32 = 98;
 
@@ -740,8 +742,8 @@ impl Fabric {
         if id.timer_gen != gen {
             return;
         }
-        let (retrying, retries_left, timeout, qp, ib) =
-            (id.retrying, id.retries_left, id.retry_timeout, id.qp, id.ib);
+        let (retrying, retries_left, timeout, ib) =
+            (id.retrying, id.retries_left, id.retry_timeout, id.ib);
         match retrying {
             None => {
                 // TIMEWAIT is over.
@@ -760,9 +762,9 @@ impl Fabric {
                 id.retrying = None;
                 match kind {
                     MsgKind::Req | MsgKind::Rep => {
-                        // REQ_ERROR / REP_ERROR: the IB CM id goes back to IDLE.
+                        // REQ_ERROR / REP_ERROR: the IB CM id goes back to IDLE (the
+                        // kernel leaves a user-space QP alone).
                         self.set_ib(key, IbCmState::Idle);
-                        self.set_qp_state(qp, QpState::Error);
                         let ev = QueuedKind::Event(CmEventType::Unreachable);
                         self.queue_cm_event(key, ev, -errno::ETIMEDOUT, Vec::new());
                     }
@@ -841,32 +843,42 @@ impl Fabric {
                 self.disconnected(dst, 0);
             }
             (MsgKind::Dreq, Some(S::Timewait)) => self.send_to_peer(dst, MsgKind::Drep, 0),
-            (MsgKind::Drep, Some(S::DreqSent)) => {
+            (MsgKind::Drep, Some(S::DreqSent | S::DreqRcvd)) => {
                 self.enter_timewait(dst);
                 self.disconnected(dst, 0);
             }
-            (
-                MsgKind::Rej,
-                Some(
-                    S::ReqSent
-                    | S::MraReqRcvd
-                    | S::RepSent
-                    | S::MraRepRcvd
-                    | S::ReqRcvd
-                    | S::MraReqSent
-                    | S::RepRcvd
-                    | S::MraRepSent,
-                ),
-            ) => {
-                self.cancel_timer(dst);
-                self.set_ib(dst, S::Idle);
-                let qp = self.id(dst).and_then(|id| id.qp);
-                self.set_qp_state(qp, QpState::Error);
-                let ev = QueuedKind::Event(CmEventType::Rejected);
-                self.queue_cm_event(dst, ev, msg.value, msg.private);
-            }
+            (MsgKind::Rej, Some(state)) => self.rej_received(dst, state, msg),
             _ => self.ignore(&msg, "the id's state does not take this message"),
         }
+    }
+
+    /// cm_rej_handler: back to IDLE while connecting (TIMEWAIT for a stale-connection
+    /// REJ), TIMEWAIT once the REP was received or the connection established; the RDMA
+    /// CM reports REJECTED (status = the reason) and librdmacm moves the QP to error.
+    fn rej_received(&mut self, key: SimIdKey, state: IbCmState, msg: Message) {
+        use IbCmState as S;
+        let lap = self.id(key).map_or(LapState::Uninit, |id| id.lap);
+        let timewait = match state {
+            S::ReqSent
+            | S::MraReqRcvd
+            | S::RepSent
+            | S::MraRepRcvd
+            | S::ReqRcvd
+            | S::MraReqSent => msg.value == REJ_STALE_CONN,
+            S::DreqSent | S::RepRcvd | S::MraRepSent => true,
+            S::Established if lap == LapState::Uninit => true,
+            _ => return self.ignore(&msg, "the id's state does not take a REJ"),
+        };
+        self.cancel_timer(key);
+        if timewait {
+            self.enter_timewait(key);
+        } else {
+            self.set_ib(key, S::Idle);
+        }
+        let qp = self.id(key).and_then(|id| id.qp);
+        self.set_qp_state(qp, QpState::Error);
+        let ev = QueuedKind::Event(CmEventType::Rejected);
+        self.queue_cm_event(key, ev, msg.value, msg.private);
     }
 
     fn deliver_req(&mut self, msg: Message) {
@@ -876,10 +888,14 @@ impl Fabric {
         if let Some(&existing) = self.remote_reqs.get(&(msg.from, src)) {
             // A retried REQ: answer with the delayed MRA if the application has not
             // accepted yet, else ignore it.
-            if self.id(existing).and_then(|id| id.ib) == Some(IbCmState::MraReqSent) {
-                self.send_to_peer(existing, MsgKind::Mra, MsgKind::Req.index() as i32);
-            } else {
-                self.ignore(&msg, "duplicate REQ");
+            match self.id(existing).and_then(|id| id.ib) {
+                Some(IbCmState::MraReqSent) => {
+                    self.send_to_peer(existing, MsgKind::Mra, MsgKind::Req.index() as i32)
+                }
+                Some(IbCmState::Timewait) => {
+                    self.send_to_peer(existing, MsgKind::Rej, REJ_STALE_CONN)
+                }
+                _ => self.ignore(&msg, "duplicate REQ"),
             }
             return;
         }
@@ -1169,20 +1185,21 @@ impl Fabric {
         }
         // librdmacm moves the QP to the error state first.
         self.set_qp_state(qp, QpState::Error);
+        // DREQ from ESTABLISHED, else DREP from DREQ_RCVD, else nothing: the kernel's
+        // rdma_disconnect ignores both sends' errors and returns 0.
         match ib {
             Some(IbCmState::Established) => {
                 self.set_ib(key, IbCmState::DreqSent);
                 self.send_to_peer(key, MsgKind::Dreq, 0);
                 self.start_retry(key, MsgKind::Dreq);
-                Ok(())
             }
             Some(IbCmState::DreqRcvd) => {
                 self.send_to_peer(key, MsgKind::Drep, 0);
                 self.enter_timewait(key);
-                Ok(())
             }
-            _ => Err(os(OP, errno::EINVAL)),
+            _ => {}
         }
+        Ok(())
     }
 
     pub(crate) fn destroy(&mut self, key: SimIdKey) -> Result<(), CmError> {
@@ -1200,17 +1217,15 @@ impl Fabric {
         match ib {
             Some(S::Established) => self.send_to_peer(key, MsgKind::Dreq, 0),
             Some(S::DreqRcvd) => self.send_to_peer(key, MsgKind::Drep, 0),
+            Some(S::ReqSent | S::MraReqRcvd) => self.send_to_peer_or_req(key, REJ_TIMEOUT),
             Some(
-                S::ReqSent
-                | S::MraReqRcvd
+                S::ReqRcvd
+                | S::MraReqSent
                 | S::RepSent
                 | S::MraRepRcvd
                 | S::RepRcvd
                 | S::MraRepSent,
-            ) => self.send_to_peer_or_req(key, REJ_TIMEOUT),
-            Some(S::ReqRcvd | S::MraReqSent) => {
-                self.send_to_peer(key, MsgKind::Rej, REJ_CONSUMER_DEFINED)
-            }
+            ) => self.send_to_peer(key, MsgKind::Rej, REJ_CONSUMER_DEFINED),
             _ => {}
         }
         if ib == Some(S::Listen) && self.listeners.get(&(node, port)) == Some(&key) {
@@ -1239,7 +1254,8 @@ impl Fabric {
                 let mut msg = Message::new(MsgKind::Rej, id.conn, id.node, to);
                 msg.src = Some(key);
                 msg.value = reason;
-                // Addressed through the duplicate-REQ table on arrival.
+                // The passive id, if the REQ got there (as in the kernel, a REJ
+                // overtaking its REQ finds no id and is dropped).
                 msg.dst = self.remote_reqs.get(&(id.node, key)).copied();
                 self.send(msg);
             }
