@@ -13,8 +13,9 @@ use crate::id::{CmId, IdInner};
 /// [`CmEvent::ack`] or when dropped.
 ///
 /// The event holds its id (for CONNECT_REQUEST: the new id of the connection, and the
-/// listener separately), so the id cannot be destroyed while the event is
-/// unacknowledged: `rdma_destroy_id` would wait for the acknowledgement forever.
+/// listener, to which librdmacm accounts the request), so that id cannot be destroyed
+/// while the event is unacknowledged: `rdma_destroy_id` would wait for the
+/// acknowledgement forever.
 pub struct CmEvent {
     raw: NonNull<ffi::rdma_cm_event>,
     event_type: CmEventType,
@@ -78,14 +79,25 @@ impl CmEvent {
             // owner. It is on the listener's channel.
             if let Some(new_id) = NonNull::new(raw_id) {
                 // SAFETY: librdmacm just created this id for the request; nobody else
-                // owns it, and this event is the only one read for it so far.
-                let id = unsafe { CmId::from_new_raw(new_id, Arc::clone(channel)) };
-                id.inner().event_read();
-                event.id = Some(id);
+                // owns it, and no event was read for it.
+                event.id = Some(unsafe { CmId::from_new_raw(new_id, Arc::clone(channel)) });
             }
+            // librdmacm accounts the request to the listener: its rdma_destroy_id waits
+            // for this acknowledgement, so the event holds the listener.
             // SAFETY: the listener is alive until this event is acknowledged.
-            event.listener = unsafe { IdInner::upgrade(raw_listener) }.map(CmId::from_inner);
-            return Decoded::Event(event);
+            match unsafe { IdInner::upgrade(raw_listener) } {
+                Some(listener) => {
+                    listener.event_read();
+                    event.listener = Some(CmId::from_inner(listener));
+                    return Decoded::Event(event);
+                }
+                // The listener's last owner is destroying it and waits for this event:
+                // acknowledge it, then destroy the new id (the kernel rejects the REQ).
+                None => {
+                    drop(event);
+                    return Decoded::Skipped;
+                }
+            }
         }
         // SAFETY: `event->id` is alive until this event is acknowledged.
         match unsafe { IdInner::upgrade(raw_id) } {
@@ -162,6 +174,16 @@ impl CmEvent {
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
     }
 
+    /// The id librdmacm accounts the event to (whose destroy waits for its
+    /// acknowledgement): the listener for CONNECT_REQUEST, else the event's id.
+    fn accounted_id(&self) -> Option<&CmId> {
+        if self.event_type == CmEventType::ConnectRequest {
+            self.listener.as_ref()
+        } else {
+            self.id.as_ref()
+        }
+    }
+
     /// `rdma_ack_cm_event` now.
     pub fn ack(mut self) -> Result<(), CmError> {
         self.ack_once()
@@ -174,7 +196,7 @@ impl CmEvent {
         self.acked = true;
         // SAFETY: the event is live and acknowledged only here, once.
         let ret = unsafe { ffi::rdma_ack_cm_event(self.raw.as_ptr()) };
-        if let Some(id) = &self.id {
+        if let Some(id) = self.accounted_id() {
             id.inner().event_acked();
         }
         if ret == 0 {

@@ -293,9 +293,16 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     );
     let server = request.id().expect("new id").clone();
     assert_ne!(server, listener);
-    assert_eq!(server.unacked_events(), 1);
-    request.ack().expect("ack");
+    // librdmacm accounts the request to the listener: migrating it now would wait.
+    assert_eq!(listener.unacked_events(), 1);
     assert_eq!(server.unacked_events(), 0);
+    let other_channel = EventChannel::new().expect("channel");
+    assert!(matches!(
+        listener.migrate(&other_channel),
+        Err(CmError::UnackedEvents { unacked: 1, .. })
+    ));
+    request.ack().expect("ack");
+    assert_eq!(listener.unacked_events(), 0);
     let server_qp = server.create_qp(&QpCaps::default()).expect("server QP");
     let server_mem = server.register_memory(64).expect("server memory");
     server
