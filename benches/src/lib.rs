@@ -1,0 +1,1 @@
+//! Criterion benchmarks of the notify path; see `benches/` and `cargo xtask bench`.
