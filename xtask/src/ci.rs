@@ -128,10 +128,13 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         .map(|_| "every library crate packages".to_string())
     });
     if no_vm {
+        println!("\n!!! --no-vm: the real-kernel (soft-RoCE VM) tests are NOT run. CI always runs them. !!!");
         steps.skip(
             "vm",
             "--no-vm given: the real-kernel tests did NOT run (CI always runs them)",
         );
+    } else {
+        steps.run("vm", crate::vm::ci_step);
     }
     let result = steps.finish();
     println!("tests: {}", counts.line());
