@@ -183,7 +183,14 @@ fn run_vm(options: &Options) -> Result<String, String> {
         )),
         Ended::Exited(_) => {}
     }
-    let summary = report.summary_line();
+    let summary = match unpacked.fallbacks.len() {
+        0 => report.summary_line(),
+        n => format!(
+            "{} (WARNING: {n} Debian pins replaced by newer versions, see {})",
+            report.summary_line(),
+            debs::PINS
+        ),
+    };
     println!("vm: {summary}");
     println!("vm: console log: {}", config.console_log.display());
     if !problems.is_empty() {
@@ -193,10 +200,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
             config.console_log.display()
         ));
     }
-    Ok(match unpacked.fallbacks.len() {
-        0 => summary,
-        n => format!("{summary} (WARNING: {n} Debian pins replaced, see log)"),
-    })
+    Ok(summary)
 }
 
 fn start(config: &VmConfig) -> Result<Ended, String> {

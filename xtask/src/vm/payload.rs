@@ -27,6 +27,8 @@ pub(crate) enum Item {
         package: String,
         /// Value for `--features`, if any.
         features: Option<String>,
+        /// Timeout of each of its test executables.
+        timeout_secs: u64,
     },
     /// A named binary, put on PATH inside.
     CargoBin {
@@ -80,17 +82,29 @@ fn parse_item(line: &str) -> Result<Item, String> {
     let words: Vec<&str> = rest.split_whitespace().collect();
     let bad = || format!("{MANIFEST}: cannot read `{line}`");
     match kind {
-        "cargo-test" => match words.as_slice() {
-            [package] => Ok(Item::CargoTest {
-                package: package.to_string(),
-                features: None,
-            }),
-            [package, features] => Ok(Item::CargoTest {
-                package: package.to_string(),
-                features: Some(features.to_string()),
-            }),
-            _ => Err(bad()),
-        },
+        "cargo-test" => {
+            let mut timeout_secs = TEST_TIMEOUT_SECS;
+            let mut rest = Vec::new();
+            for word in words {
+                match word.strip_prefix("timeout=") {
+                    Some(secs) => timeout_secs = secs.parse().map_err(|_| bad())?,
+                    None => rest.push(word),
+                }
+            }
+            match rest.as_slice() {
+                [package] => Ok(Item::CargoTest {
+                    package: package.to_string(),
+                    features: None,
+                    timeout_secs,
+                }),
+                [package, features] => Ok(Item::CargoTest {
+                    package: package.to_string(),
+                    features: Some(features.to_string()),
+                    timeout_secs,
+                }),
+                _ => Err(bad()),
+            }
+        }
         "cargo-bin" => match words.as_slice() {
             [package, binary] => Ok(Item::CargoBin {
                 package: package.to_string(),
@@ -178,7 +192,11 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
     };
     for item in items {
         match item {
-            Item::CargoTest { package, features } => {
+            Item::CargoTest {
+                package,
+                features,
+                timeout_secs,
+            } => {
                 let mut args = vec!["test", "--no-run", "--message-format=json", "-p", &package];
                 if let Some(f) = &features {
                     args.extend(["--features", f]);
@@ -196,7 +214,7 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                     add_entry(
                         &mut payload,
                         format!("{TEST_ENTRY_PREFIX}{package} {file}"),
-                        TEST_TIMEOUT_SECS,
+                        timeout_secs,
                         script,
                     )?;
                 }
@@ -308,7 +326,7 @@ mod tests {
         let text = "\
 # comment
 cargo-test cm-sys
-cargo-test cm-verbs real-device,extra
+cargo-test cm-verbs real-device,extra timeout=90
 cargo-bin cm-sys notify-peer
 exec ibv-devices ibv_devices
 exec rping timeout=30 \\
@@ -321,11 +339,13 @@ exec rping timeout=30 \\
             [
                 Item::CargoTest {
                     package: "cm-sys".into(),
-                    features: None
+                    features: None,
+                    timeout_secs: TEST_TIMEOUT_SECS,
                 },
                 Item::CargoTest {
                     package: "cm-verbs".into(),
-                    features: Some("real-device,extra".into())
+                    features: Some("real-device,extra".into()),
+                    timeout_secs: 90,
                 },
                 Item::CargoBin {
                     package: "cm-sys".into(),
@@ -352,6 +372,8 @@ exec rping timeout=30 \\
         assert!(parse_manifest("exec lonely").is_err());
         assert!(parse_manifest("exec a timeout=soon b").is_err());
         assert!(parse_manifest("exec a b \\").is_err());
+        assert!(parse_manifest("cargo-test a b c").is_err());
+        assert!(parse_manifest("cargo-test a timeout=").is_err());
     }
 
     #[test]
