@@ -85,8 +85,6 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
 
 /// The VM step for `cargo xtask ci`: runs everything with default options and returns the
 /// one-line note, e.g. `real kernel: 23 passed, 0 failed, 0 skipped; smoke: 4/4 passed`.
-// Until `cargo xtask ci` calls it, only the `vm` subcommand uses this module.
-#[allow(dead_code)]
 pub(crate) fn ci_step() -> Result<String, String> {
     run_vm(&Options::default())
 }
