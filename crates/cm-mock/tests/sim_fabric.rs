@@ -390,3 +390,36 @@ fn disconnect_follows_the_kernel_and_destroy_tells_the_peer() {
     assert_eq!(passive_events, [CmEventType::TimewaitExit]);
     assert_eq!(active.ib_state().unwrap(), Some(IbCmState::Idle));
 }
+
+#[test]
+fn duplicated_data_completes_once_and_rules_pick_the_nth_message_of_a_connection() {
+    let mut p = pair(SimConfig::default(), 12);
+    p.fabric
+        .add_fault(FaultRule::new(MsgKind::Data, FaultAction::Duplicate));
+    // Only the first RTU of connection 1 is lost.
+    p.fabric.add_fault(
+        FaultRule::new(MsgKind::Rtu, FaultAction::Drop)
+            .on_conn(cm_mock::sim::ConnId(1))
+            .nth(0),
+    );
+    let conns = start(&mut p, 3);
+    drain(&mut p.client);
+    p.fabric.advance(Duration::from_millis(1));
+    let established: Vec<_> = drain(&mut p.server).into_iter().map(|e| e.0).collect();
+    assert_eq!(established.len(), 2);
+    assert!(!established.contains(&conns[1].1));
+    assert_eq!(conns[1].1.ib_state().unwrap(), Some(IbCmState::RepSent));
+    conns[0].0.post_send(8).unwrap();
+    p.fabric.advance(Duration::from_millis(1));
+    let mut device = p.fabric.node(cm_mock::sim::NodeId(0)).unwrap().device();
+    assert!(device.poll_cq().is_some());
+    assert!(
+        device.poll_cq().is_none(),
+        "the duplicate must not complete again"
+    );
+    assert_eq!(p.fabric.stats().duplicated, 1);
+    // The REP retransmission brings the resent RTU through.
+    p.fabric.advance(Duration::from_secs(5));
+    assert_eq!(drain(&mut p.server).len(), 1);
+    assert_eq!(conns[1].1.ib_state().unwrap(), Some(IbCmState::Established));
+}

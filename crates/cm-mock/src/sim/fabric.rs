@@ -54,6 +54,8 @@ pub(crate) struct Message {
     value: i32,
     private: Vec<u8>,
     retransmit: bool,
+    /// The second copy of a duplicated message.
+    copy: bool,
 }
 
 impl Message {
@@ -70,6 +72,7 @@ impl Message {
             value: 0,
             private: Vec::new(),
             retransmit: false,
+            copy: false,
         }
     }
 }
@@ -586,8 +589,10 @@ impl Fabric {
                     FaultAction::Drop => self.stats.dropped += 1,
                     FaultAction::Duplicate => {
                         self.stats.duplicated += 1;
-                        self.schedule(latency, Action::Deliver(msg.clone()));
-                        self.schedule(latency.saturating_mul(2), Action::Deliver(msg));
+                        let mut copy = msg.clone();
+                        copy.copy = true;
+                        self.schedule(latency, Action::Deliver(msg));
+                        self.schedule(latency.saturating_mul(2), Action::Deliver(copy));
                     }
                     FaultAction::Delay(extra) => {
                         self.stats.delayed += 1;
@@ -948,6 +953,10 @@ impl Fabric {
     }
 
     fn deliver_data(&mut self, msg: Message) {
+        if msg.copy {
+            // RC transport: the packet sequence number check discards the copy.
+            return self.ignore(&msg, "duplicate packet (RC sequence check)");
+        }
         let Some(qp) = self.qp(msg.qp) else {
             return self.ignore(&msg, "no such QP");
         };

@@ -113,7 +113,8 @@ pub enum FaultAction {
     Drop,
     /// The message arrives this much later than it would.
     Delay(Duration),
-    /// The message arrives twice (the copy one wire latency after the original).
+    /// The message arrives twice (the copy one wire latency after the original). A
+    /// duplicated data packet completes once: RC's sequence check discards the copy.
     Duplicate,
     /// The message is held back by a random extra delay up to
     /// [`SimConfig::reorder_window`], so messages sent after it can overtake it.
