@@ -139,17 +139,24 @@ fn run_vm(options: &Options) -> Result<String, String> {
         None if qemu::kvm_usable() => {
             config.accel = Accel::Kvm;
             config.boot_timeout = KVM_PROBE_TIMEOUT;
-            match start(&config)? {
-                Ended::BootTimeout => {
-                    println!(
-                        "vm: KVM did not reach /init in {} s: using TCG",
-                        KVM_PROBE_TIMEOUT.as_secs()
-                    );
+            let kvm = start(&config);
+            let reached_init = std::fs::read_to_string(&config.console_log)
+                .is_ok_and(|log| ConsoleReport::parse(&log).init_started);
+            match kvm {
+                Ok(ended) if reached_init => ended,
+                failed => {
+                    let why = match failed {
+                        Ok(Ended::BootTimeout) => {
+                            format!("did not reach /init in {} s", KVM_PROBE_TIMEOUT.as_secs())
+                        }
+                        Ok(ended) => format!("ended before /init ({ended:?})"),
+                        Err(e) => e,
+                    };
+                    println!("vm: KVM {why}: using TCG");
                     config.accel = Accel::Tcg;
                     config.boot_timeout = BOOT_TIMEOUT;
                     start(&config)?
                 }
-                ended => ended,
             }
         }
         None => start(&config)?,
