@@ -6,6 +6,9 @@
 //! - [`sim::SimFabric`]: a deterministic simulated RDMA CM fabric (virtual clock,
 //!   seeded faults, the kernel's IB CM states and notify answers) on which the same
 //!   consumer code runs unchanged.
+//! - [`conformance`]: the notify-path scenarios, written once against
+//!   [`conformance::Harness`], run on the simulator ([`conformance::SimHarness`]) and
+//!   on any real backend that implements the harness.
 //!
 //! Unit-testing a consumer of the traits with the mocks: a function that forwards a
 //! COMM_EST to the id owning the QP must call `notify(CommEst)` exactly once.

@@ -423,3 +423,40 @@ fn duplicated_data_completes_once_and_rules_pick_the_nth_message_of_a_connection
     assert_eq!(drain(&mut p.server).len(), 1);
     assert_eq!(conns[1].1.ib_state().unwrap(), Some(IbCmState::Established));
 }
+
+#[test]
+fn trace_is_off_by_default_and_prints_every_step_of_a_forced_establish() {
+    let untraced = pair(SimConfig::default(), 13);
+    assert!(untraced.fabric.trace().is_none());
+
+    let mut p = pair(SimConfig::default().traced(), 13);
+    p.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    let conns = start(&mut p, 1);
+    drain(&mut p.client);
+    conns[0].0.post_send(4).unwrap();
+    p.fabric.advance(Duration::from_millis(1));
+    assert_eq!(
+        conns[0].1.notify(AsyncEventType::CommEst),
+        Ok(NotifyOutcome::Established)
+    );
+    p.fabric.advance(Duration::from_millis(1));
+    let text = p.fabric.trace().unwrap().to_string();
+    for needle in [
+        "conn0 REQ node1 -> node0",
+        "conn0 REP node0 -> node1",
+        "conn0 RTU dropped",
+        "IB_CM_REP_SENT",
+        "IB_CM_MRA_REP_SENT -> IB_CM_ESTABLISHED",
+        "node0 async communication established on QP",
+        "notify(communication established) = Ok(Established)",
+        "IB_CM_REP_SENT -> IB_CM_ESTABLISHED",
+        "event RDMA_CM_EVENT_ESTABLISHED status 0",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    // Timestamps are virtual and never go backwards.
+    let trace = p.fabric.take_trace().unwrap();
+    assert!(trace.entries.windows(2).all(|w| w[0].at <= w[1].at));
+    assert!(p.fabric.trace().unwrap().is_empty());
+}
