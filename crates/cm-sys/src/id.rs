@@ -538,18 +538,24 @@ impl CmId {
                 reason: "the memory region belongs to another id",
             });
         }
-        if range.start > range.end || range.end > region.len {
-            return Err(CmError::InvalidArgument {
-                op,
-                reason: "range outside the memory region",
-            });
-        }
         let regions = self
             .inner
             .regions
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        f(&regions[region.index])
+        // Checked against the memory itself, not the handle: a handle outliving its id
+        // could name a region of a later id at the same address.
+        let memory = regions.get(region.index).ok_or(CmError::InvalidArgument {
+            op,
+            reason: "unknown memory region",
+        })?;
+        if range.start > range.end || range.end > memory.len() {
+            return Err(CmError::InvalidArgument {
+                op,
+                reason: "range outside the memory region",
+            });
+        }
+        f(memory)
     }
 
     /// Copies `data` into the region at `offset`.

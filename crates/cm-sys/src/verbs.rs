@@ -112,6 +112,11 @@ impl RegisteredMemory {
         drop(unsafe { Self::reclaim(self.buffer, self.len) });
     }
 
+    /// The usable length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// The scatter/gather entry for `range` (checked by the caller to be in bounds).
     pub(crate) fn sge(&self, range: Range<usize>) -> ffi::ibv_sge {
         // SAFETY: the MR is live while `self` is; lkey is set at registration.

@@ -391,6 +391,12 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
         client.read_memory(&client_mem, 32..37).expect("read"),
         b"pong!"
     );
+    // Out-of-range access is refused, not performed.
+    assert!(matches!(
+        server.read_memory(&server_mem, 60..70),
+        Err(CmError::InvalidArgument { .. })
+    ));
+    assert_eq!(server_mem.len(), 64);
     // A region of one id is refused by another.
     assert!(matches!(
         server.post_recv(&client_mem, 0..4, 3),
