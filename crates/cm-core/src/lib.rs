@@ -33,6 +33,7 @@
 
 mod backend;
 mod cm_event;
+pub mod decode;
 mod error;
 mod event;
 pub mod kernel_model;
