@@ -1,7 +1,7 @@
 //! The conformance suite on the simulated fabric, with and without COMM_EST, over a few
 //! seeds.
 
-use cm_mock::conformance::{run_all, SimHarness, Verdict};
+use cm_mock::conformance::{run_all, Harness, SimHarness, Verdict};
 use cm_mock::sim::SimConfig;
 
 fn check(config: SimConfig, seed: u64) {
@@ -14,7 +14,8 @@ fn check(config: SimConfig, seed: u64) {
             Err(error) => Some(error.to_string()),
         })
         .collect();
-    assert!(failures.is_empty(), "seed {seed}:\n{}", failures.join("\n"));
+    let backend = SimHarness::new(config, seed).describe();
+    assert!(failures.is_empty(), "{backend}:\n{}", failures.join("\n"));
     assert!(report.len() >= 11);
 }
 
