@@ -328,6 +328,12 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
         client.notify(AsyncEventType::CommEst),
         Ok(NotifyOutcome::AlreadyEstablished)
     );
+    // From another thread, through a clone, as the notify pump does.
+    let pump_handle = server.clone();
+    let from_thread = std::thread::spawn(move || pump_handle.notify(AsyncEventType::CommEst))
+        .join()
+        .expect("notify thread");
+    assert_eq!(from_thread, Ok(NotifyOutcome::AlreadyEstablished));
     // Through the trait object the pump uses.
     let handle: &dyn cm_core::CmId = &server;
     assert_eq!(
