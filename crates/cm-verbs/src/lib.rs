@@ -11,6 +11,35 @@
 //!
 //! Generic over the `cm-core` traits: it runs on the real backend (`cm-sys`) and on the
 //! simulated fabric (`cm-mock`) alike.
+//!
+//! ```
+//! use cm_core::{AsyncEvent, AsyncEventType, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum};
+//! use cm_verbs::{NotifyPump, Progress, PumpEvent, Role, Trigger};
+//!
+//! /// Stands for an accepted id whose RTU is lost: the kernel forces it once, then EISCONN.
+//! struct Accepted(std::cell::Cell<bool>);
+//! impl CmId for Accepted {
+//!     fn notify(&self, _: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+//!         Ok(if self.0.replace(true) { NotifyOutcome::AlreadyEstablished } else { NotifyOutcome::Established })
+//!     }
+//!     fn qp_num(&self) -> Option<QpNum> { Some(QpNum(0x2a)) }
+//! }
+//!
+//! let mut pump = NotifyPump::new();
+//! pump.register(Accepted(Default::default()), Role::Passive)?;
+//! // soft-RoCE raises no COMM_EST: the first receive completion is the trigger.
+//! assert_eq!(
+//!     pump.on_receive_completion(QpNum(0x2a)),
+//!     Some(PumpEvent::Forced { qp: QpNum(0x2a), trigger: Trigger::ReceiveCompletion })
+//! );
+//! // A COMM_EST raised later still reaches the CM, which answers EISCONN: harmless.
+//! let late = pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0x2a)));
+//! assert!(matches!(late, PumpEvent::AlreadyEstablished { .. }));
+//! // The ESTABLISHED event the CM then delivers is fed back; the connection is settled.
+//! pump.on_cm_event(CmEventType::Established, Some(QpNum(0x2a)));
+//! assert_eq!(pump.progress(QpNum(0x2a)), Some(Progress::Established));
+//! # Ok::<(), cm_verbs::RegisterError>(())
+//! ```
 #![forbid(unsafe_code)]
 
 mod event_loop;
