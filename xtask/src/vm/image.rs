@@ -78,6 +78,11 @@ pub(crate) fn build(root: &Path, work: &Path, payload: &[PathBuf]) -> Result<Boo
     symlink("usr/lib", stage.join("lib")).map_err(|e| e.to_string())?;
     symlink("usr/lib64", stage.join("lib64")).map_err(|e| e.to_string())?;
 
+    if !is_static(Path::new(BUSYBOX)) {
+        return Err(format!(
+            "{BUSYBOX} is not statically linked: install the Debian package busybox-static"
+        ));
+    }
     copy_file(Path::new(BUSYBOX), &stage.join("bin/busybox"))?;
     copy_file(&workspace_root().join(INIT), &stage.join("init"))?;
     set_mode(&stage.join("init"), 0o755)?;
@@ -191,6 +196,14 @@ fn elf_files(dir: &Path, found: &mut Vec<PathBuf>) {
             found.push(path);
         }
     }
+}
+
+/// Whether `path` needs no shared library (ldd: "not a dynamic executable").
+fn is_static(path: &Path) -> bool {
+    Command::new("ldd").arg(path).output().is_ok_and(|out| {
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        text.contains("not a dynamic executable") || text.contains("statically linked")
+    })
 }
 
 /// One library line of `ldd` output.
