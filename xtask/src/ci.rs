@@ -78,6 +78,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--all-features",
             "--",
             "-D",
             "warnings",

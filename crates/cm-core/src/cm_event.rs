@@ -147,8 +147,10 @@ impl CmEventType {
         }
     }
 
-    /// Exactly what librdmacm's `rdma_event_str` returns: the enumerator name, or
-    /// "UNKNOWN EVENT" for the internal USER/INTERNAL values and unknown numbers.
+    /// Exactly what a current librdmacm's `rdma_event_str` returns: the enumerator name,
+    /// or "UNKNOWN EVENT" for the internal USER/INTERNAL values and unknown numbers.
+    /// (librdmacm before the ADDRINFO events, e.g. rdma-core 44, also says
+    /// "UNKNOWN EVENT" for 16 and 17.)
     pub const fn librdmacm_str(self) -> &'static str {
         match self {
             CmEventType::User | CmEventType::Internal | CmEventType::Unknown(_) => "UNKNOWN EVENT",
