@@ -121,8 +121,8 @@ fn run_vm(options: &Options) -> Result<String, String> {
         .timeout
         .unwrap_or(BOOT_TIMEOUT + Duration::from_secs(payload.total_timeout_secs) + OVERALL_SLACK);
     let mut config = VmConfig {
-        kernel: boot_files.kernel.clone(),
-        initramfs: boot_files.initramfs.clone(),
+        kernel: boot_files.kernel,
+        initramfs: boot_files.initramfs,
         share,
         console_log: dir.join("console.log"),
         accel: Accel::Tcg,
@@ -131,36 +131,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
         memory_mib: 1024,
         cpus: 2,
     };
-    let ended = match options.accel {
-        Some(accel) => {
-            config.accel = accel;
-            start(&config)?
-        }
-        None if qemu::kvm_usable() => {
-            config.accel = Accel::Kvm;
-            config.boot_timeout = KVM_PROBE_TIMEOUT;
-            let kvm = start(&config);
-            let reached_init = std::fs::read_to_string(&config.console_log)
-                .is_ok_and(|log| ConsoleReport::parse(&log).init_started);
-            match kvm {
-                Ok(ended) if reached_init => ended,
-                failed => {
-                    let why = match failed {
-                        Ok(Ended::BootTimeout) => {
-                            format!("did not reach /init in {} s", KVM_PROBE_TIMEOUT.as_secs())
-                        }
-                        Ok(ended) => format!("ended before /init ({ended:?})"),
-                        Err(e) => e,
-                    };
-                    println!("vm: KVM {why}: using TCG");
-                    config.accel = Accel::Tcg;
-                    config.boot_timeout = BOOT_TIMEOUT;
-                    start(&config)?
-                }
-            }
-        }
-        None => start(&config)?,
-    };
+    let ended = boot_vm(&mut config, options.accel)?;
 
     let log = std::fs::read_to_string(&config.console_log)
         .map_err(|e| format!("{}: {e}", config.console_log.display()))?;
@@ -206,6 +177,33 @@ fn run_vm(options: &Options) -> Result<String, String> {
         ));
     }
     Ok(summary)
+}
+
+/// Boots with `accel`, or when `None` with KVM if it reaches `/init` quickly, else TCG.
+fn boot_vm(config: &mut VmConfig, accel: Option<Accel>) -> Result<Ended, String> {
+    if let Some(accel) = accel {
+        config.accel = accel;
+        return start(config);
+    }
+    if qemu::kvm_usable() {
+        config.accel = Accel::Kvm;
+        config.boot_timeout = KVM_PROBE_TIMEOUT;
+        let kvm = start(config);
+        let reached_init = std::fs::read_to_string(&config.console_log)
+            .is_ok_and(|log| ConsoleReport::parse(&log).init_started);
+        let why = match kvm {
+            Ok(ended) if reached_init => return Ok(ended),
+            Ok(Ended::BootTimeout) => {
+                format!("did not reach /init in {} s", KVM_PROBE_TIMEOUT.as_secs())
+            }
+            Ok(ended) => format!("ended before /init ({ended:?})"),
+            Err(e) => e,
+        };
+        println!("vm: KVM {why}: using TCG");
+    }
+    config.accel = Accel::Tcg;
+    config.boot_timeout = BOOT_TIMEOUT;
+    start(config)
 }
 
 fn start(config: &VmConfig) -> Result<Ended, String> {
