@@ -13,7 +13,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) use rdma_sys::{
     ibv_access_flags, ibv_qp_type, ibv_wc_opcode, ibv_wr_opcode, rdma_port_space,
@@ -217,34 +217,12 @@ pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<(), i32> {
 
 /// Waits until `fd` is readable or `timeout` passes (`None`: forever). Retries on EINTR.
 pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, i32> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    loop {
-        let timeout_ms: c_int = match deadline {
-            None => -1,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                // Round up so that a sub-millisecond remainder still waits.
-                c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
-            }
-        };
-        let mut pollfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, count 1.
-        let ready = unsafe { libc::poll(&mut pollfd, 1, timeout_ms) };
-        match ready {
-            n if n > 0 => return Ok(true),
-            0 => return Ok(false),
-            _ => {
-                let errno = last_errno();
-                if errno != libc::EINTR {
-                    return Err(errno);
-                }
-            }
-        }
-    }
+    let mut pollfd = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    crate::poll::poll_fds(&mut pollfd, timeout).map(|ready| ready > 0)
 }
 
 /// Milliseconds for librdmacm's `timeout_ms` parameters, saturated.

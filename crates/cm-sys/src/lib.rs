@@ -15,6 +15,8 @@
 //! - A minimal data path ([`CmId::create_qp`], [`CmId::register_memory`],
 //!   [`CmId::post_send`], [`CmId::post_recv`], [`CmId::poll_recv_cq`]) for tests and
 //!   benches.
+//! - [`poll_readable`]: waits on several descriptors at once (a channel, a device's
+//!   asynchronous events, a wake-up descriptor) for event loops.
 //! - [`RdmaBackend`] ties the types to [`cm_core::CmBackend`].
 //!
 //! Errors are cm-core's [`CmError`] and [`NotifyError`], errno kept.
@@ -79,6 +81,7 @@ mod device;
 mod event;
 mod ffi;
 mod id;
+mod poll;
 mod verbs;
 
 pub use channel::EventChannel;
@@ -86,6 +89,7 @@ pub use device::AsyncEvents;
 pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams};
+pub use poll::{poll_readable, ReadySet};
 pub use verbs::{Completion, MemoryRegion, QpCaps};
 
 /// The real librdmacm/libibverbs backend, for code generic over [`cm_core::CmBackend`].

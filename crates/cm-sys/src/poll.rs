@@ -1,0 +1,195 @@
+//! Waiting on several descriptors at once (`poll(2)`), for event loops that watch a CM
+//! event channel, a device's asynchronous events and a wake-up descriptor together.
+
+use std::ffi::c_int;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use cm_core::CmError;
+
+use crate::ffi;
+
+/// Which of the descriptors given to [`poll_readable`] are ready, by position.
+///
+/// "Ready" means a read will not block: data is there, or the descriptor hung up or has
+/// an error that the read will report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReadySet {
+    bits: u64,
+}
+
+impl ReadySet {
+    /// How many descriptors one call can watch: the set is a 64-bit mask.
+    pub const CAPACITY: usize = 64;
+
+    /// Whether the descriptor at `index` (its position in the slice) is ready.
+    pub const fn is_ready(&self, index: usize) -> bool {
+        index < Self::CAPACITY && self.bits & (1 << index) != 0
+    }
+
+    /// Whether none is ready (the timeout passed).
+    pub const fn is_empty(&self) -> bool {
+        self.bits == 0
+    }
+
+    /// How many are ready.
+    pub const fn len(&self) -> usize {
+        self.bits.count_ones() as usize
+    }
+
+    /// The positions of the ready descriptors, in increasing order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..Self::CAPACITY).filter(|&i| self.is_ready(i))
+    }
+}
+
+/// Waits until at least one of `fds` is readable, or `timeout` passes (`None`: as long as
+/// it takes). Interrupted waits (EINTR) are resumed with the time left.
+///
+/// Returns the ready positions; an empty set means the timeout passed. At most
+/// [`ReadySet::CAPACITY`] descriptors; nothing is allocated.
+///
+/// ```
+/// use std::io::Write;
+/// use std::os::fd::AsFd;
+/// use std::os::unix::net::UnixStream;
+/// use std::time::Duration;
+///
+/// let (quiet, _keep) = UnixStream::pair()?;
+/// let (mut writer, busy) = UnixStream::pair()?;
+/// writer.write_all(b"x")?;
+/// let ready = cm_sys::poll_readable(&[quiet.as_fd(), busy.as_fd()], Some(Duration::ZERO))?;
+/// assert!(!ready.is_ready(0));
+/// assert!(ready.is_ready(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn poll_readable(
+    fds: &[BorrowedFd<'_>],
+    timeout: Option<Duration>,
+) -> Result<ReadySet, CmError> {
+    if fds.len() > ReadySet::CAPACITY {
+        return Err(CmError::InvalidArgument {
+            op: "poll",
+            reason: "more than 64 descriptors",
+        });
+    }
+    let mut pollfds = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; ReadySet::CAPACITY];
+    let pollfds = &mut pollfds[..fds.len()];
+    for (slot, fd) in pollfds.iter_mut().zip(fds) {
+        slot.fd = fd.as_raw_fd();
+        slot.events = libc::POLLIN;
+    }
+    poll_fds(pollfds, timeout).map_err(|e| CmError::from_errno("poll", e))?;
+    let mut ready = ReadySet::default();
+    for (index, slot) in pollfds.iter().enumerate() {
+        if slot.revents & libc::POLLNVAL != 0 {
+            // A BorrowedFd is open by construction; this would be a closed-under-us fd.
+            return Err(CmError::from_errno("poll", libc::EBADF));
+        }
+        if slot.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            ready.bits |= 1 << index;
+        }
+    }
+    Ok(ready)
+}
+
+/// `poll(2)` over `pollfds` until one has events or `timeout` passes (`None`: forever),
+/// resuming after EINTR with the time left. Returns how many have events (0: timeout),
+/// or the errno.
+pub(crate) fn poll_fds(
+    pollfds: &mut [libc::pollfd],
+    timeout: Option<Duration>,
+) -> Result<usize, i32> {
+    let count = libc::nfds_t::try_from(pollfds.len()).map_err(|_| libc::EINVAL)?;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let timeout_ms: c_int = match deadline {
+            None => -1,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                // Round up so that a sub-millisecond remainder still waits.
+                c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
+            }
+        };
+        // SAFETY: `pollfds` is a live, exclusively borrowed array of `count` pollfd
+        // structs; poll writes only their `revents` fields.
+        let ready = unsafe { libc::poll(pollfds.as_mut_ptr(), count, timeout_ms) };
+        match usize::try_from(ready) {
+            Ok(n) => return Ok(n),
+            Err(_) => {
+                let errno = ffi::last_errno();
+                if errno != libc::EINTR {
+                    return Err(errno);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn only_the_descriptors_with_data_are_ready() {
+        let (mut a_writer, a) = UnixStream::pair().unwrap();
+        let (_b_writer, b) = UnixStream::pair().unwrap();
+        let (mut c_writer, c) = UnixStream::pair().unwrap();
+        let fds = [a.as_fd(), b.as_fd(), c.as_fd()];
+        let ready = poll_readable(&fds, Some(Duration::ZERO)).unwrap();
+        assert!(ready.is_empty());
+        a_writer.write_all(b"1").unwrap();
+        c_writer.write_all(b"1").unwrap();
+        let ready = poll_readable(&fds, None).unwrap();
+        assert_eq!(ready.iter().collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(ready.len(), 2);
+        assert!(!ready.is_ready(1));
+        assert!(!ready.is_ready(ReadySet::CAPACITY));
+    }
+
+    #[test]
+    fn a_hung_up_peer_counts_as_ready() {
+        let (writer, reader) = UnixStream::pair().unwrap();
+        drop(writer);
+        let ready = poll_readable(&[reader.as_fd()], Some(Duration::from_secs(10))).unwrap();
+        assert!(ready.is_ready(0));
+    }
+
+    #[test]
+    fn a_wake_up_from_another_thread_ends_an_unbounded_wait() {
+        let (mut writer, reader) = UnixStream::pair().unwrap();
+        let waker = std::thread::spawn(move || writer.write_all(b"w").unwrap());
+        let ready = poll_readable(&[reader.as_fd()], None).unwrap();
+        assert!(ready.is_ready(0));
+        waker.join().unwrap();
+    }
+
+    #[test]
+    fn the_timeout_passes_with_nothing_ready() {
+        let (_writer, reader) = UnixStream::pair().unwrap();
+        let ready = poll_readable(&[reader.as_fd()], Some(Duration::from_millis(5))).unwrap();
+        assert!(ready.is_empty());
+        assert!(poll_readable(&[], Some(Duration::ZERO)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn more_descriptors_than_the_set_holds_are_refused() {
+        let (_writer, reader) = UnixStream::pair().unwrap();
+        let fds = vec![reader.as_fd(); ReadySet::CAPACITY + 1];
+        assert!(matches!(
+            poll_readable(&fds, Some(Duration::ZERO)),
+            Err(CmError::InvalidArgument { op: "poll", .. })
+        ));
+        let fds = vec![reader.as_fd(); ReadySet::CAPACITY];
+        assert!(poll_readable(&fds, Some(Duration::ZERO))
+            .unwrap()
+            .is_empty());
+    }
+}
