@@ -8,6 +8,8 @@
 //!   a typed [`PumpEvent`]; nothing is swallowed.
 //! - [`EventLoop`] waits on the CM event channel and the device's asynchronous events,
 //!   runs the pump and hands CM events to the application in order.
+//! - With the `rdma` feature, [`rdma::PollWaiter`] waits on real descriptors (`poll(2)`)
+//!   and [`rdma::Shutdown`] stops a running loop from another thread.
 //!
 //! Generic over the `cm-core` traits: it runs on the real backend (`cm-sys`) and on the
 //! simulated fabric (`cm-mock`) alike.
@@ -44,6 +46,8 @@
 
 mod event_loop;
 mod pump;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 
 pub use event_loop::{Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{NotifyPump, Progress, PumpCounters, PumpEvent, RegisterError, Role, Trigger};

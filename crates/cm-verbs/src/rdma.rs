@@ -1,0 +1,376 @@
+//! The real-device waiter: `poll(2)` over the CM event channel, the device's asynchronous
+//! events and a wake-up socket, so that [`EventLoop::run`](crate::EventLoop::run) blocks
+//! between batches and another thread can stop it with a [`Shutdown`] handle.
+//!
+//! ```no_run
+//! use cm_verbs::rdma::PollWaiter;
+//! use cm_verbs::{Control, EventLoop, Exit, NotifyPump};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let channel = cm_sys::EventChannel::new()?;
+//! let listener = channel.create_id()?;
+//! listener.bind_addr("10.77.1.1:7471".parse()?)?;
+//! listener.listen(8)?;
+//! let device = listener.async_events()?;
+//! device.set_nonblocking(true)?;
+//! channel.set_nonblocking(true)?;
+//!
+//! let (mut waiter, shutdown) = PollWaiter::new(&channel)?;
+//! waiter.watch_async_events(&device)?;
+//! let mut event_loop = EventLoop::new(channel, device, NotifyPump::<cm_sys::CmId>::new());
+//! std::thread::spawn(move || {
+//!     std::thread::sleep(std::time::Duration::from_secs(5));
+//!     shutdown.request().expect("wake the loop");
+//! });
+//! let exit = event_loop.run(&mut waiter, |_pump, event| {
+//!     println!("{event:?}");
+//!     Control::Continue
+//! })?;
+//! assert_eq!(exit, Exit::Shutdown);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cm_core::CmError;
+
+use crate::{Ready, Waiter};
+
+/// Asks a [`PollWaiter`] (and so the [`EventLoop`](crate::EventLoop) it serves) to return.
+///
+/// Cheap to clone and [`Send`]: hand a clone to a signal-handling or supervising thread.
+/// Requests coalesce: any number of them before the waiter wakes count as one.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    inner: Arc<ShutdownInner>,
+}
+
+#[derive(Debug)]
+struct ShutdownInner {
+    writer: UnixStream,
+    /// Set by a request, cleared by the waiter before it drains the socket: at most one
+    /// byte is ever in flight, so a request never blocks.
+    pending: AtomicBool,
+}
+
+impl Shutdown {
+    /// Requests shutdown: the waiter's current or next wait returns with
+    /// [`Ready::shutdown`] set. Never blocks.
+    pub fn request(&self) -> Result<(), CmError> {
+        if self.inner.pending.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match (&self.inner.writer).write(&[1]) {
+            Ok(_) => Ok(()),
+            // A byte already waits in the socket: the waiter wakes anyway.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(io_error("write(shutdown)", &e)),
+        }
+    }
+}
+
+/// A [`Waiter`] over real descriptors: the CM event channel, optionally a device's
+/// asynchronous events, and the wake-up socket of its [`Shutdown`] handles.
+///
+/// It holds duplicates of the descriptors it watches (`dup(2)`), so the sources
+/// themselves can be moved into the [`EventLoop`](crate::EventLoop); drop the waiter with
+/// the loop. Any [`AsFd`] works: tests use pipes and sockets in place of a device.
+///
+/// Blocks in `poll(2)` until a descriptor is readable, shutdown is requested or the
+/// optional tick passes (then it returns an empty [`Ready`]): no busy waiting.
+#[derive(Debug)]
+pub struct PollWaiter {
+    cm_events: OwnedFd,
+    async_events: Option<OwnedFd>,
+    wake: UnixStream,
+    shutdown: Arc<ShutdownInner>,
+    tick: Option<Duration>,
+}
+
+impl PollWaiter {
+    /// A waiter on `cm_events` (the event channel's descriptor) and its shutdown handle.
+    pub fn new(cm_events: impl AsFd) -> Result<(PollWaiter, Shutdown), CmError> {
+        let cm_events = duplicate(cm_events)?;
+        let (writer, wake) = UnixStream::pair().map_err(|e| io_error("socketpair", &e))?;
+        for end in [&writer, &wake] {
+            end.set_nonblocking(true)
+                .map_err(|e| io_error("fcntl(O_NONBLOCK)", &e))?;
+        }
+        let shutdown = Arc::new(ShutdownInner {
+            writer,
+            pending: AtomicBool::new(false),
+        });
+        let waiter = PollWaiter {
+            cm_events,
+            async_events: None,
+            wake,
+            shutdown: Arc::clone(&shutdown),
+            tick: None,
+        };
+        Ok((waiter, Shutdown { inner: shutdown }))
+    }
+
+    /// Also watches `async_events` (a device's asynchronous event descriptor), replacing
+    /// any watched before. A client learns its device only once an address is resolved,
+    /// hence a separate call.
+    pub fn watch_async_events(&mut self, async_events: impl AsFd) -> Result<(), CmError> {
+        self.async_events = Some(duplicate(async_events)?);
+        Ok(())
+    }
+
+    /// Whether asynchronous events are watched.
+    pub fn watches_async_events(&self) -> bool {
+        self.async_events.is_some()
+    }
+
+    /// Makes every wait return after at most `tick` (an empty [`Ready`] if nothing
+    /// happened), for callers that also poll something without a descriptor, such as a
+    /// completion queue; `None` (the default) waits as long as it takes.
+    pub fn set_tick(&mut self, tick: Option<Duration>) {
+        self.tick = tick;
+    }
+
+    /// A new handle on this waiter's shutdown request.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        Shutdown {
+            inner: Arc::clone(&self.shutdown),
+        }
+    }
+
+    /// Consumes pending shutdown requests; whether there was one.
+    fn drain_wake(&mut self) -> Result<bool, CmError> {
+        // Cleared first: a request racing with the drain writes a new byte, seen next time.
+        let requested = self.shutdown.pending.swap(false, Ordering::AcqRel);
+        let mut sink = [0u8; 16];
+        loop {
+            match self.wake.read(&mut sink) {
+                Ok(0) => return Ok(requested),
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(requested),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error("read(shutdown)", &e)),
+            }
+        }
+    }
+}
+
+impl Waiter for PollWaiter {
+    fn wait(&mut self) -> Result<Ready, CmError> {
+        let cm = self.cm_events.as_fd();
+        let wake = self.wake.as_fd();
+        let mut ready = Ready::default();
+        let woken = match &self.async_events {
+            Some(async_events) => {
+                let set = cm_sys::poll_readable(&[cm, wake, async_events.as_fd()], self.tick)?;
+                ready.async_events = set.is_ready(2);
+                ready.cm_events = set.is_ready(0);
+                set.is_ready(1)
+            }
+            None => {
+                let set = cm_sys::poll_readable(&[cm, wake], self.tick)?;
+                ready.cm_events = set.is_ready(0);
+                set.is_ready(1)
+            }
+        };
+        if woken {
+            ready.shutdown = self.drain_wake()?;
+        }
+        Ok(ready)
+    }
+}
+
+fn duplicate(fd: impl AsFd) -> Result<OwnedFd, CmError> {
+    fd.as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| io_error("dup", &e))
+}
+
+/// EIO, for the (never seen) I/O error of a socket call that carries no errno.
+const EIO: i32 = 5;
+
+fn io_error(op: &'static str, error: &std::io::Error) -> CmError {
+    CmError::from_errno(op, error.raw_os_error().unwrap_or(EIO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Control, EventLoop, Exit, LoopEvent, NotifyPump};
+    use cm_mock::{MockAsyncEventSource, MockCmEventSource, MockCmId};
+
+    /// A loop over mocked sources that are always empty.
+    fn empty_loop() -> EventLoop<MockCmEventSource, MockAsyncEventSource, MockCmId> {
+        let mut cm = MockCmEventSource::new();
+        cm.expect_try_next_event().returning(|| Ok(None));
+        let mut device = MockAsyncEventSource::new();
+        device.expect_try_next_async_event().returning(|| Ok(None));
+        EventLoop::new(cm, device, NotifyPump::new())
+    }
+
+    #[test]
+    fn shutdown_from_another_thread_stops_the_loop() {
+        let (channel_writer, channel) = UnixStream::pair().unwrap();
+        let (_device_writer, device) = UnixStream::pair().unwrap();
+        let (mut waiter, shutdown) = PollWaiter::new(&channel).unwrap();
+        waiter.watch_async_events(&device).unwrap();
+        let mut event_loop = empty_loop();
+        let stopper = std::thread::spawn(move || shutdown.request().unwrap());
+        let mut handled = 0;
+        let exit = event_loop
+            .run(&mut waiter, |_, _| {
+                handled += 1;
+                Control::Continue
+            })
+            .unwrap();
+        stopper.join().unwrap();
+        assert_eq!(exit, Exit::Shutdown);
+        assert_eq!(handled, 0, "the sources were empty");
+        drop(channel_writer);
+    }
+
+    #[test]
+    fn readable_descriptors_are_reported_by_source() {
+        let (mut channel_writer, channel) = UnixStream::pair().unwrap();
+        let (mut device_writer, device) = UnixStream::pair().unwrap();
+        let (mut waiter, _shutdown) = PollWaiter::new(&channel).unwrap();
+        waiter.set_tick(Some(Duration::ZERO));
+        assert!(!waiter.watches_async_events());
+        assert_eq!(waiter.wait().unwrap(), Ready::default());
+
+        device_writer.write_all(b"a").unwrap();
+        // Not watched yet: only the channel counts.
+        assert_eq!(waiter.wait().unwrap(), Ready::default());
+        waiter.watch_async_events(&device).unwrap();
+        assert!(waiter.watches_async_events());
+        let ready = waiter.wait().unwrap();
+        assert!(ready.async_events && !ready.cm_events && !ready.shutdown);
+
+        channel_writer.write_all(b"c").unwrap();
+        let ready = waiter.wait().unwrap();
+        assert!(ready.async_events && ready.cm_events && !ready.shutdown);
+    }
+
+    #[test]
+    fn requests_coalesce_and_are_consumed_by_one_wait() {
+        let (_channel_writer, channel) = UnixStream::pair().unwrap();
+        let (mut waiter, shutdown) = PollWaiter::new(&channel).unwrap();
+        waiter.set_tick(Some(Duration::ZERO));
+        let other = shutdown.clone();
+        let third = waiter.shutdown_handle();
+        drop(shutdown);
+        for _ in 0..100_000 {
+            other.request().unwrap();
+            third.request().unwrap();
+        }
+        assert!(waiter.wait().unwrap().shutdown);
+        assert!(!waiter.wait().unwrap().shutdown, "consumed");
+        third.request().unwrap();
+        assert!(
+            waiter.wait().unwrap().shutdown,
+            "a later request wakes again"
+        );
+    }
+
+    #[test]
+    fn the_handle_crosses_threads() {
+        fn assert_send_sync_clone<T: Send + Sync + Clone>() {}
+        assert_send_sync_clone::<Shutdown>();
+    }
+
+    #[test]
+    fn the_tick_bounds_a_wait_with_nothing_ready() {
+        let (_channel_writer, channel) = UnixStream::pair().unwrap();
+        let (mut waiter, _shutdown) = PollWaiter::new(&channel).unwrap();
+        waiter.set_tick(Some(Duration::from_millis(1)));
+        assert_eq!(waiter.wait().unwrap(), Ready::default());
+    }
+
+    #[test]
+    fn a_stop_from_the_handler_wins_over_shutdown() {
+        let (mut channel_writer, channel) = UnixStream::pair().unwrap();
+        let (mut waiter, shutdown) = PollWaiter::new(&channel).unwrap();
+        channel_writer.write_all(b"c").unwrap();
+        shutdown.request().unwrap();
+        let mut cm = MockCmEventSource::new();
+        let mut established = cm_mock::MockCmEvent::new();
+        established
+            .expect_event_type()
+            .return_const(cm_core::CmEventType::Established);
+        established.expect_qp_num().return_const(None);
+        let mut events = vec![established];
+        cm.expect_try_next_event()
+            .returning(move || Ok(events.pop()));
+        let mut device = MockAsyncEventSource::new();
+        device.expect_try_next_async_event().returning(|| Ok(None));
+        let mut event_loop: EventLoop<_, _, MockCmId> =
+            EventLoop::new(cm, device, NotifyPump::new());
+        let exit = event_loop
+            .run(&mut waiter, |_, event| match event {
+                LoopEvent::Cm(_) => Control::Stop,
+                LoopEvent::Pump(_) => Control::Continue,
+            })
+            .unwrap();
+        assert_eq!(exit, Exit::Stopped);
+    }
+
+    /// Records a skip per the project's protocol.
+    fn skip(test: &str, reason: &str) {
+        let line = format!("{test}: skipped: no RDMA device ({reason})");
+        if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("cannot open CMNOTIFY_SKIP_LOG {path}: {e}"));
+            writeln!(file, "{line}").expect("write skip log");
+        }
+        eprintln!("{line}");
+    }
+
+    #[test]
+    fn shutdown_stops_a_loop_on_a_real_channel_and_device() {
+        const TEST: &str = "shutdown_stops_a_loop_on_a_real_channel_and_device";
+        let channel = match cm_sys::EventChannel::new() {
+            Ok(channel) => channel,
+            Err(e) if e.is_no_device() => return skip(TEST, &e.to_string()),
+            Err(e) => panic!("rdma_create_event_channel: {e}"),
+        };
+        let Some(addr) = std::env::var("CMNOTIFY_ADDR_A")
+            .ok()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+        else {
+            return skip(TEST, "CMNOTIFY_ADDR_A names no test address");
+        };
+        channel.set_nonblocking(true).expect("O_NONBLOCK");
+        let listener = channel.create_id().expect("id");
+        listener
+            .bind_addr(std::net::SocketAddr::new(addr, 0))
+            .expect("bind to the test address");
+        listener.listen(4).expect("listen");
+        let device = listener.async_events().expect("the device's async events");
+        device.set_nonblocking(true).expect("O_NONBLOCK");
+
+        let (mut waiter, shutdown) = PollWaiter::new(&channel).unwrap();
+        waiter.watch_async_events(&device).unwrap();
+        let mut event_loop = EventLoop::new(channel, device, NotifyPump::<cm_sys::CmId>::new());
+        let stopper = std::thread::spawn(move || shutdown.request().unwrap());
+        let mut events = 0;
+        let exit = event_loop
+            .run(&mut waiter, |_, _| {
+                events += 1;
+                Control::Continue
+            })
+            .expect("run");
+        stopper.join().unwrap();
+        assert_eq!(exit, Exit::Shutdown);
+        assert_eq!(events, 0, "nobody connected");
+        drop(event_loop);
+        drop(listener);
+    }
+}
