@@ -29,15 +29,15 @@ struct Cli {
     #[arg(short = 'c', long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     connections: u32,
 
-    /// [sim] Probability that an RTU is lost: a fraction (0.1) or a percentage (10%).
+    /// (sim) Probability that an RTU is lost: a fraction (0.1) or a percentage (10%).
     #[arg(long, default_value = "100%", value_parser = parse_probability)]
     rtu_loss: f64,
 
-    /// [sim] Also drop every RTU of this connection (0-based; repeatable).
+    /// (sim) Also drop every RTU of this connection (0-based; repeatable).
     #[arg(long, value_name = "CONN")]
     drop_rtu_of: Vec<u32>,
 
-    /// [sim] The client sends no data: nothing can raise COMM_EST.
+    /// (sim) The client sends no data: nothing can raise COMM_EST.
     #[arg(long)]
     no_data: bool,
 
@@ -45,15 +45,15 @@ struct Cli {
     #[arg(long)]
     no_pump: bool,
 
-    /// [sim] Model soft-RoCE: no COMM_EST is ever raised; the pump uses receive completions.
+    /// (sim) Model soft-RoCE: no COMM_EST is ever raised; the pump uses receive completions.
     #[arg(long)]
     soft_roce: bool,
 
-    /// [sim] Seed of every random decision (same seed, same run).
+    /// (sim) Seed of every random decision (same seed, same run).
     #[arg(long, default_value_t = 1)]
     seed: u64,
 
-    /// [sim] Print the timeline of one connection (messages, states, events).
+    /// (sim) Print the timeline of one connection (messages, states, events).
     #[arg(long, value_name = "CONN")]
     trace: Option<u32>,
 
@@ -61,21 +61,33 @@ struct Cli {
     #[arg(long)]
     json: bool,
 
-    /// [rdma] Run as the server (passive side); without it, run as the client.
+    /// (rdma) Run as the server (passive side); without it, run as the client.
     #[arg(short = 's', long)]
     server: bool,
 
-    /// [rdma] Local address to bind (server: listen address; client: source address).
+    /// (rdma) Local address to bind (server: listen address; client: source address).
     #[arg(short = 'b', long, value_name = "ADDR")]
     bind: Option<std::net::IpAddr>,
 
-    /// [rdma] Server address to connect to (client).
+    /// (rdma) Server address to connect to (client).
     #[arg(short = 'a', long, value_name = "ADDR")]
     address: Option<std::net::IpAddr>,
 
-    /// [rdma] Port.
+    /// (rdma) Port.
     #[arg(short = 'p', long, default_value_t = 7471)]
     port: u16,
+
+    /// (rdma) Messages per connection this side sends first (0 to 16). Client: sent once
+    /// established, then it waits for as many and disconnects (default 1; 0 = connect,
+    /// establish, disconnect). Server: 0 (default) echoes what clients send and lets them
+    /// disconnect; N sends N once established, waits for N back and disconnects, as a
+    /// ucmatose server does.
+    #[arg(short = 'C', long, value_parser = clap::value_parser!(u32).range(0..=16))]
+    messages: Option<u32>,
+
+    /// (rdma) Bytes per message sent first (1 to 4096; ucmatose's default is 100).
+    #[arg(short = 'S', long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    size: u16,
 }
 
 fn parse_probability(text: &str) -> Result<f64, String> {
@@ -129,6 +141,7 @@ fn validate(cli: &Cli) -> Result<(), String> {
         (cli.server, "--server"),
         (cli.bind.is_some(), "--bind"),
         (cli.address.is_some(), "--address"),
+        (cli.messages.is_some(), "--messages"),
     ];
     match cli.backend {
         Backend::Sim => {
@@ -222,13 +235,15 @@ fn run_rdma(_cli: &Cli) -> ExitCode {
 
 #[cfg(feature = "rdma")]
 fn run_rdma(cli: &Cli) -> ExitCode {
-    cm_tools::rdma_run::main(
-        cli.server,
-        cli.bind,
-        cli.address,
-        cli.port,
-        cli.connections,
-        !cli.no_pump,
-        cli.json,
-    )
+    cm_tools::rdma_run::main(&cm_tools::rdma_run::RealRun {
+        server: cli.server,
+        bind: cli.bind,
+        address: cli.address,
+        port: cli.port,
+        connections: cli.connections,
+        pump: !cli.no_pump,
+        json: cli.json,
+        messages: cli.messages,
+        message_size: usize::from(cli.size),
+    })
 }
