@@ -169,6 +169,15 @@ impl ConsoleReport {
                 ));
             }
         }
+        // Inside the VM both soft-RoCE devices exist: a test that skips there hides a bug.
+        for entry in &self.entries {
+            for skip in &entry.tests.skipped {
+                problems.push(format!(
+                    "`{}` skipped a test inside the VM, where the devices exist: {skip}",
+                    entry.name
+                ));
+            }
+        }
         let tests = self.test_totals();
         let ran = tests.passed.saturating_sub(tests.skipped.len() as u64) + tests.failed;
         let smoke_ran = self.entries.iter().filter(|e| !e.is_test()).count() as u64;
@@ -257,8 +266,12 @@ test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
             "real kernel: 1 passed, 1 failed, 1 skipped; smoke: 2/2 passed"
         );
         let problems = report.problems(&[], &["cm-sys".to_string()]);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains("cm_sys-0123"));
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("cm_sys-0123") && problems[0].contains("failed"));
+        assert!(
+            problems[1].contains("skipped a test inside the VM"),
+            "{problems:?}"
+        );
     }
 
     #[test]
@@ -285,6 +298,8 @@ test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out
             problems,
             [
                 "no real-device test of `cm-sys` ran in the VM (all skipped or none exist)",
+                "`cargo-test cm-sys t-1` skipped a test inside the VM, where the devices exist: \
+                 a: skipped: no RDMA device (x)",
                 "0 tests ran in the VM"
             ]
         );
