@@ -83,9 +83,11 @@ fn check_call<T>(result: &Result<T, CmError>, tracked: &Tracked, op: &str) {
         assert!(error.errno() > 0, "{op}: {error:?} has no errno");
         assert!(!error.to_string().is_empty());
         match error {
-            CmError::Gone { .. } => {
+            CmError::Gone { what: "id", .. } => {
                 assert!(tracked.destroyed, "{op} on a live id answered {error:?}")
             }
+            // The other object of the call is gone (migrate to a destroyed channel).
+            CmError::Gone { .. } => {}
             _ => assert!(
                 !tracked.destroyed,
                 "{op} on a destroyed id answered {error:?}, not Gone"
@@ -142,7 +144,7 @@ impl World {
     }
 
     fn op(&mut self, input: &mut Input<'_>) {
-        match input.below(21) {
+        match input.below(22) {
             0 => self.create_active(input),
             1 => self.call(input, "resolve_route", |id, _| id.resolve_route()),
             2 => self.call(input, "create_qp", |id, _| id.create_qp().map(drop)),
@@ -187,6 +189,7 @@ impl World {
                     while device.poll_cq().is_some() {}
                 }
             }
+            20 => self.destroy_channel(input),
             _ => self.set_odds(input),
         }
     }
@@ -200,12 +203,14 @@ impl World {
         let id = channel.create_id();
         let to = self.nodes[input.below(2)].id();
         let port = if input.bool() { PORT } else { PORT + 1 };
+        // An id created on a destroyed channel is born destroyed.
+        assert_eq!(id.is_alive(), !channel.is_destroyed());
         let tracked = Tracked {
+            destroyed: !id.is_alive(),
             id,
             side: *side,
             established: 0,
             failure: None,
-            destroyed: false,
         };
         let result = tracked.id.resolve_addr(to, port);
         check_call(&result, &tracked, "resolve_addr");
@@ -255,15 +260,51 @@ impl World {
         check_notify(result, tracked, event);
     }
 
+    fn destroy_channel(&mut self, input: &mut Input<'_>) {
+        let channel = input.below(self.channels.len());
+        let was_destroyed = self.channels[channel].1.is_destroyed();
+        match self.channels[channel].1.destroy() {
+            Ok(()) => {
+                assert!(!was_destroyed, "a channel was destroyed twice");
+                for tracked in &mut self.ids {
+                    if !tracked.destroyed && !tracked.id.is_alive() {
+                        tracked.destroyed = true;
+                        let held = self.held.iter().filter(|e| e.id() == tracked.id).count();
+                        assert_eq!(held, 0, "a channel went with events unacknowledged");
+                    }
+                }
+            }
+            Err(CmError::Gone { what, .. }) => {
+                assert!(was_destroyed);
+                assert_eq!(what, "channel");
+            }
+            Err(CmError::UnackedEvents { unacked, .. }) => {
+                assert!(unacked > 0 && unacked <= self.held.len());
+            }
+            Err(other) => panic!("destroying a channel answered {other:?}"),
+        }
+    }
+
+    /// The next event of a channel; a destroyed channel answers `Gone`.
+    fn next_event(&mut self, channel: usize) -> Option<SimCmEvent> {
+        let destroyed = self.channels[channel].1.is_destroyed();
+        match self.channels[channel].1.try_next_event() {
+            Ok(event) => {
+                assert!(!destroyed, "a destroyed channel was read");
+                event
+            }
+            Err(CmError::Gone {
+                what: "channel", ..
+            }) if destroyed => None,
+            Err(other) => panic!("reading a channel answered {other:?}"),
+        }
+    }
+
     fn read_events(&mut self, input: &mut Input<'_>) {
         let channel = input.below(self.channels.len());
         let mode = input.below(3);
         for _ in 0..=input.below(4) {
-            let Some(event) = self.channels[channel]
-                .1
-                .try_next_event()
-                .expect("the simulated channel does not fail")
-            else {
+            let Some(event) = self.next_event(channel) else {
                 break;
             };
             self.observe(&event, self.channels[channel].0);
@@ -389,6 +430,12 @@ impl World {
         let held = self.held_for(&self.ids[i].id);
         let result = self.ids[i].id.migrate(&self.channels[channel].1);
         check_call(&result, &self.ids[i], "migrate");
+        if let Err(CmError::Gone {
+            what: "channel", ..
+        }) = result
+        {
+            assert!(self.channels[channel].1.is_destroyed());
+        }
         match result {
             Ok(()) => {
                 assert_eq!(held, 0, "migrated with {held} events unacknowledged");
@@ -421,11 +468,7 @@ impl World {
         let mut steps = 0;
         loop {
             for c in 0..self.channels.len() {
-                while let Some(event) = self.channels[c]
-                    .1
-                    .try_next_event()
-                    .expect("the simulated channel does not fail")
-                {
+                while let Some(event) = self.next_event(c) {
                     self.observe(&event, self.channels[c].0);
                     event.ack().expect("a simulated event acks");
                 }

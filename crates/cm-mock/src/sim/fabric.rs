@@ -159,6 +159,8 @@ struct Node {
 struct Channel {
     node: NodeId,
     queue: VecDeque<QueuedEvent>,
+    /// `rdma_destroy_event_channel` ran: its ids are destroyed, its queue discarded.
+    closed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,6 +344,7 @@ impl Fabric {
         self.channels.push(Channel {
             node,
             queue: VecDeque::new(),
+            closed: false,
         });
         self.channels.len() - 1
     }
@@ -1271,8 +1274,53 @@ impl Fabric {
         }
     }
 
+    pub(crate) fn channel_closed(&self, channel: usize) -> bool {
+        self.channels.get(channel).is_none_or(|c| c.closed)
+    }
+
+    /// `rdma_destroy_event_channel`. Closing the channel's file makes the kernel destroy
+    /// every id still on it (ucma_close), each telling its peer as `destroy` does. Refused
+    /// while events of those ids are unacknowledged: their memory belongs to the channel.
+    pub(crate) fn destroy_channel(&mut self, channel: usize) -> Result<(), CmError> {
+        const OP: &str = "rdma_destroy_event_channel";
+        if self.channel_closed(channel) {
+            return Err(CmError::Gone {
+                op: OP,
+                what: "channel",
+            });
+        }
+        let mut keys = Vec::new();
+        let mut unacked = 0;
+        for (index, slot) in self.ids.iter().enumerate() {
+            if let Some(id) = slot.data.as_ref().filter(|id| id.channel == channel) {
+                unacked += id.unacked as usize;
+                keys.push(SimIdKey {
+                    index: index as u32,
+                    generation: slot.generation,
+                });
+            }
+        }
+        if unacked > 0 {
+            return Err(CmError::UnackedEvents { op: OP, unacked });
+        }
+        for key in keys {
+            self.destroy(key)?;
+        }
+        let closed = &mut self.channels[channel];
+        closed.closed = true;
+        self.stats.events_discarded += closed.queue.len() as u64;
+        closed.queue.clear();
+        Ok(())
+    }
+
     pub(crate) fn migrate(&mut self, key: SimIdKey, channel: usize) -> Result<(), CmError> {
         const OP: &str = "rdma_migrate_id";
+        if self.channel_closed(channel) {
+            return Err(CmError::Gone {
+                op: OP,
+                what: "channel",
+            });
+        }
         let id = self.live(key, OP)?;
         if id.unacked > 0 {
             return Err(CmError::UnackedEvents {

@@ -319,11 +319,32 @@ pub struct SimChannel {
 impl SimChannel {
     /// Creates an id on this channel (`rdma_create_id`, RDMA_PS_TCP).
     pub fn create_id(&self) -> SimCmId {
-        let key = self.fabric.inner.borrow_mut().create_id(self.index);
+        let mut fabric = self.fabric.inner.borrow_mut();
+        let key = fabric.create_id(self.index);
+        if fabric.channel_closed(self.index) {
+            // rdma_create_id on a closed channel fails; the handle returned here is
+            // already destroyed, so every call on it answers `CmError::Gone`.
+            let _ = fabric.destroy(key);
+        }
+        drop(fabric);
         SimCmId {
             fabric: self.fabric.clone(),
             key,
         }
+    }
+
+    /// `rdma_destroy_event_channel`: destroys every id still on the channel (their
+    /// peers see what [`SimCmId::destroy`] sends) and discards its pending events.
+    /// Refused with [`CmError::UnackedEvents`] while any of those ids has an
+    /// unacknowledged event, and with [`CmError::Gone`] when already destroyed. Reading
+    /// from a destroyed channel, or migrating an id to it, answers [`CmError::Gone`].
+    pub fn destroy(&self) -> Result<(), CmError> {
+        self.fabric.inner.borrow_mut().destroy_channel(self.index)
+    }
+
+    /// Whether [`SimChannel::destroy`] ran.
+    pub fn is_destroyed(&self) -> bool {
+        self.fabric.inner.borrow().channel_closed(self.index)
     }
 
     /// The node the channel is on.
@@ -341,6 +362,12 @@ impl CmEventSource for SimChannel {
     type Event = SimCmEvent;
 
     fn try_next_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
+        if self.is_destroyed() {
+            return Err(CmError::Gone {
+                op: "rdma_get_cm_event",
+                what: "channel",
+            });
+        }
         let read = self.fabric.inner.borrow_mut().next_event(self.index);
         Ok(read.map(|read| SimCmEvent {
             fabric: self.fabric.clone(),
