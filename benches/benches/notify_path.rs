@@ -1,13 +1,252 @@
 //! Criterion benchmarks of the notify path.
+//!
+//! - `notify/*`: one `notify` through the cm-core trait: on an id that costs nothing
+//!   (the baseline), on the mockall mock, on an established [`SimFabric`] connection.
+//! - `pump/*`: one asynchronous event through `NotifyPump` (route, lookup, notify,
+//!   counters) and one receive completion; allocations per event are counted apart.
+//! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
+//!   RTU loss; peak heap per connection is measured in a separate, untimed run.
+//! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
+//!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
+//!
+//! Figures criterion does not produce go to the results file (see `cm_benches::results`).
+//! `CMNOTIFY_BENCH_SMOKE=1` runs a short smoke mode without the 100k point.
+//!
+//! [`SimFabric`]: cm_mock::sim::SimFabric
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use std::time::Duration;
 
-fn placeholder_free(c: &mut Criterion) {
-    c.bench_function("routing/comm_est", |b| {
-        let event = cm_core::AsyncEvent::qp(cm_core::AsyncEventType::CommEst, cm_core::QpNum(1));
-        b.iter(|| cm_core::RoutingPolicy::default().route(std::hint::black_box(&event)))
+use cm_benches::results::{record, Figure};
+use cm_benches::sim::{
+    established_connections, scale_config, KernelLikeId, SCALE_POINTS, SCALE_RTU_LOSS,
+};
+use cm_benches::smoke_mode;
+use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyOutcome, QpNum};
+use cm_mock::MockCmId;
+use cm_verbs::{NotifyPump, Role};
+use criterion::{criterion_group, BatchSize, BenchmarkId, Criterion, Throughput};
+
+/// Connections registered with the pump in the pump benches: the lookup is in a table of
+/// realistic size, not a one-entry map.
+const PUMP_CONNECTIONS: u32 = 1024;
+
+fn notify_through_the_trait(c: &mut Criterion) {
+    let mut group = c.benchmark_group("notify");
+
+    // Baseline: the trait call on an id that does nothing but answer.
+    let free = KernelLikeId::new(QpNum(1));
+    free.notify(AsyncEventType::CommEst)
+        .expect("first notify forces");
+    group.bench_function("direct", |b| {
+        b.iter(|| black_box(&free).notify(black_box(AsyncEventType::CommEst)))
     });
+
+    let mut mock = MockCmId::new();
+    mock.expect_notify()
+        .returning(|_| Ok(NotifyOutcome::AlreadyEstablished));
+    mock.expect_qp_num().return_const(Some(QpNum(1)));
+    group.bench_function("mock", |b| {
+        b.iter(|| black_box(&mock).notify(black_box(AsyncEventType::CommEst)))
+    });
+
+    let conns = established_connections(1);
+    let sim_id = &conns.passive[0];
+    group.bench_function("sim", |b| {
+        b.iter(|| black_box(sim_id).notify(black_box(AsyncEventType::CommEst)))
+    });
+    group.finish();
 }
 
-criterion_group!(benches, placeholder_free);
-criterion_main!(benches);
+/// A pump with [`PUMP_CONNECTIONS`] kernel-like ids, each already forced once, so every
+/// further COMM_EST is the steady state: route, lookup, notify (EISCONN), counters.
+fn warm_pump() -> NotifyPump<KernelLikeId> {
+    let mut pump = NotifyPump::with_policy(Default::default(), PUMP_CONNECTIONS as usize);
+    for n in 0..PUMP_CONNECTIONS {
+        pump.register(KernelLikeId::new(QpNum(n)), Role::Passive)
+            .expect("unique QP numbers");
+        pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(n)));
+    }
+    pump
+}
+
+fn pump_one_event(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pump");
+    group.throughput(Throughput::Elements(1));
+
+    let mut pump = warm_pump();
+    let mut next = 0u32;
+    group.bench_function("comm_est", |b| {
+        b.iter(|| {
+            next = (next + 1) % PUMP_CONNECTIONS;
+            black_box(pump.handle_async_event(black_box(AsyncEvent::qp(
+                AsyncEventType::CommEst,
+                QpNum(next),
+            ))))
+        })
+    });
+    group.bench_function("receive_completion", |b| {
+        b.iter(|| {
+            next = (next + 1) % PUMP_CONNECTIONS;
+            black_box(pump.on_receive_completion(black_box(QpNum(next))))
+        })
+    });
+
+    // A fresh forced establish (notify answers 0) per event: the pump is rebuilt
+    // outside the timing for every batch.
+    group.bench_function("comm_est_forced", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut pump =
+                    NotifyPump::with_policy(Default::default(), PUMP_CONNECTIONS as usize);
+                for n in 0..PUMP_CONNECTIONS {
+                    pump.register(KernelLikeId::new(QpNum(n)), Role::Passive)
+                        .expect("unique QP numbers");
+                }
+                (pump, 0u32)
+            },
+            |(pump, n)| {
+                *n = (*n + 1) % PUMP_CONNECTIONS;
+                black_box(
+                    pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(*n))),
+                )
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    // The same through simulated ids: the pump in front of the simulated kernel.
+    let conns = established_connections(64);
+    let mut sim_pump = NotifyPump::with_policy(Default::default(), conns.passive.len());
+    let qps: Vec<QpNum> = conns
+        .passive
+        .iter()
+        .map(|id| id.qp_num().expect("accepted ids have a QP"))
+        .collect();
+    for id in &conns.passive {
+        sim_pump
+            .register(id.clone(), Role::Passive)
+            .expect("unique QP numbers");
+    }
+    let mut i = 0usize;
+    group.bench_function("comm_est_sim", |b| {
+        b.iter(|| {
+            i = (i + 1) % qps.len();
+            black_box(sim_pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qps[i])))
+        })
+    });
+    group.finish();
+
+    count_pump_allocations();
+}
+
+/// Heap allocations per pumped event after warm-up (counted, not timed).
+fn count_pump_allocations() {
+    let mut pump = warm_pump();
+    let events = if smoke_mode() { 10_000 } else { 1_000_000 };
+    let info = allocation_counter::measure(|| {
+        for n in 0..events {
+            let qp = QpNum(n % PUMP_CONNECTIONS);
+            black_box(pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qp)));
+            black_box(pump.on_receive_completion(qp));
+        }
+    });
+    record(&Figure::measured(
+        "pump/allocations_per_event",
+        info.count_total as f64 / f64::from(events),
+        "count",
+        &format!(
+            "{} allocations over {events} COMM_EST events and receive completions",
+            info.count_total
+        ),
+    ));
+}
+
+fn scale(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scale");
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_millis(1));
+    for &connections in &SCALE_POINTS {
+        if smoke_mode() && connections > 10_000 {
+            record(&Figure::skipped(
+                &format!("scale/{connections}"),
+                "smoke mode: the 100k point runs only in `cargo xtask bench`",
+            ));
+            continue;
+        }
+        let config = scale_config(connections);
+        // Untimed run: outcome and peak heap.
+        let mut report = None;
+        let info = allocation_counter::measure(|| {
+            report = Some(cm_tools::sim_run::run(&config));
+        });
+        let report = report.expect("the run returned");
+        let key = format!("scale/{connections}");
+        record(&Figure::measured(
+            &format!("{key}/peak_bytes_per_conn"),
+            info.bytes_max as f64 / f64::from(connections),
+            "bytes",
+            &format!("peak heap {} bytes", info.bytes_max),
+        ));
+        record(&Figure::measured(
+            &format!("{key}/established"),
+            report.established() as f64,
+            "count",
+            &format!(
+                "of {connections} at {:.0}% RTU loss: {} forced by notify, {} by RTU, {} failed, \
+                 {} invariant violations, {} teardown failures",
+                SCALE_RTU_LOSS * 100.0,
+                report.forced(),
+                report.via_rtu(),
+                report.failed(),
+                report.invariant_violations(),
+                report.teardown_failures
+            ),
+        ));
+        group.throughput(Throughput::Elements(u64::from(connections)));
+        group.bench_with_input(
+            BenchmarkId::from_parameter(connections),
+            &config,
+            |b, config| b.iter(|| black_box(cm_tools::sim_run::run(config)).established()),
+        );
+    }
+    group.finish();
+}
+
+#[cfg(feature = "rdma")]
+fn real(c: &mut Criterion) {
+    cm_benches::real::criterion_benches(c);
+}
+
+#[cfg(not(feature = "rdma"))]
+fn real(_c: &mut Criterion) {
+    for key in ["real/notify", "real/trigger_to_established", "real/setup"] {
+        record(&Figure::skipped(
+            key,
+            "built without the `rdma` feature (no librdmacm)",
+        ));
+    }
+}
+
+fn config() -> Criterion {
+    let criterion = Criterion::default();
+    if smoke_mode() {
+        criterion
+            .warm_up_time(Duration::from_millis(100))
+            .measurement_time(Duration::from_millis(300))
+            .sample_size(10)
+    } else {
+        criterion
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = notify_through_the_trait, pump_one_event, scale, real
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -1,1 +1,52 @@
-//! Criterion benchmarks of the notify path; see `benches/` and `cargo xtask bench`.
+//! Shared parts of the notify-path benchmarks (`benches/notify_path.rs`, the
+//! `cm-bench-real` binary and `cargo xtask bench`).
+//!
+//! - [`results`]: the figures criterion does not produce itself (allocation counts, peak
+//!   memory per connection, scale outcomes, real-device ratios, skips), appended as
+//!   tab-separated lines to one file that `cargo xtask bench` folds into its report.
+//! - [`sim`]: ids and fixtures on the mock and simulated backends (an established
+//!   simulated connection, an id answering like the kernel) and the scale runs.
+//! - `real` (feature `rdma`): measurements on a real RDMA device: cm-sys notify, the
+//!   lost-RTU trigger to ESTABLISHED through the pump and through a hand-written loop,
+//!   and connection setup per step.
+//!
+//! ```
+//! use cm_benches::sim::{scale_config, KernelLikeId};
+//! use cm_core::{AsyncEventType, CmId, NotifyOutcome, QpNum};
+//!
+//! let id = KernelLikeId::new(QpNum(7));
+//! assert_eq!(id.notify(AsyncEventType::CommEst), Ok(NotifyOutcome::Established));
+//! assert_eq!(id.notify(AsyncEventType::CommEst), Ok(NotifyOutcome::AlreadyEstablished));
+//! assert_eq!(scale_config(1000).rtu_loss, 0.1);
+//! ```
+
+#[cfg(feature = "rdma")]
+pub mod real;
+
+pub mod results;
+pub mod sim;
+
+/// Whether the benches run in smoke mode (`CMNOTIFY_BENCH_SMOKE=1`, set by the CI smoke
+/// step): small samples, and the largest scale point skipped.
+pub fn smoke_mode() -> bool {
+    std::env::var("CMNOTIFY_BENCH_SMOKE").is_ok_and(|v| v == "1")
+}
+
+/// What machine the figures come from, for the report: the VM (qemu TCG: absolute
+/// times are emulation times) or the host's CPU.
+pub fn machine_label() -> String {
+    if std::env::var("CMNOTIFY_VM").is_ok_and(|v| v == "1") {
+        return "VM (qemu TCG, soft-RoCE; absolute times are emulation)".to_string();
+    }
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("host ({model}, {cores} cores)")
+}

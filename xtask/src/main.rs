@@ -2,6 +2,7 @@
 //!
 //! Every command is a plain Rust module; shell only runs the tools.
 
+mod bench;
 mod ci;
 mod deps;
 mod run;
@@ -17,6 +18,9 @@ Commands:
   ci [--no-vm]    everything CI checks: native prerequisites, fmt, clippy, tests,
                   docs, packaging; prints each step's time and a summary.
                   --no-vm skips the soft-RoCE VM run (quick local loops only).
+  bench [--smoke] the criterion benches of the notify path (cm-benches); ends with one
+                  table in target/bench-report.md, the scale curve in
+                  target/bench-scale.svg and criterion's HTML report
   deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
   vm [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]
                   the real-device tests and RDMA CM smoke on the real Linux kernel:
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
         None => ("help", &[][..]),
     };
     let result = match command {
+        "bench" => bench::run(rest),
         "ci" => ci::run(rest),
         "deps" => deps::ensure(&deps::host_packages()).map(|_| ()),
         "vm" => vm::run(rest),

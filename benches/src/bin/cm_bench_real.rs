@@ -1,0 +1,40 @@
+//! `cm-bench-real`: the real-device figures in quick mode (ratios only), printed as a
+//! table; what `cargo xtask vm` runs inside the soft-RoCE VM. Also writes the figures
+//! to the results file (`CMNOTIFY_BENCH_OUT`) and echoes each on stderr.
+//!
+//! Usage: `cm-bench-real [CONNECTIONS]` (lost-RTU connections per path, default 10).
+//! Exits 0 when the figures were measured or skipped for want of a device, 1 when a
+//! measurement failed.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let connections = std::env::args()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10);
+    let machine = cm_benches::machine_label();
+    let result = cm_benches::real::setup().and_then(|setup| {
+        cm_benches::real::measure(&setup, connections)
+            .map_err(|e| format!("measurement failed: {e}"))
+    });
+    let failed = matches!(&result, Err(e) if e.starts_with("measurement failed"));
+    let figures = cm_benches::real::record_figures(&result, &machine);
+    println!("machine: {machine}");
+    println!("| figure | value | unit | note |");
+    println!("|---|---|---|---|");
+    for figure in figures {
+        let value = figure
+            .value
+            .map_or_else(|| "skipped".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "| {} | {value} | {} | {} |",
+            figure.key, figure.unit, figure.note
+        );
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

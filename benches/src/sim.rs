@@ -1,0 +1,165 @@
+//! Fixtures on the mock and simulated backends, and the scale runs.
+
+use std::cell::Cell;
+
+use cm_core::{
+    AsyncEventType, CmEvent, CmEventSource, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum,
+};
+use cm_mock::sim::{SimChannel, SimCmId, SimConfig, SimFabric};
+use cm_tools::sim_run::SimRun;
+
+/// An id answering like the kernel on a passive connection whose RTU is lost: 0 the
+/// first time, EISCONN afterwards. Costs nothing itself, so a bench through it measures
+/// what the caller (the pump) adds.
+#[derive(Debug)]
+pub struct KernelLikeId {
+    qp: QpNum,
+    established: Cell<bool>,
+}
+
+impl KernelLikeId {
+    /// A connection on `qp`, not yet established.
+    pub fn new(qp: QpNum) -> Self {
+        KernelLikeId {
+            qp,
+            established: Cell::new(false),
+        }
+    }
+}
+
+impl CmId for KernelLikeId {
+    fn notify(&self, _event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+        if self.established.replace(true) {
+            Ok(NotifyOutcome::AlreadyEstablished)
+        } else {
+            Ok(NotifyOutcome::Established)
+        }
+    }
+
+    fn qp_num(&self) -> Option<QpNum> {
+        Some(self.qp)
+    }
+}
+
+/// Established connections on a [`SimFabric`]: both sides got ESTABLISHED (the RTU
+/// arrived), so `notify` on either id answers EISCONN, as on a live server.
+#[derive(Debug)]
+pub struct SimConnections {
+    /// The fabric.
+    pub fabric: SimFabric,
+    /// The passive (server) ids, one per connection.
+    pub passive: Vec<SimCmId>,
+    /// The active (client) ids.
+    pub active: Vec<SimCmId>,
+    // The channels stay open as long as the ids are used.
+    _channels: (SimChannel, SimChannel),
+}
+
+/// Opens `count` connections on a fresh fabric and runs it until every one is
+/// established on both sides. Panics if one is not: the fixture is wrong then.
+pub fn established_connections(count: usize) -> SimConnections {
+    const PORT: u16 = 7471;
+    let fabric = SimFabric::new(SimConfig::default(), 1);
+    let (server, client) = (fabric.add_node(), fabric.add_node());
+    let (mut server_events, mut client_events) = (server.create_channel(), client.create_channel());
+    let listener = server_events.create_id();
+    listener.bind(PORT).expect("a fresh node binds");
+    listener.listen().expect("a bound id listens");
+    let mut active = Vec::with_capacity(count);
+    for _ in 0..count {
+        let id = client_events.create_id();
+        id.resolve_addr(server.id(), PORT).expect("live node");
+        active.push(id);
+    }
+    let mut passive = Vec::with_capacity(count);
+    let mut established = 0;
+    while established < 2 * count {
+        let mut progressed = fabric.step();
+        while let Some(event) = client_events.try_next_event().expect("simulated channel") {
+            progressed = true;
+            let id = event.id();
+            let kind = event.event_type();
+            event.ack().expect("acked once");
+            match kind {
+                CmEventType::AddrResolved => id.resolve_route().expect("resolved"),
+                CmEventType::RouteResolved => {
+                    id.create_qp().expect("device");
+                    id.connect(b"").expect("route and QP ready");
+                }
+                CmEventType::Established => established += 1,
+                other => panic!("client side: unexpected {other}"),
+            }
+        }
+        while let Some(event) = server_events.try_next_event().expect("simulated channel") {
+            progressed = true;
+            let id = event.id();
+            let kind = event.event_type();
+            event.ack().expect("acked once");
+            match kind {
+                CmEventType::ConnectRequest => {
+                    id.create_qp().expect("device");
+                    id.accept(b"").expect("fresh request");
+                    passive.push(id);
+                }
+                CmEventType::Established => established += 1,
+                other => panic!("server side: unexpected {other}"),
+            }
+        }
+        assert!(
+            progressed,
+            "the fabric went idle before every connection was established"
+        );
+    }
+    SimConnections {
+        fabric,
+        passive,
+        active,
+        _channels: (server_events, client_events),
+    }
+}
+
+/// The connection counts of the scale curve.
+pub const SCALE_POINTS: [u32; 3] = [1_000, 10_000, 100_000];
+
+/// The probability of losing each RTU in the scale runs.
+pub const SCALE_RTU_LOSS: f64 = 0.1;
+
+/// The scale run of `connections`: a server on the pump and event loop and a client
+/// opening every connection at once, [`SCALE_RTU_LOSS`] of the RTUs lost (the client's
+/// first SEND raises COMM_EST and the pump forces those), then a full teardown that
+/// checks nothing is left unacknowledged.
+pub fn scale_config(connections: u32) -> SimRun {
+    SimRun {
+        connections,
+        rtu_loss: SCALE_RTU_LOSS,
+        seed: 0x5ca1e,
+        teardown: true,
+        ..SimRun::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn established_simulated_ids_answer_eisconn() {
+        let conns = established_connections(3);
+        assert_eq!(conns.passive.len(), 3);
+        for id in conns.passive.iter().chain(&conns.active) {
+            assert_eq!(
+                id.notify(AsyncEventType::CommEst),
+                Ok(NotifyOutcome::AlreadyEstablished)
+            );
+        }
+    }
+
+    #[test]
+    fn a_small_scale_run_completes_and_keeps_the_invariant() {
+        let report = cm_tools::sim_run::run(&scale_config(200));
+        assert_eq!(report.established(), 200);
+        assert_eq!(report.invariant_violations(), 0);
+        assert_eq!(report.teardown_failures, 0);
+        assert!(report.forced() > 0, "10% of 200 RTUs lost: some forced");
+    }
+}
