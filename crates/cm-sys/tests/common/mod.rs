@@ -1,0 +1,290 @@
+//! Helpers shared by the real-kernel test binaries that exercise whole connections
+//! (`conformance_real`, `lost_rtu_pump`): the skip protocol, the VM's addresses, bounded
+//! event and completion waits, address resolution with a retry, and an nftables RTU drop.
+//!
+//! Each test binary uses a subset of them.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cm_core::{CmError, CmEventType};
+use cm_sys::{CmEvent, CmId, Completion, EventChannel};
+
+/// The bound of every short wait (an event, a completion, a resolution).
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
+
+/// The kernel's timeout of one address or route resolution attempt.
+pub(crate) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The bound of a wait for the passive side's REP retries to run out: measured at ~69 s
+/// under emulation (16 REP sends), so this leaves room without letting a hang last.
+pub(crate) const REP_RETRIES_BOUND: Duration = Duration::from_secs(100);
+
+/// The VM's test setup.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    /// The listener side's address (`CMNOTIFY_ADDR_A`, on soft-RoCE device A).
+    pub(crate) addr_a: IpAddr,
+    /// The connecting side's address (`CMNOTIFY_ADDR_B`, on soft-RoCE device B).
+    pub(crate) addr_b: IpAddr,
+    /// The nft executable (`CMNOTIFY_NFT`).
+    pub(crate) nft: String,
+}
+
+/// Records a skip per the project's protocol.
+pub(crate) fn skip(test: &str, reason: &str) {
+    let line = format!("{test}: skipped: no RDMA device ({reason})");
+    if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("cannot open CMNOTIFY_SKIP_LOG {path}: {e}"));
+        writeln!(file, "{line}").expect("write skip log");
+    }
+    eprintln!("{line}");
+}
+
+/// Writes one line of findings straight to the process's stderr: libtest captures
+/// `eprintln!` of passing tests, and these lines are what the VM console log is read for
+/// (which scenarios ran, what the kernel answered, how long it took).
+pub(crate) fn report(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "{line}");
+}
+
+/// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.
+pub(crate) fn setup(test: &str) -> Option<Setup> {
+    if !Path::new("/dev/infiniband/rdma_cm").exists() {
+        skip(test, "/dev/infiniband/rdma_cm does not exist");
+        return None;
+    }
+    let has_device = std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    if !has_device {
+        skip(test, "/sys/class/infiniband is empty");
+        return None;
+    }
+    let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    let (Some(addr_a), Some(addr_b)) = (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) else {
+        skip(
+            test,
+            "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
+        );
+        return None;
+    };
+    let Ok(nft) = std::env::var("CMNOTIFY_NFT") else {
+        skip(
+            test,
+            "a device exists but CMNOTIFY_NFT names no nft to drop the RTU with",
+        );
+        return None;
+    };
+    Some(Setup {
+        addr_a,
+        addr_b,
+        nft,
+    })
+}
+
+/// The next event on `channel` within `timeout`, if any.
+pub(crate) fn event_within(channel: &EventChannel, timeout: Duration) -> Option<CmEvent> {
+    channel
+        .next_event_timeout(timeout)
+        .expect("rdma_get_cm_event")
+}
+
+/// The next event on `channel` (within [`WAIT`]), which must be `expected` with status 0.
+pub(crate) fn expect_event(channel: &EventChannel, expected: CmEventType) -> CmEvent {
+    let event =
+        event_within(channel, WAIT).unwrap_or_else(|| panic!("no {expected} within {WAIT:?}"));
+    assert_eq!(
+        (event.event_type(), event.status()),
+        (expected, 0),
+        "{event:?}"
+    );
+    event
+}
+
+/// Whether `channel` has an event pending within `timeout`, without reading it: reading
+/// the active side's CONNECT_RESPONSE is what makes librdmacm send the RTU.
+pub(crate) fn wait_readable(channel: &EventChannel, timeout: Duration) -> bool {
+    let mut pollfd = libc::pollfd {
+        fd: channel.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let deadline = Instant::now() + timeout;
+    loop {
+        // SAFETY: one valid pollfd for the duration of the call; the channel keeps the fd
+        // open.
+        let ready = unsafe { libc::poll(&mut pollfd, 1, millis) };
+        if ready > 0 {
+            return true;
+        }
+        if ready == 0 || Instant::now() >= deadline {
+            return false;
+        }
+        // EINTR: poll again (the deadline bounds the retries).
+    }
+}
+
+/// Polls `poll` until it yields a completion, for at most [`WAIT`].
+pub(crate) fn wait_completion(
+    what: &str,
+    mut poll: impl FnMut() -> Result<Vec<Completion>, CmError>,
+) -> Completion {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let completions = poll().expect("ibv_poll_cq");
+        if let Some(completion) = completions.first() {
+            assert_eq!(completions.len(), 1, "one work request, one completion");
+            return *completion;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {what} completion within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A new id on `channel`, resolved (address and route) from `src` to `dst`.
+///
+/// The first resolution after the devices come up can time out (the neighbour entry is
+/// still being resolved), so an ADDR_ERROR is retried with a fresh id, the whole bounded
+/// by [`WAIT`].
+pub(crate) fn resolved_id(
+    channel: &EventChannel,
+    src: IpAddr,
+    dst: SocketAddr,
+) -> Result<CmId, CmError> {
+    let deadline = Instant::now() + WAIT;
+    let mut attempt = 0;
+    let id = loop {
+        attempt += 1;
+        let id = channel.create_id()?;
+        id.resolve_addr(Some(SocketAddr::new(src, 0)), dst, RESOLVE_TIMEOUT)?;
+        let event = event_within(channel, RESOLVE_TIMEOUT * 2).ok_or(CmError::InvalidArgument {
+            op: "rdma_resolve_addr",
+            reason: "no address resolution event",
+        })?;
+        match event.event_type() {
+            CmEventType::AddrResolved => {
+                event.ack()?;
+                break id;
+            }
+            CmEventType::AddrError if Instant::now() < deadline => {
+                eprintln!(
+                    "attempt {attempt}: ADDR_ERROR (status {}) resolving {dst}; retrying",
+                    event.status()
+                );
+            }
+            _ => {
+                return Err(CmError::InvalidArgument {
+                    op: "rdma_resolve_addr",
+                    reason: "address resolution failed",
+                })
+            }
+        }
+    };
+    id.resolve_route(RESOLVE_TIMEOUT)?;
+    match event_within(channel, WAIT) {
+        Some(event) if event.event_type() == CmEventType::RouteResolved => event.ack()?,
+        _ => {
+            return Err(CmError::InvalidArgument {
+                op: "rdma_resolve_route",
+                reason: "no ROUTE_RESOLVED",
+            })
+        }
+    }
+    Ok(id)
+}
+
+/// An nftables table whose INPUT hook chain drops every CM RTU MAD addressed to one IP
+/// and counts them (never OUTPUT: a local send failure makes soft-RoCE retry in a tight
+/// loop, see the VM spec). The table is deleted on drop.
+#[derive(Debug)]
+pub(crate) struct RtuDrop {
+    nft: String,
+    table: String,
+}
+
+impl RtuDrop {
+    /// Installs the table `table` dropping RTUs to `to`.
+    pub(crate) fn install(nft: &str, table: &str, to: IpAddr) -> Result<RtuDrop, CmError> {
+        let guard = RtuDrop {
+            nft: nft.to_owned(),
+            table: table.to_owned(),
+        };
+        // A table left by a killed run would fail `add chain` twice over: start clean.
+        let _ = guard.run(&["delete", "table", "inet", table]);
+        guard.run(&["add", "table", "inet", table])?;
+        guard.run(&[
+            "add",
+            "chain",
+            "inet",
+            table,
+            "input",
+            "{ type filter hook input priority 0; }",
+        ])?;
+        // RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY, MAD class CM, attribute RTU.
+        let rule = format!(
+            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 0x0014 \
+             counter drop"
+        );
+        let mut args = vec!["add", "rule", "inet", table, "input"];
+        args.extend(rule.split(' '));
+        guard.run(&args)?;
+        Ok(guard)
+    }
+
+    fn run(&self, args: &[&str]) -> Result<String, CmError> {
+        let nft_failed = CmError::InvalidArgument {
+            op: "nft",
+            reason: "the nft command failed",
+        };
+        let output = std::process::Command::new(&self.nft)
+            .args(args)
+            .output()
+            .map_err(|e| {
+                eprintln!("{} {args:?}: {e}", self.nft);
+                nft_failed.clone()
+            })?;
+        if !output.status.success() {
+            eprintln!(
+                "{} {args:?}: {}",
+                self.nft,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            return Err(nft_failed);
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// How many RTUs the rule dropped so far.
+    pub(crate) fn dropped(&self) -> Result<u64, CmError> {
+        let listing = self.run(&["list", "table", "inet", &self.table])?;
+        listing
+            .split("counter packets ")
+            .nth(1)
+            .and_then(|after| after.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .ok_or(CmError::InvalidArgument {
+                op: "nft list table",
+                reason: "no counter in the listing",
+            })
+    }
+}
+
+impl Drop for RtuDrop {
+    fn drop(&mut self) {
+        let _ = self.run(&["delete", "table", "inet", &self.table]);
+    }
+}
