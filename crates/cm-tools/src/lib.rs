@@ -17,8 +17,14 @@
 //! let report = run(&SimRun { connections: 10, rtu_loss: 1.0, pump: false, ..SimRun::default() });
 //! assert_eq!(report.unreachable(), 10);
 //! ```
+//!
+//! With the `rdma` feature, [`rdma_run`] does the same on real devices through
+//! librdmacm, ucmatose-style (server with `-s`, client with `-a`), with cmtime-style
+//! per-step timings.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "rdma")]
+pub mod rdma_run;
 pub mod report;
 pub mod sim_run;
 pub mod stats;
