@@ -45,6 +45,9 @@ pub struct SimRun {
     /// Disconnect and destroy every id at the end, checking that nothing is left
     /// unacknowledged.
     pub teardown: bool,
+    /// Deterministic faults (drop, delay, duplicate the nth REQ, REP, RTU, …), applied
+    /// in addition to the random ones.
+    pub rules: Vec<FaultRule>,
 }
 
 impl Default for SimRun {
@@ -60,6 +63,7 @@ impl Default for SimRun {
             trace_conn: None,
             odds: Vec::new(),
             teardown: true,
+            rules: Vec::new(),
         }
     }
 }
@@ -183,6 +187,9 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     }
     for &(kind, odds) in &config.odds {
         fabric.set_fault_odds(kind, odds);
+    }
+    for &rule in &config.rules {
+        fabric.add_fault(rule);
     }
     for &conn in &config.drop_rtu_of {
         fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop).on_conn(ConnId(conn)));
