@@ -5,6 +5,7 @@
 mod bench;
 mod ci;
 mod deps;
+mod fuzz;
 mod run;
 mod tidy;
 mod vm;
@@ -21,6 +22,9 @@ Commands:
   bench [--smoke] the criterion benches of the notify path (cm-benches); ends with one
                   table in target/bench-report.md, the scale curve in
                   target/bench-scale.svg and criterion's HTML report
+  fuzz --seconds N [target]
+                  runs every cargo-fuzz target in fuzz/ (or one) for N seconds each and
+                  prints executions and findings (needs nightly and cargo-fuzz)
   deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
   vm [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]
                   the real-device tests and RDMA CM smoke on the real Linux kernel:
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
     let result = match command {
         "bench" => bench::run(rest),
         "ci" => ci::run(rest),
+        "fuzz" => fuzz::run(rest),
         "deps" => deps::ensure(&deps::host_packages()).map(|_| ()),
         "vm" => vm::run(rest),
         "help" | "--help" | "-h" => {
