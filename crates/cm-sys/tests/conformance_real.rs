@@ -20,15 +20,15 @@ use cm_mock::conformance::{
 };
 use cm_sys::{AsyncEvents, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
 
-use common::{RtuDrop, Setup, REP_RETRIES_BOUND, WAIT};
+use common::{CmMadRule, MadAction, Setup, REP, REP_RETRIES_BOUND, RTU, WAIT};
 
 /// How long in-flight CM messages and the CM's deferred work get: under emulation an RTU
 /// or a forced establish is reported within ~10 ms; no CM timeout is shorter than 4 s.
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// How long the passive side is watched once its REP is answered (ESTABLISHED): the
-/// kernel cancels the REP's retransmission then, so a stray event would come from the
-/// first retransmission (measured 4.1 s after the REP) at the latest.
+/// How long the passive side is watched once its REP is answered (ESTABLISHED): longer
+/// than the first REP retransmission (measured 4.1 s after the REP), which the REP
+/// counter would then show.
 const REP_RETRANSMISSION_WINDOW: Duration = Duration::from_secs(6);
 
 /// Bytes of one SEND from the active side; the passive side posts receives this big.
@@ -50,7 +50,10 @@ struct Lane {
     name: &'static str,
     passive: IpAddr,
     active: IpAddr,
-    table: &'static str,
+    /// The table of the RTU drop rule (while a scenario asks for it).
+    rtu_table: &'static str,
+    /// The table counting the REPs sent to the active side.
+    rep_table: &'static str,
     nft: String,
 }
 
@@ -60,7 +63,8 @@ impl Lane {
             name: "A",
             passive: setup.addr_a,
             active: setup.addr_b,
-            table: "cmnotify_conformance_a",
+            rtu_table: "cmnotify_conformance_a_rtu",
+            rep_table: "cmnotify_conformance_a_rep",
             nft: setup.nft.clone(),
         }
     }
@@ -70,7 +74,8 @@ impl Lane {
             name: "B",
             passive: setup.addr_b,
             active: setup.addr_a,
-            table: "cmnotify_conformance_b",
+            rtu_table: "cmnotify_conformance_b_rtu",
+            rep_table: "cmnotify_conformance_b_rep",
             nft: setup.nft.clone(),
         }
     }
@@ -92,7 +97,9 @@ struct RealHarness {
     server: EventChannel,
     client: EventChannel,
     listener: CmId,
-    rtu_drop: Option<RtuDrop>,
+    rtu_drop: Option<CmMadRule>,
+    /// Counts every REP (first sends and retransmissions) reaching the active side.
+    reps: CmMadRule,
     /// RTUs dropped by rules removed earlier in the scenario.
     rtus_dropped_before: u64,
     drop_requested: bool,
@@ -123,7 +130,15 @@ impl RealHarness {
         let listener = server.create_id()?;
         listener.bind_addr(SocketAddr::new(lane.passive, 0))?;
         listener.listen(8)?;
+        let reps = CmMadRule::install(
+            &lane.nft,
+            lane.rep_table,
+            lane.active,
+            REP,
+            MadAction::Count,
+        )?;
         Ok(RealHarness {
+            reps,
             lane,
             server,
             client,
@@ -142,7 +157,7 @@ impl RealHarness {
     /// RTUs dropped during the scenario so far.
     fn rtus_dropped(&self) -> Result<u64, CmError> {
         let current = match &self.rtu_drop {
-            Some(rule) => rule.dropped()?,
+            Some(rule) => rule.hits()?,
             None => 0,
         };
         Ok(self.rtus_dropped_before + current)
@@ -247,17 +262,27 @@ impl Harness for RealHarness {
 
     fn drop_rtus(&mut self, drop: bool) -> Result<(), CmError> {
         if let Some(rule) = self.rtu_drop.take() {
-            self.rtus_dropped_before += rule.dropped()?;
+            self.rtus_dropped_before += rule.hits()?;
         }
         if drop {
             self.drop_requested = true;
-            self.rtu_drop = Some(RtuDrop::install(
+            self.rtu_drop = Some(CmMadRule::install(
                 &self.lane.nft,
-                self.lane.table,
+                self.lane.rtu_table,
                 self.lane.passive,
+                RTU,
+                MadAction::Drop,
             )?);
         }
         Ok(())
+    }
+
+    /// Not on the real kernel: nftables only drops, and a dropped RTU is not sent again
+    /// once the passive side is forced to ESTABLISHED (that cancels the REP whose
+    /// retransmission would draw a new RTU), so dropping for a while cannot make an RTU
+    /// late. Delaying packets needs netem, which the VM image does not carry.
+    fn delay_rtus(&mut self, _delay: Option<Duration>) -> Result<bool, CmError> {
+        Ok(false)
     }
 
     fn fresh_id(&mut self) -> Result<CmId, CmError> {
@@ -360,30 +385,48 @@ impl Harness for RealHarness {
         Ok(())
     }
 
-    /// The passive side's REP retries are over once it is ESTABLISHED (the kernel
-    /// cancels the REP then: watched for one retransmission interval) or UNREACHABLE
-    /// (waited for, bounded).
+    /// The passive side's REP retries are over once it is UNREACHABLE (waited for,
+    /// bounded) or once its REP is answered (ESTABLISHED): the kernel then cancels the
+    /// REP's retransmission. That is checked, not assumed: after one retransmission
+    /// interval the REP counter must still equal the number of connections, or the wait
+    /// goes on to the bound.
     fn wait_for_rep_retries(&mut self) -> Result<(), CmError> {
+        let started = Instant::now();
+        let deadline = started + REP_RETRIES_BOUND;
         let mut pending = Vec::new();
         Self::drain(&self.server, &mut pending)?;
         self.note_passive(&pending);
         self.passive_seen.extend(pending);
         if !self.passive_established {
-            let started = Instant::now();
             self.watch_passive(
                 REP_RETRIES_BOUND,
                 &[CmEventType::Unreachable, CmEventType::Established],
             )?;
-            common::report(&format!(
-                "lane {}: waited {:.1} s for the REP retries (passive events so far: {:?})",
-                self.lane.name,
-                started.elapsed().as_secs_f64(),
-                self.passive_seen
-            ));
         }
         if self.passive_established {
             self.watch_passive(REP_RETRANSMISSION_WINDOW, &[])?;
+            let reps = self.reps.hits()?;
+            if reps > self.opened.len() as u64 {
+                common::report(&format!(
+                    "lane {}: {reps} REPs for {} connection(s) after ESTABLISHED: the REP \
+                     was retransmitted; waiting to the bound",
+                    self.lane.name,
+                    self.opened.len()
+                ));
+                self.watch_passive(
+                    deadline.saturating_duration_since(Instant::now()),
+                    &[CmEventType::Unreachable],
+                )?;
+            }
         }
+        common::report(&format!(
+            "lane {}: waited {:.1} s for the REP retries: {} REP(s) sent, passive events \
+             {:?}",
+            self.lane.name,
+            started.elapsed().as_secs_f64(),
+            self.reps.hits()?,
+            self.passive_seen
+        ));
         Ok(())
     }
 

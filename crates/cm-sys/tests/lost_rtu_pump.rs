@@ -18,7 +18,7 @@ use cm_core::{errno, AsyncEventType, CmEventType, NotifyError, NotifyOutcome};
 use cm_sys::{CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
 use cm_verbs::{NotifyPump, Progress, PumpEvent, Role, Trigger};
 
-use common::{expect_event, wait_completion, RtuDrop, REP_RETRIES_BOUND, WAIT};
+use common::{expect_event, wait_completion, CmMadRule, MadAction, REP_RETRIES_BOUND, RTU, WAIT};
 
 /// How long the pumped connection is watched after its ESTABLISHED for a second one:
 /// longer than the first REP retransmission (4.1 s after the REP under emulation), whose
@@ -233,8 +233,14 @@ fn lost_rtu_is_forced_established_by_the_pump_and_unreachable_without_it() {
     let Some(setup) = common::setup(test) else {
         return;
     };
-    let rtu_drop =
-        RtuDrop::install(&setup.nft, "cmnotify_pump", setup.addr_a).expect("install the RTU rule");
+    let rtu_drop = CmMadRule::install(
+        &setup.nft,
+        "cmnotify_pump",
+        setup.addr_a,
+        RTU,
+        MadAction::Drop,
+    )
+    .expect("install the RTU rule");
 
     // The long wait (the REP retries) runs beside the pumped connection.
     let (passive, active) = (setup.addr_a, setup.addr_b);
@@ -244,7 +250,7 @@ fn lost_rtu_is_forced_established_by_the_pump_and_unreachable_without_it() {
         .join()
         .unwrap_or_else(|e| std::panic::resume_unwind(e));
 
-    let dropped = rtu_drop.dropped().expect("read the RTU counter");
+    let dropped = rtu_drop.hits().expect("read the RTU counter");
     common::report(&format!(
         "RTUs dropped on the passive INPUT hook: {dropped}"
     ));

@@ -207,23 +207,43 @@ pub(crate) fn resolved_id(
     Ok(id)
 }
 
-/// An nftables table whose INPUT hook chain drops every CM RTU MAD addressed to one IP
-/// and counts them (never OUTPUT: a local send failure makes soft-RoCE retry in a tight
-/// loop, see the VM spec). The table is deleted on drop.
+/// CM MAD attribute id of a REP.
+pub(crate) const REP: u16 = 0x0013;
+/// CM MAD attribute id of an RTU.
+pub(crate) const RTU: u16 = 0x0014;
+
+/// What a [`CmMadRule`] does with the MADs it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MadAction {
+    /// Count them and let them through.
+    Count,
+    /// Count them and drop them.
+    Drop,
+}
+
+/// An nftables table whose INPUT hook chain counts (and maybe drops) every CM MAD of one
+/// attribute addressed to one IP. Never the OUTPUT hook: a local send failure makes
+/// soft-RoCE retry in a tight loop (see the VM spec). The table is deleted on drop.
 #[derive(Debug)]
-pub(crate) struct RtuDrop {
+pub(crate) struct CmMadRule {
     nft: String,
     table: String,
 }
 
-impl RtuDrop {
-    /// Installs the table `table` dropping RTUs to `to`.
-    pub(crate) fn install(nft: &str, table: &str, to: IpAddr) -> Result<RtuDrop, CmError> {
-        let guard = RtuDrop {
+impl CmMadRule {
+    /// Installs the table `table` with one rule for `attribute` MADs to `to`.
+    pub(crate) fn install(
+        nft: &str,
+        table: &str,
+        to: IpAddr,
+        attribute: u16,
+        action: MadAction,
+    ) -> Result<CmMadRule, CmError> {
+        let guard = CmMadRule {
             nft: nft.to_owned(),
             table: table.to_owned(),
         };
-        // A table left by a killed run would fail `add chain` twice over: start clean.
+        // A table left by a killed run would make `add chain` fail: start clean.
         let _ = guard.run(&["delete", "table", "inet", table]);
         guard.run(&["add", "table", "inet", table])?;
         guard.run(&[
@@ -234,10 +254,14 @@ impl RtuDrop {
             "input",
             "{ type filter hook input priority 0; }",
         ])?;
-        // RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY, MAD class CM, attribute RTU.
+        // RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY (QP1), MAD class CM, the attribute.
+        let verdict = match action {
+            MadAction::Count => "",
+            MadAction::Drop => " drop",
+        };
         let rule = format!(
-            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 0x0014 \
-             counter drop"
+            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 \
+             {attribute:#06x} counter{verdict}"
         );
         let mut args = vec!["add", "rule", "inet", table, "input"];
         args.extend(rule.split(' '));
@@ -254,22 +278,22 @@ impl RtuDrop {
             .args(args)
             .output()
             .map_err(|e| {
-                eprintln!("{} {args:?}: {e}", self.nft);
+                report(&format!("{} {args:?}: {e}", self.nft));
                 nft_failed.clone()
             })?;
         if !output.status.success() {
-            eprintln!(
+            report(&format!(
                 "{} {args:?}: {}",
                 self.nft,
                 String::from_utf8_lossy(&output.stderr)
-            );
+            ));
             return Err(nft_failed);
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// How many RTUs the rule dropped so far.
-    pub(crate) fn dropped(&self) -> Result<u64, CmError> {
+    /// How many MADs the rule matched so far.
+    pub(crate) fn hits(&self) -> Result<u64, CmError> {
         let listing = self.run(&["list", "table", "inet", &self.table])?;
         listing
             .split("counter packets ")
@@ -283,7 +307,7 @@ impl RtuDrop {
     }
 }
 
-impl Drop for RtuDrop {
+impl Drop for CmMadRule {
     fn drop(&mut self) {
         let _ = self.run(&["delete", "table", "inet", &self.table]);
     }
