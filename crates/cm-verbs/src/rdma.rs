@@ -70,6 +70,8 @@ impl Shutdown {
             Ok(_) => Ok(()),
             // A byte already waits in the socket: the waiter wakes anyway.
             Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
+            // The waiter is gone, so its loop is not running: nothing left to stop.
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
             Err(e) => Err(io_error("write(shutdown)", &e)),
         }
     }
@@ -232,6 +234,22 @@ mod tests {
         assert_eq!(exit, Exit::Shutdown);
         assert_eq!(handled, 0, "the sources were empty");
         drop(channel_writer);
+    }
+
+    #[test]
+    fn a_request_after_the_waiter_is_gone_is_a_no_op() {
+        // Two threads stop the same loop: the first wakes it, the loop returns and its
+        // waiter is dropped, then the second request finds the socket's peer closed.
+        let (_channel_writer, channel) = UnixStream::pair().unwrap();
+        let (waiter, first) = PollWaiter::new(&channel).unwrap();
+        let second = first.clone();
+        let mut waiter = waiter;
+        waiter.set_tick(Some(Duration::ZERO));
+        first.request().unwrap();
+        assert!(waiter.wait().unwrap().shutdown);
+        drop(waiter);
+        assert_eq!(second.request(), Ok(()));
+        assert_eq!(first.request(), Ok(()));
     }
 
     #[test]
