@@ -243,8 +243,12 @@ impl CmMadRule {
             nft: nft.to_owned(),
             table: table.to_owned(),
         };
-        // A table left by a killed run would make `add chain` fail: start clean.
-        let _ = guard.run(&["delete", "table", "inet", table]);
+        // A table left by a killed run would make `add chain` fail: start clean (quietly:
+        // normally there is none to delete).
+        let _ = std::process::Command::new(nft)
+            .args(["delete", "table", "inet", table])
+            .stderr(std::process::Stdio::null())
+            .status();
         guard.run(&["add", "table", "inet", table])?;
         guard.run(&[
             "add",
