@@ -188,6 +188,17 @@ fn message_cell(fault: Fault, pump: bool) -> Cell {
                 side(outcome.passive_established, outcome.passive_failure),
                 &format!("seed {seed} conn {conn}"),
             );
+            // With no application action, every side settles: exactly one ESTABLISHED,
+            // or a failure.
+            let settled = |established: u32, failure: Option<CmEventType>| {
+                established == 1 || failure.is_some()
+            };
+            if !settled(outcome.active_established, outcome.active_failure)
+                || !settled(outcome.passive_established, outcome.passive_failure)
+            {
+                cell.violations
+                    .push(format!("seed {seed} conn {conn}: unsettled {outcome:?}"));
+            }
             if !outcome.holds_invariant() {
                 cell.violations
                     .push(format!("seed {seed} conn {conn}: {outcome:?}"));
