@@ -78,8 +78,8 @@ fn expect_event(channel: &EventChannel, expected: CmEventType) -> Result<CmEvent
 struct SetupSteps {
     resolve_addr: Duration,
     resolve_route: Duration,
-    connect_to_request: Duration,
-    accept_to_established: Duration,
+    connect_to_accepted: Duration,
+    accepted_to_established: Duration,
 }
 
 /// A client id resolved from `src` to `dst`, retrying the first ADDR_ERROR (the
@@ -146,11 +146,11 @@ fn connect_and_send(
         .map_err(err("rdma_connect"))?;
     serve()?;
     let accepted = Instant::now();
-    steps.connect_to_request = accepted - start;
+    steps.connect_to_accepted = accepted - start;
     expect_event(client_channel, CmEventType::Established)?
         .ack()
         .map_err(err("ack"))?;
-    steps.accept_to_established = accepted.elapsed();
+    steps.accepted_to_established = accepted.elapsed();
     id.post_send(&memory, 0..5, 1)
         .map_err(err("ibv_post_send"))?;
     Ok(Client { id })
@@ -186,9 +186,16 @@ fn spin_receive(id: &CmId) -> Result<Instant, String> {
     }
 }
 
-/// Disconnects both sides, answering DISCONNECTED on the client side.
-fn disconnect_client(client: &Client, channel: &EventChannel) -> Result<(), String> {
+/// Tears a connection down: the client disconnects, `answer` lets the server read its
+/// DISCONNECTED and disconnect too (its DREP is what the client's DISCONNECTED waits
+/// for), then the client reads its DISCONNECTED.
+fn disconnect(
+    client: &Client,
+    channel: &EventChannel,
+    answer: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
     client.id.disconnect().map_err(err("rdma_disconnect"))?;
+    answer()?;
     expect_event(channel, CmEventType::Disconnected)?
         .ack()
         .map_err(err("ack"))
@@ -262,6 +269,13 @@ fn listener(setup: &Setup, channel: &EventChannel) -> Result<(CmId, SocketAddr),
     Ok((id, addr))
 }
 
+/// The asynchronous events of the device `id` is bound to, non-blocking.
+fn nonblocking_events(id: &CmId) -> Result<AsyncEvents, String> {
+    let device = id.async_events().map_err(err("async events"))?;
+    device.set_nonblocking(true).map_err(err("O_NONBLOCK"))?;
+    Ok(device)
+}
+
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort_unstable();
     samples.get(samples.len() / 2).copied().unwrap_or_default()
@@ -272,9 +286,12 @@ fn nanos(d: Duration) -> f64 {
 }
 
 /// The server of the hand-written loop: reads its own channel, accepts, spins on the
-/// receive CQ, calls notify and spins on the channel until ESTABLISHED.
+/// receive CQ, calls notify and spins until ESTABLISHED. Like the pump's event loop it
+/// checks the device's asynchronous events (forwarding a COMM_EST itself) before each
+/// read of the channel, so both loops watch the same sources.
 struct HandServer {
     channel: EventChannel,
+    device: AsyncEvents,
     _listener: CmId,
     addr: SocketAddr,
 }
@@ -296,7 +313,17 @@ impl HandServer {
             other => return Err(format!("notify with the RTU dropped answered {other:?}")),
         }
         let deadline = trigger + WAIT;
+        let qp = id.qp_num();
         loop {
+            while let Some(event) = self
+                .device
+                .try_next_event()
+                .map_err(err("ibv_get_async_event"))?
+            {
+                if event.event_type == AsyncEventType::CommEst && event.qp_num() == qp {
+                    let _ = id.notify(AsyncEventType::CommEst);
+                }
+            }
             if let Some(event) = self
                 .channel
                 .try_next_event()
@@ -420,13 +447,7 @@ pub struct RealFigures {
 /// Measures everything: `connections` lost-RTU connections per path, interleaved.
 pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String> {
     let client_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
-    let hand_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
-    let (hand_listener, hand_addr) = listener(setup, &hand_channel)?;
-    let hand = HandServer {
-        channel: hand_channel,
-        _listener: hand_listener,
-        addr: hand_addr,
-    };
+    let hand = hand_server(setup)?;
     let mut figures = RealFigures::default();
     let mut steps_seen: Vec<SetupSteps> = Vec::new();
 
@@ -455,8 +476,7 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
             samples.push(start.elapsed() / 100);
         }
         figures.notify_ns = nanos(median(&mut samples));
-        disconnect_client(&client, &client_channel)?;
-        hand.answer_disconnect(&server)?;
+        disconnect(&client, &client_channel, || hand.answer_disconnect(&server))?;
     }
 
     let Some(nft) = setup.nft.as_deref() else {
@@ -465,8 +485,7 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     };
     let pump_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
     let (pump_listener, pump_addr) = listener(setup, &pump_channel)?;
-    let device = pump_listener.async_events().map_err(err("async events"))?;
-    device.set_nonblocking(true).map_err(err("O_NONBLOCK"))?;
+    let device = nonblocking_events(&pump_listener)?;
     let mut pumped = PumpServer {
         event_loop: EventLoop::new(pump_channel, device, NotifyPump::new()),
         _listener: pump_listener,
@@ -485,8 +504,7 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
             })?;
             let (server, _memory) = server_side.ok_or("not accepted")?;
             hand_samples.push(hand.trigger_to_established(&server)?);
-            disconnect_client(&client, &client_channel)?;
-            hand.answer_disconnect(&server)?;
+            disconnect(&client, &client_channel, || hand.answer_disconnect(&server))?;
         } else {
             let mut server_side = None;
             let client = connect_and_send(setup, &client_channel, pumped.addr, &mut steps, || {
@@ -495,8 +513,9 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
             })?;
             let (server, _memory) = server_side.ok_or("not accepted")?;
             pump_samples.push(pumped.trigger_to_established(&server)?);
-            disconnect_client(&client, &client_channel)?;
-            pumped.answer_disconnect(&server)?;
+            disconnect(&client, &client_channel, || {
+                pumped.answer_disconnect(&server)
+            })?;
         }
         steps_seen.push(steps);
     }
@@ -509,8 +528,11 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     figures.setup_ns = vec![
         ("resolve_addr", step(|s| s.resolve_addr)),
         ("resolve_route", step(|s| s.resolve_route)),
-        ("connect_to_request", step(|s| s.connect_to_request)),
-        ("accept_to_established", step(|s| s.accept_to_established)),
+        ("connect_to_accepted", step(|s| s.connect_to_accepted)),
+        (
+            "accepted_to_established",
+            step(|s| s.accepted_to_established),
+        ),
     ];
     Ok(figures)
 }
@@ -584,6 +606,39 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
     out
 }
 
+/// A hand-loop server listening on the setup's A address.
+fn hand_server(setup: &Setup) -> Result<HandServer, String> {
+    let channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
+    let (listener_id, addr) = listener(setup, &channel)?;
+    Ok(HandServer {
+        channel,
+        device: nonblocking_events(&listener_id)?,
+        _listener: listener_id,
+        addr,
+    })
+}
+
+/// Criterion on cm-sys `notify` (EISCONN) on the passive id of an established
+/// connection.
+fn bench_cm_sys_notify(c: &mut Criterion, setup: &Setup) -> Result<(), String> {
+    let client_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
+    let hand = hand_server(setup)?;
+    let mut steps = SetupSteps::default();
+    let mut server_side = None;
+    let client = connect_and_send(setup, &client_channel, hand.addr, &mut steps, || {
+        server_side = Some(hand.accept_one()?);
+        Ok(())
+    })?;
+    let (server, _memory) = server_side.ok_or("not accepted")?;
+    expect_event(&hand.channel, CmEventType::Established)?
+        .ack()
+        .map_err(err("ack"))?;
+    c.bench_function("real/notify_cm_sys", |b| {
+        b.iter(|| server.notify(AsyncEventType::CommEst))
+    });
+    disconnect(&client, &client_channel, || hand.answer_disconnect(&server))
+}
+
 /// The criterion part: cm-sys notify on an established id, then the interleaved ratio
 /// figures; on a machine without a device, every figure recorded as skipped.
 pub fn criterion_benches(c: &mut Criterion) {
@@ -595,35 +650,10 @@ pub fn criterion_benches(c: &mut Criterion) {
             return;
         }
     };
-    let connections = if crate::smoke_mode() { 5 } else { 30 };
-    let result = measure(&setup, connections);
-    if let Ok(client_channel) = EventChannel::new() {
-        let mut steps = SetupSteps::default();
-        let hand_channel = EventChannel::new().ok();
-        if let Some(hand_channel) = hand_channel {
-            if let Ok((listener_id, addr)) = listener(&setup, &hand_channel) {
-                let hand = HandServer {
-                    channel: hand_channel,
-                    _listener: listener_id,
-                    addr,
-                };
-                let mut server_side = None;
-                let connected =
-                    connect_and_send(&setup, &client_channel, hand.addr, &mut steps, || {
-                        server_side = Some(hand.accept_one()?);
-                        Ok(())
-                    });
-                if let (Ok(client), Some((server, _memory))) = (connected, server_side) {
-                    if expect_event(&hand.channel, CmEventType::Established).is_ok() {
-                        c.bench_function("real/notify_cm_sys", |b| {
-                            b.iter(|| server.notify(AsyncEventType::CommEst))
-                        });
-                    }
-                    let _ = disconnect_client(&client, &client_channel);
-                    let _ = hand.answer_disconnect(&server);
-                }
-            }
-        }
+    if let Err(e) = bench_cm_sys_notify(c, &setup) {
+        eprintln!("cm-benches: real/notify_cm_sys failed: {e}");
     }
+    let connections = if crate::smoke_mode() { 5 } else { 30 };
+    let result = measure(&setup, connections).map_err(|e| format!("measurement failed: {e}"));
     record_figures(&result, &machine);
 }

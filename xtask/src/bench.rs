@@ -15,26 +15,57 @@ use crate::run::{cargo, status, workspace_root};
 /// The scale points the benches run, in connections.
 const SCALE_POINTS: [u64; 3] = [1_000, 10_000, 100_000];
 
-/// Runs the benches (`--smoke`: the short CI mode) and prints the report.
+/// Runs the benches (`--smoke`: the short CI mode; `--vm`: also the real-device quick
+/// mode inside the soft-RoCE VM, its figures folded into the table) and prints the report.
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    let mut smoke = false;
+    let (mut smoke, mut vm) = (false, false);
     for arg in args {
         match arg.as_str() {
             "--smoke" => smoke = true,
+            "--vm" => vm = true,
             other => return Err(format!("bench: unknown option `{other}`")),
         }
     }
-    if smoke {
+    if smoke && !vm {
         let summary = ci_smoke()?;
         println!("{summary}");
         return Ok(());
     }
-    let report = bench(false)?;
+    let report = bench(smoke, vm)?;
     println!("\n{}", report.markdown);
     println!("report: {}", report.path.display());
     println!("scale curve: {}", report.svg.display());
     println!("criterion HTML report: {}", report.html.display());
     Ok(())
+}
+
+/// The VM manifest of the real-device quick mode (see `ci/vm/payload.txt`).
+const VM_MANIFEST: &str = "\
+cargo-bin cm-benches cm-bench-real rdma
+exec bench-real timeout=240 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-real 40
+";
+
+/// Runs the real-device quick mode in the VM and returns the figures it printed (the
+/// `cm-benches: ` lines of the console log), labelled with the VM as their machine.
+fn vm_figures(target: &Path) -> Result<BTreeMap<String, Extra>, String> {
+    let manifest = target.join("cm-benches/vm-payload.txt");
+    std::fs::write(&manifest, VM_MANIFEST).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let ran = crate::vm::run(&["--manifest".to_string(), manifest.display().to_string()]);
+    let console = target.join("vm/console.log");
+    let log =
+        std::fs::read_to_string(&console).map_err(|e| format!("{}: {e}", console.display()))?;
+    let lines: String = log
+        .lines()
+        .filter_map(|l| {
+            l.split_once("cm-benches: ")
+                .map(|(_, figure)| format!("{figure}\n"))
+        })
+        .collect();
+    let figures = parse_results(&lines);
+    match (ran, figures.is_empty()) {
+        (Err(e), true) => Err(format!("the VM run gave no figures: {e}")),
+        _ => Ok(figures),
+    }
 }
 
 /// The CI step: compiles the benches, runs them in smoke mode (short samples, no 100k
@@ -43,7 +74,7 @@ pub(crate) fn ci_smoke() -> Result<String, String> {
     status(
         cargo(&["bench", "--no-run", "-p", "cm-benches"]).env("CARGO_TARGET_DIR", target_dir()),
     )?;
-    let report = bench(true)?;
+    let report = bench(true, false)?;
     println!("\n{}", report.markdown);
     Ok(format!(
         "{} figures, smoke mode (100k scale point skipped); {}",
@@ -85,7 +116,7 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-fn bench(smoke: bool) -> Result<Written, String> {
+fn bench(smoke: bool, vm: bool) -> Result<Written, String> {
     let target = target_dir();
     let criterion_home = target.join("criterion");
     let out = target.join("cm-benches");
@@ -108,10 +139,17 @@ fn bench(smoke: bool) -> Result<Written, String> {
 
     let extra = std::fs::read_to_string(&results)
         .map_err(|e| format!("the benches wrote no {}: {e}", results.display()))?;
-    let figures = Figures {
+    let mut figures = Figures {
         estimates: read_estimates(&criterion_home, started),
         extra: parse_results(&extra),
+        vm: BTreeMap::new(),
     };
+    if vm {
+        match vm_figures(&target) {
+            Ok(found) => figures.vm = found,
+            Err(e) => eprintln!("bench: {e}"),
+        }
+    }
     let machine = host_machine();
     let rows = figures.rows(&machine);
     let scale = figures.scale_points();
@@ -228,6 +266,8 @@ fn parse_results(text: &str) -> BTreeMap<String, Extra> {
 struct Figures {
     estimates: BTreeMap<String, f64>,
     extra: BTreeMap<String, Extra>,
+    /// The real-device figures measured inside the VM (`--vm`).
+    vm: BTreeMap<String, Extra>,
 }
 
 /// One row of the report.
@@ -370,6 +410,14 @@ impl Figures {
                 "pump in front of the simulated kernel",
             ),
         ];
+        rows.push(self.timed(
+            "QP lookup, std SipHash (the pump does 2 per COMM_EST)",
+            "lookup/siphash",
+            Some(("lookup/multiplicative", "multiplicative hash")),
+            "-",
+            machine,
+            "1024 entries; the gap is what a cheaper hasher would save per lookup",
+        ));
         let allocations = self.extra("pump/allocations_per_event");
         rows.push(Row {
             figure: "allocations per pumped event".to_string(),
@@ -433,10 +481,13 @@ impl Figures {
             ),
             ("real/setup", "connection setup per step (cmtime-like)", "-"),
         ] {
-            let mut matching: Vec<(&String, &Extra)> = self
+            let vm_machine = "VM (qemu TCG, soft-RoCE; absolute times are emulation)";
+            let matching: Vec<(&String, &Extra, &str)> = self
                 .extra
                 .iter()
-                .filter(|(k, _)| *k == key || k.starts_with(&format!("{key}/")))
+                .map(|(k, e)| (k, e, machine))
+                .chain(self.vm.iter().map(|(k, e)| (k, e, vm_machine)))
+                .filter(|(k, _, _)| *k == key || k.starts_with(&format!("{key}/")))
                 .collect();
             if matching.is_empty() {
                 rows.push(Row {
@@ -449,8 +500,7 @@ impl Figures {
                     note: "no figure from the benches".to_string(),
                 });
             }
-            matching.sort_by(|a, b| a.0.cmp(b.0));
-            for (k, e) in matching {
+            for (k, e, machine) in matching {
                 let is_ratio = e.unit == "ratio";
                 rows.push(Row {
                     figure: if k == key {
@@ -642,7 +692,11 @@ mod tests {
         let extra = parse_results(
             "scale/1000/peak_bytes_per_conn\t1000\tbytes\t\nscale/100000\tskipped\t\tsmoke mode\n",
         );
-        let figures = Figures { estimates, extra };
+        let figures = Figures {
+            estimates,
+            extra,
+            vm: parse_results("real/trigger_to_established\t1.01\tratio\tpump / hand\n"),
+        };
         let rows = figures.rows("test machine");
         let pump = rows
             .iter()
@@ -661,6 +715,8 @@ mod tests {
             .unwrap();
         assert_eq!(hundred_k.value, "not run");
         assert!(hundred_k.note.contains("smoke mode"));
+        let vm_row = rows.iter().find(|r| r.machine.starts_with("VM")).unwrap();
+        assert_eq!(vm_row.ratio, "1.010");
         let markdown = render_markdown(&rows, "test machine", true);
         assert!(markdown.contains("| figure | value | baseline | ratio |"));
         let svg = render_svg(&figures.scale_points());

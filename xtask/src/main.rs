@@ -19,9 +19,12 @@ Commands:
   ci [--no-vm]    everything CI checks: native prerequisites, fmt, clippy, tests,
                   docs, packaging; prints each step's time and a summary.
                   --no-vm skips the soft-RoCE VM run (quick local loops only).
-  bench [--smoke] the criterion benches of the notify path (cm-benches); ends with one
+  bench [--smoke] [--vm]
+                  the criterion benches of the notify path (cm-benches); ends with one
                   table in target/bench-report.md, the scale curve in
-                  target/bench-scale.svg and criterion's HTML report
+                  target/bench-scale.svg and criterion's HTML report.
+                  --smoke: the short CI mode (no 100k scale point);
+                  --vm: also the real-device figures inside the soft-RoCE VM
   fuzz --seconds N [target]
                   runs every cargo-fuzz target in fuzz/ (or one) for N seconds each and
                   prints executions and findings (needs nightly and cargo-fuzz)
