@@ -1164,6 +1164,100 @@ mod tests {
     }
 
     #[test]
+    fn without_a_device_the_run_says_so_in_one_line() {
+        if std::path::Path::new("/dev/infiniband/rdma_cm").exists() {
+            eprintln!("an RDMA CM device exists: the no-device path is not reachable here");
+            return;
+        }
+        let client = RealRun {
+            address: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ..RealRun::default()
+        };
+        let error = run(&client).unwrap_err();
+        assert!(error.is_no_device(), "{error}");
+        let text = error.to_string();
+        assert!(text.starts_with("no RDMA device"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
+
+    #[test]
+    fn json_field_names_are_stable() {
+        let report = RealReport {
+            backend: "rdma",
+            role: "client",
+            local: None,
+            remote: Some("10.77.1.1:7471".into()),
+            connections: 2,
+            pump: false,
+            messages: 1,
+            message_size: 100,
+            established: 2,
+            via_rtu: 2,
+            via_notify: 0,
+            already_established_races: 0,
+            failed: 0,
+            disconnected: 2,
+            resolve_retries: 1,
+            messages_sent: 2,
+            messages_received: 2,
+            pump_counters: PumpCounters::default().into(),
+            steps: vec![StepStats::from_spans("connect", &[], 2)],
+            failures: vec![],
+            seconds: 0.25,
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        let mut fields: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut expected = vec![
+            "backend",
+            "role",
+            "local",
+            "remote",
+            "connections",
+            "pump",
+            "messages",
+            "message_size",
+            "established",
+            "via_rtu",
+            "via_notify",
+            "already_established_races",
+            "failed",
+            "disconnected",
+            "resolve_retries",
+            "messages_sent",
+            "messages_received",
+            "pump_counters",
+            "steps",
+            "failures",
+            "seconds",
+        ];
+        fields.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(
+            fields, expected,
+            "add new fields to this list; never rename"
+        );
+        let step = &json["steps"][0];
+        for key in [
+            "step",
+            "count",
+            "total_us",
+            "avg_per_conn_us",
+            "sum_us",
+            "us_per_conn",
+            "max_us",
+            "min_us",
+        ] {
+            assert!(step.get(key).is_some(), "{key}: {step}");
+        }
+        assert_eq!(json["pump_counters"]["forced"], 0);
+    }
+
+    #[test]
     fn the_human_summary_names_every_step_and_the_outcome() {
         let base = Instant::now();
         let steps: Vec<StepStats> = [Step::CreateQp, Step::Connect, Step::Established]
