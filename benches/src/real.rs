@@ -20,6 +20,8 @@ use crate::results::{record, Figure};
 
 /// How long any single wait may take before the measurement gives up.
 const WAIT: Duration = Duration::from_secs(10);
+/// Pause between two measured connections.
+const SETTLE: Duration = Duration::from_millis(5);
 /// The kernel's timeout of one address or route resolution attempt.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -495,8 +497,11 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     let _rtu_drop = RtuDrop::install(nft, setup.addr_a)?;
     let (mut pump_samples, mut hand_samples) = (Vec::new(), Vec::new());
     for round in 0..2 * connections {
+        // Let the previous teardown's kernel work finish before the next measurement.
+        std::thread::sleep(SETTLE);
         let mut steps = SetupSteps::default();
-        if round % 2 == 0 {
+        // Hand, pump, pump, hand, …: neither path always follows the other's teardown.
+        if matches!(round % 4, 0 | 3) {
             let mut server_side = None;
             let client = connect_and_send(setup, &client_channel, hand.addr, &mut steps, || {
                 server_side = Some(hand.accept_one()?);
