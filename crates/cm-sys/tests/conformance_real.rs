@@ -498,7 +498,10 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
                     }
                 }
             };
-            let result = (scenario.run)(&mut harness);
+            let mut result = (scenario.run)(&mut harness);
+            if scenario.name == DREQ_RACE_SCENARIO {
+                result = judge_dreq_race(result);
+            }
             let rtus_dropped = if harness.drop_requested {
                 Some(harness.rtus_dropped().unwrap_or(0))
             } else {
@@ -575,12 +578,7 @@ fn conformance_suite_on_the_real_kernel_cm() {
     let mut failures = Vec::new();
     let (mut passed, mut skipped) = (0, 0);
     for outcome in outcomes {
-        let result = if outcome.name == DREQ_RACE_SCENARIO {
-            judge_dreq_race(outcome.result)
-        } else {
-            outcome.result
-        };
-        match result {
+        match outcome.result {
             Ok(Verdict::Passed) => passed += 1,
             Ok(Verdict::Skipped(reason)) => {
                 skipped += 1;
