@@ -919,7 +919,7 @@ impl Session {
         }
     }
 
-    fn poll_conn(&mut self, pump: &mut NotifyPump<CmId>, index: usize) -> Result<(), CmError> {
+    fn poll_conn(&mut self, pump: &mut NotifyPump<CmId>, index: usize) -> Result<(), ConnError> {
         let receives = self.conns[index].id.poll_recv_cq(RECEIVE_SLOTS)?;
         for completion in receives {
             self.on_receive(pump, index, completion)?;
@@ -929,10 +929,10 @@ impl Session {
             if completion.is_success() {
                 self.conns[index].sends_done += 1;
             } else if !self.flushed(index, &completion) {
-                return Err(completion_error("send", &completion));
+                return Err(ConnError::completion("send", &completion));
             }
         }
-        self.check_exchange_done(index, Instant::now())
+        Ok(self.check_exchange_done(index, Instant::now())?)
     }
 
     /// Whether a failed completion is work flushed by teardown.
@@ -946,12 +946,12 @@ impl Session {
         pump: &mut NotifyPump<CmId>,
         index: usize,
         completion: Completion,
-    ) -> Result<(), CmError> {
+    ) -> Result<(), ConnError> {
         if !completion.is_success() {
             if self.flushed(index, &completion) {
                 return Ok(());
             }
-            return Err(completion_error("receive", &completion));
+            return Err(ConnError::completion("receive", &completion));
         }
         // A receive on a connection not yet ESTABLISHED is the trigger soft-RoCE gives
         // (it raises no COMM_EST): the pump forwards it with notify.
@@ -970,7 +970,8 @@ impl Session {
             return Err(CmError::InvalidArgument {
                 op: "ibv_poll_cq",
                 reason: "a receive completion with an unknown work request id",
-            });
+            }
+            .into());
         }
         let start = slot * receive_size;
         if echo {
@@ -990,7 +991,8 @@ impl Session {
         }
         // The slot is free again (an echo copied it out first).
         conn.id
-            .post_recv(&memory, start..start + receive_size, slot as u64)
+            .post_recv(&memory, start..start + receive_size, slot as u64)?;
+        Ok(())
     }
 
     fn report(
@@ -1061,20 +1063,43 @@ impl Session {
     }
 }
 
-fn completion_error(what: &'static str, completion: &Completion) -> CmError {
-    log_line(&format!(
-        "{what} completion on {} failed: {} (status {})",
-        completion.qp_num,
-        completion.status_str(),
-        completion.status
-    ));
-    CmError::Os {
-        op: if what == "send" {
-            "ibv_post_send (completion)"
-        } else {
-            "ibv_post_recv (completion)"
-        },
-        errno: cm_core::Errno(cm_core::errno::EINVAL),
+/// Why a connection failed while its completions were handled.
+#[derive(Debug)]
+enum ConnError {
+    /// A verbs or CM call failed.
+    Cm(CmError),
+    /// A work request completed in error (not a flush by teardown).
+    Completion {
+        what: &'static str,
+        status: u32,
+        text: &'static str,
+    },
+}
+
+impl ConnError {
+    fn completion(what: &'static str, completion: &Completion) -> Self {
+        ConnError::Completion {
+            what,
+            status: completion.status,
+            text: completion.status_str(),
+        }
+    }
+}
+
+impl From<CmError> for ConnError {
+    fn from(e: CmError) -> Self {
+        ConnError::Cm(e)
+    }
+}
+
+impl std::fmt::Display for ConnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnError::Cm(e) => e.fmt(f),
+            ConnError::Completion { what, status, text } => {
+                write!(f, "{what} completed in error: {text} (status {status})")
+            }
+        }
     }
 }
 
