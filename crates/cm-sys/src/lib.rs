@@ -82,6 +82,8 @@ mod event;
 mod ffi;
 mod id;
 mod poll;
+#[cfg(feature = "tokio")]
+mod tokio_fd;
 mod verbs;
 
 pub use channel::EventChannel;
@@ -90,6 +92,8 @@ pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams};
 pub use poll::{poll_readable, ReadySet};
+#[cfg(feature = "tokio")]
+pub use tokio_fd::{async_device_events, async_event_channel};
 pub use verbs::{Completion, MemoryRegion, QpCaps};
 
 /// The real librdmacm/libibverbs backend, for code generic over [`cm_core::CmBackend`].

@@ -44,6 +44,8 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "tokio")]
+pub mod async_loop;
 mod event_loop;
 mod pump;
 #[cfg(feature = "rdma")]
