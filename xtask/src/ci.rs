@@ -111,7 +111,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     });
     steps.run("doc", || {
         status(
-            cargo(&["doc", "--workspace", "--no-deps", "--quiet"])
+            cargo(&["doc", "--workspace", "--all-features", "--no-deps", "--quiet"])
                 .env("RUSTDOCFLAGS", "-D warnings"),
         )
         .map(|_| String::new())
