@@ -593,6 +593,7 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
             break;
         }
     }
+    session.settle(event_loop.pump());
     let counters = event_loop.pump().counters();
     let report = session.report(local, counters, started.elapsed());
     // Teardown: every connection is disconnected or failed; ids (and their QPs) go
@@ -693,6 +694,10 @@ impl Session {
             CmEventType::Disconnected => {
                 let conn = &mut self.conns[index];
                 conn.span(Step::Disconnect).begin(now);
+                // Marked first: what the drain finds flushed is teardown, not an error.
+                conn.disconnected = true;
+                self.drain_completions(pump, index);
+                let conn = &mut self.conns[index];
                 let answered = if conn.disconnect_called {
                     Ok(())
                 } else {
@@ -700,7 +705,6 @@ impl Session {
                     conn.disconnect_called = true;
                     conn.id.disconnect()
                 };
-                conn.disconnected = true;
                 conn.span(Step::Disconnect).finish(Instant::now());
                 answered
             }
@@ -885,27 +889,64 @@ impl Session {
         self.check_exchange_done(index, now)
     }
 
-    /// Disconnects once this side's messages are sent and as many came back (a client
-    /// always; a server when it sends first).
+    /// Notes the end of the exchange (this side's messages sent and as many received)
+    /// and then disconnects, when this side initiates: a client always, a server when
+    /// it sends first. A side with no messages disconnects once established.
     fn check_exchange_done(&mut self, index: usize, now: Instant) -> Result<(), CmError> {
         let messages = self.config.messages();
         let initiates = !self.config.server || messages > 0;
         let conn = &mut self.conns[index];
-        if !initiates
-            || !conn.established
-            || conn.disconnect_called
-            || conn.is_done()
-            || conn.sends_done < messages
-            || conn.received < messages
-        {
+        if !conn.established || conn.sends_done < messages || conn.received < messages {
             return Ok(());
         }
         if messages > 0 {
             conn.span(Step::Exchange).finish(now);
         }
+        if !initiates || conn.disconnect_called || conn.is_done() {
+            return Ok(());
+        }
         conn.span(Step::Disconnect).begin(Instant::now());
         conn.disconnect_called = true;
         conn.id.disconnect()
+    }
+
+    /// Whether the connection's exchange is complete (always, with no messages).
+    fn exchanged(&self, conn: &Conn) -> bool {
+        self.config.messages() == 0 || conn.spans[Step::Exchange.index()].end.is_some()
+    }
+
+    /// Reads every completion already queued for the connection. Called when its
+    /// DISCONNECTED arrives and once more at the end: a peer that disconnects as soon as
+    /// the exchange is over can do so between two polls, with our completions still
+    /// queued (the disconnect then flushes only what had not completed).
+    fn drain_completions(&mut self, pump: &mut NotifyPump<CmId>, index: usize) {
+        if self.conns[index].qp.is_none() || self.conns[index].failure.is_some() {
+            return;
+        }
+        loop {
+            match self.poll_conn(pump, index) {
+                Ok(0) => return,
+                Ok(_) => continue,
+                Err(e) => return self.fail(pump, index, &e.to_string()),
+            }
+        }
+    }
+
+    /// After the run: a connection whose exchange never completed has failed, even if
+    /// the peer then disconnected cleanly.
+    fn settle(&mut self, pump: &mut NotifyPump<CmId>) {
+        let messages = self.config.messages();
+        for index in 0..self.conns.len() {
+            self.drain_completions(pump, index);
+            let conn = &self.conns[index];
+            if conn.established && conn.failure.is_none() && !self.exchanged(conn) {
+                let why = format!(
+                    "disconnected before the exchange completed (sent {}/{messages}, received {}/{messages})",
+                    conn.sends_done, conn.received
+                );
+                self.fail(pump, index, &why);
+            }
+        }
     }
 
     fn poll_completions(&mut self, pump: &mut NotifyPump<CmId>) {
@@ -919,12 +960,14 @@ impl Session {
         }
     }
 
-    fn poll_conn(&mut self, pump: &mut NotifyPump<CmId>, index: usize) -> Result<(), ConnError> {
+    /// Polls the connection's queues once; how many completions it found.
+    fn poll_conn(&mut self, pump: &mut NotifyPump<CmId>, index: usize) -> Result<usize, ConnError> {
         let receives = self.conns[index].id.poll_recv_cq(RECEIVE_SLOTS)?;
+        let sends = self.conns[index].id.poll_send_cq(SEND_SLOTS)?;
+        let found = receives.len() + sends.len();
         for completion in receives {
             self.on_receive(pump, index, completion)?;
         }
-        let sends = self.conns[index].id.poll_send_cq(SEND_SLOTS)?;
         for completion in sends {
             if completion.is_success() {
                 self.conns[index].sends_done += 1;
@@ -932,7 +975,8 @@ impl Session {
                 return Err(ConnError::completion("send", &completion));
             }
         }
-        Ok(self.check_exchange_done(index, Instant::now())?)
+        self.check_exchange_done(index, Instant::now())?;
+        Ok(found)
     }
 
     /// Whether a failed completion is work flushed by teardown.
