@@ -673,7 +673,10 @@ impl Session {
             PumpEvent::NotifyFailed { qp, trigger, error } => {
                 log_line(&format!("{qp}: notify after {trigger:?} refused: {error}"));
             }
-            PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {}
+            // Counted by the pump; an event for the application (QP_FATAL, PORT_ERR…)
+            // is also worth a line.
+            PumpEvent::PassThrough(event) => log_line(&format!("asynchronous event: {event}")),
+            PumpEvent::Unrouted(_) => {}
         }
     }
 
