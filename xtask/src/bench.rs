@@ -42,16 +42,41 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
 /// The VM manifest of the real-device quick mode (see `ci/vm/payload.txt`).
 const VM_MANIFEST: &str = "\
 cargo-bin cm-benches cm-bench-real rdma
-exec bench-real timeout=240 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-real 40
+exec bench-real timeout=240 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-real 100
 ";
 
 /// Runs the real-device quick mode in the VM and returns the figures it printed (the
 /// `cm-benches: ` lines of the console log), labelled with the VM as their machine.
+///
+/// The VM payload is a dev build; here it is optimised (in its own target folder, so
+/// the usual dev build stays cached), or unoptimised code shows in the ratios: measured,
+/// pump / hand loop 1.41 unoptimised against 0.98 optimised.
 fn vm_figures(target: &Path) -> Result<BTreeMap<String, Extra>, String> {
     let manifest = target.join("cm-benches/vm-payload.txt");
     std::fs::write(&manifest, VM_MANIFEST).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let vm_target = target.join("bench-vm");
+    let optimised = [
+        ("CARGO_TARGET_DIR", vm_target.display().to_string()),
+        ("CARGO_PROFILE_DEV_OPT_LEVEL", "3".to_string()),
+        ("CARGO_PROFILE_DEV_DEBUG_ASSERTIONS", "false".to_string()),
+        ("CARGO_PROFILE_DEV_OVERFLOW_CHECKS", "false".to_string()),
+    ];
+    let saved: Vec<_> = optimised
+        .iter()
+        .map(|(name, _)| (*name, std::env::var_os(name)))
+        .collect();
+    // xtask is single-threaded here: the VM runner's cargo builds inherit these.
+    for (name, value) in &optimised {
+        std::env::set_var(name, value);
+    }
     let ran = crate::vm::run(&["--manifest".to_string(), manifest.display().to_string()]);
-    let console = target.join("vm/console.log");
+    for (name, value) in saved {
+        match value {
+            Some(value) => std::env::set_var(name, value),
+            None => std::env::remove_var(name),
+        }
+    }
+    let console = vm_target.join("vm/console.log");
     let log =
         std::fs::read_to_string(&console).map_err(|e| format!("{}: {e}", console.display()))?;
     let lines: String = log

@@ -2,7 +2,7 @@
 //! table; what `cargo xtask vm` runs inside the soft-RoCE VM. Also writes the figures
 //! to the results file (`CMNOTIFY_BENCH_OUT`) and echoes each on stderr.
 //!
-//! Usage: `cm-bench-real [CONNECTIONS]` (lost-RTU connections per path, default 10; the VM runs 40).
+//! Usage: `cm-bench-real [CONNECTIONS]` (lost-RTU connections per path, default 10; the VM runs 100).
 //! Exits 0 when the figures were measured or skipped for want of a device, 1 when a
 //! measurement failed.
 
