@@ -3,161 +3,26 @@
 //!
 //! Addresses: `CMNOTIFY_ADDR_A` (listener side) and `CMNOTIFY_ADDR_B` (connecting side),
 //! set by the VM's /init (10.77.1.1 and 10.77.1.2 on two soft-RoCE devices over a veth).
-//! Every wait is bounded by [`WAIT`].
+//! Every wait is bounded by [`common::WAIT`].
 
-use std::io::Write;
-use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::time::{Duration, Instant};
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use cm_core::{AsyncEventType, CmError, CmEventType, NotifyError, NotifyOutcome};
-use cm_sys::{CmEvent, CmId, ConnParams, EventChannel, QpCaps};
+use cm_sys::{ConnParams, EventChannel, QpCaps};
+use common::{
+    addresses, expect_event, resolved_id, wait_completion, CmMadRule, MadAction, RESOLVE_TIMEOUT,
+    RTU, WAIT,
+};
 
-/// The bound of every wait in these tests.
-const WAIT: Duration = Duration::from_secs(10);
-
-/// The two addresses of the test setup.
-struct Setup {
-    addr_a: IpAddr,
-    addr_b: IpAddr,
-}
-
-/// Records a skip per the project's protocol.
-fn skip(test: &str, reason: &str) {
-    let line = format!("{test}: skipped: no RDMA device ({reason})");
-    if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("cannot open CMNOTIFY_SKIP_LOG {path}: {e}"));
-        writeln!(file, "{line}").expect("write skip log");
-    }
-    eprintln!("{line}");
-}
-
-/// The setup, or `None` after recording a skip.
-fn setup(test: &str) -> Option<Setup> {
-    if !Path::new("/dev/infiniband/rdma_cm").exists() {
-        skip(test, "/dev/infiniband/rdma_cm does not exist");
-        return None;
-    }
-    let has_device = std::fs::read_dir("/sys/class/infiniband")
-        .map(|mut entries| entries.next().is_some())
-        .unwrap_or(false);
-    if !has_device {
-        skip(test, "/sys/class/infiniband is empty");
-        return None;
-    }
-    let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    match (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) {
-        (Some(addr_a), Some(addr_b)) => Some(Setup { addr_a, addr_b }),
-        _ => {
-            skip(
-                test,
-                "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
-            );
-            None
-        }
-    }
-}
-
-/// The next event on `channel`, which must be `expected`.
-fn expect_event(channel: &EventChannel, expected: CmEventType) -> CmEvent {
-    let event = channel
-        .next_event_timeout(WAIT)
-        .expect("rdma_get_cm_event")
-        .unwrap_or_else(|| panic!("no {expected} within {WAIT:?}"));
-    assert_eq!(
-        event.event_type(),
-        expected,
-        "status {} of {:?}",
-        event.status(),
-        event
-    );
-    assert_eq!(event.status(), 0, "{event:?}");
-    event
-}
-
-/// Polls `poll` until it yields a completion, for at most [`WAIT`].
-fn wait_completion(
-    what: &str,
-    mut poll: impl FnMut() -> Result<Vec<cm_sys::Completion>, CmError>,
-) -> cm_sys::Completion {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let completions = poll().expect("ibv_poll_cq");
-        if let Some(completion) = completions.first() {
-            assert_eq!(completions.len(), 1, "one work request, one completion");
-            return *completion;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {what} completion within {WAIT:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// The kernel's timeout of one address or route resolution attempt.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// A new id on `channel` whose address resolution from `src` to `dst` succeeded, with
-/// its ADDR_RESOLVED event (not yet acknowledged).
-///
-/// The first resolution after the devices come up can time out (the neighbour entry is
-/// still being resolved), so an ADDR_ERROR is retried with a fresh id, the whole bounded
-/// by [`WAIT`].
-fn addr_resolved_id(channel: &EventChannel, src: IpAddr, dst: SocketAddr) -> (CmId, CmEvent) {
-    let deadline = Instant::now() + WAIT;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let id = channel.create_id().expect("id");
-        id.resolve_addr(Some(SocketAddr::new(src, 0)), dst, RESOLVE_TIMEOUT)
-            .expect("resolve_addr");
-        let event = next_event_within(channel, RESOLVE_TIMEOUT * 2);
-        match event.event_type() {
-            CmEventType::AddrResolved => {
-                if attempt > 1 {
-                    eprintln!("resolved {dst} on attempt {attempt}");
-                }
-                assert_eq!(event.id(), Some(&id));
-                return (id, event);
-            }
-            CmEventType::AddrError if Instant::now() < deadline => {
-                eprintln!(
-                    "attempt {attempt}: ADDR_ERROR (status {}) resolving {dst}; retrying",
-                    event.status()
-                );
-            }
-            other => panic!("resolving {dst}: {other} (status {})", event.status()),
-        }
-    }
-}
-
-/// A new id on `channel`, resolved (address and route) from `src` to `dst`.
-fn resolved_id(channel: &EventChannel, src: IpAddr, dst: SocketAddr) -> CmId {
-    let (id, event) = addr_resolved_id(channel, src, dst);
-    event.ack().expect("ack");
-    id.resolve_route(RESOLVE_TIMEOUT).expect("resolve_route");
-    expect_event(channel, CmEventType::RouteResolved)
-        .ack()
-        .expect("ack");
-    id
-}
-
-/// The next event on `channel` within `timeout`, whatever it is.
-fn next_event_within(channel: &EventChannel, timeout: Duration) -> CmEvent {
-    channel
-        .next_event_timeout(timeout)
-        .expect("rdma_get_cm_event")
-        .unwrap_or_else(|| panic!("no event within {timeout:?}"))
-}
+/// The nftables table of the lost-RTU test.
+const RTU_DROP_TABLE: &str = "cmnotify_sys";
 
 #[test]
 fn notify_on_a_fresh_id_is_wrong_state() {
-    let Some(_setup) = setup("notify_on_a_fresh_id_is_wrong_state") else {
+    let Some(_setup) = addresses("notify_on_a_fresh_id_is_wrong_state") else {
         return;
     };
     let channel = EventChannel::new().expect("channel");
@@ -176,7 +41,7 @@ fn notify_on_a_fresh_id_is_wrong_state() {
 
 #[test]
 fn notify_on_a_bound_id_is_wrong_state() {
-    let Some(setup) = setup("notify_on_a_bound_id_is_wrong_state") else {
+    let Some(setup) = addresses("notify_on_a_bound_id_is_wrong_state") else {
         return;
     };
     let channel = EventChannel::new().expect("channel");
@@ -194,7 +59,7 @@ fn notify_on_a_bound_id_is_wrong_state() {
 
 #[test]
 fn notify_on_a_listener_is_wrong_state() {
-    let Some(setup) = setup("notify_on_a_listener_is_wrong_state") else {
+    let Some(setup) = addresses("notify_on_a_listener_is_wrong_state") else {
         return;
     };
     let channel = EventChannel::new().expect("channel");
@@ -214,7 +79,7 @@ fn notify_on_a_listener_is_wrong_state() {
 
 #[test]
 fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
-    let Some(setup) = setup("resolve_events_arrive_on_the_channel_an_id_migrated_to") else {
+    let Some(setup) = addresses("resolve_events_arrive_on_the_channel_an_id_migrated_to") else {
         return;
     };
     let first = EventChannel::new().expect("channel");
@@ -227,7 +92,9 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
     listener.listen(4).expect("listen");
     let target = listener.local_addr().expect("listener address");
 
-    let (id, resolved) = addr_resolved_id(&first, setup.addr_b, target);
+    let (id, resolved) =
+        common::addr_resolved_id(&first, setup.addr_b, target).expect("address resolution");
+    assert_eq!(resolved.id(), Some(&id));
     assert_eq!(id.unacked_events(), 1);
     // librdmacm would wait for the unacknowledged event: refused instead.
     match id.migrate(&second) {
@@ -252,7 +119,8 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
 
 #[test]
 fn loopback_connection_establishes_then_notify_is_already_established() {
-    let Some(setup) = setup("loopback_connection_establishes_then_notify_is_already_established")
+    let Some(setup) =
+        addresses("loopback_connection_establishes_then_notify_is_already_established")
     else {
         return;
     };
@@ -267,7 +135,7 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     let server_addr = listener.local_addr().expect("listener address");
 
     // Active side: resolve, QP, connect.
-    let client = resolved_id(&client_channel, setup.addr_b, server_addr);
+    let client = resolved_id(&client_channel, setup.addr_b, server_addr).expect("resolve");
     let client_qp = client.create_qp(&QpCaps::default()).expect("client QP");
     assert_eq!(client.qp_num(), Some(client_qp));
     let client_mem = client.register_memory(64).expect("client memory");
@@ -428,7 +296,7 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
 
 #[test]
 fn a_dropped_connect_request_rejects_the_connection() {
-    let Some(setup) = setup("a_dropped_connect_request_rejects_the_connection") else {
+    let Some(setup) = addresses("a_dropped_connect_request_rejects_the_connection") else {
         return;
     };
     let server_channel = EventChannel::new().expect("server channel");
@@ -443,7 +311,8 @@ fn a_dropped_connect_request_rejects_the_connection() {
         &client_channel,
         setup.addr_b,
         listener.local_addr().expect("listener address"),
-    );
+    )
+    .expect("resolve");
     client.create_qp(&QpCaps::default()).expect("client QP");
     client.connect(&ConnParams::default()).expect("connect");
 
@@ -462,87 +331,9 @@ fn a_dropped_connect_request_rejects_the_connection() {
     );
 }
 
-/// An nftables table dropping every CM RTU MAD addressed to one IP in the INPUT hook
-/// (never OUTPUT: see the VM spec). Deleted on drop.
-struct RtuDrop {
-    nft: String,
-}
-
-impl RtuDrop {
-    const TABLE: &'static str = "cmnotify_sys";
-
-    fn install(nft: &str, to: IpAddr) -> RtuDrop {
-        let guard = RtuDrop {
-            nft: nft.to_string(),
-        };
-        guard.run(&["add", "table", "inet", Self::TABLE]);
-        guard.run(&[
-            "add",
-            "chain",
-            "inet",
-            Self::TABLE,
-            "input",
-            "{ type filter hook input priority 0; }",
-        ]);
-        // RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY, MAD class CM, attribute RTU.
-        let rule = format!(
-            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 0x0014 \
-             counter drop"
-        );
-        let mut args = vec!["add", "rule", "inet", Self::TABLE, "input"];
-        args.extend(rule.split(' '));
-        guard.run(&args);
-        guard
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let output = std::process::Command::new(&self.nft)
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("{} {args:?}: {e}", self.nft));
-        assert!(
-            output.status.success(),
-            "{} {args:?}: {}",
-            self.nft,
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// How many RTUs the rule dropped.
-    fn dropped(&self) -> u64 {
-        let listing = self.run(&["list", "table", "inet", Self::TABLE]);
-        let after = listing
-            .split("counter packets ")
-            .nth(1)
-            .unwrap_or_else(|| panic!("no counter in {listing}"));
-        after
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("bad counter in {listing}"))
-    }
-}
-
-impl Drop for RtuDrop {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(&self.nft)
-            .args(["delete", "table", "inet", Self::TABLE])
-            .status();
-    }
-}
-
 #[test]
 fn notify_forces_established_when_the_rtu_is_lost() {
-    let test = "notify_forces_established_when_the_rtu_is_lost";
-    let Some(setup) = setup(test) else {
-        return;
-    };
-    let Ok(nft) = std::env::var("CMNOTIFY_NFT") else {
-        skip(
-            test,
-            "a device exists but CMNOTIFY_NFT names no nft to drop the RTU",
-        );
+    let Some(setup) = common::setup("notify_forces_established_when_the_rtu_is_lost") else {
         return;
     };
     let server_channel = EventChannel::new().expect("server channel");
@@ -556,11 +347,19 @@ fn notify_forces_established_when_the_rtu_is_lost() {
         &client_channel,
         setup.addr_b,
         listener.local_addr().expect("listener address"),
-    );
+    )
+    .expect("resolve");
     client.create_qp(&QpCaps::default()).expect("client QP");
     let client_mem = client.register_memory(16).expect("client memory");
 
-    let rtu_drop = RtuDrop::install(&nft, setup.addr_a);
+    let rtu_drop = CmMadRule::install(
+        &setup.nft,
+        RTU_DROP_TABLE,
+        setup.addr_a,
+        RTU,
+        MadAction::Drop,
+    )
+    .expect("install the RTU drop");
     client.connect(&ConnParams::default()).expect("connect");
     let request = expect_event(&server_channel, CmEventType::ConnectRequest);
     let server = request.id().expect("new id").clone();
@@ -584,7 +383,10 @@ fn notify_forces_established_when_the_rtu_is_lost() {
     let received = wait_completion("server receive", || server.poll_recv_cq(4));
     assert!(received.is_success(), "{}", received.status_str());
     assert_eq!((received.qp_num, received.byte_len), (server_qp, 5));
-    assert!(rtu_drop.dropped() > 0, "the RTU was not dropped");
+    assert!(
+        rtu_drop.hits().expect("read the RTU drop's counter") > 0,
+        "the RTU was not dropped"
+    );
     if let Some(event) = server_channel.try_next_event().expect("read") {
         panic!("the passive side got {event:?} without its RTU");
     }

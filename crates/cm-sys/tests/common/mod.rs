@@ -1,6 +1,6 @@
-//! Helpers shared by the real-kernel test binaries that exercise whole connections
-//! (`conformance_real`, `lost_rtu_pump`): the skip protocol, the VM's addresses, bounded
-//! event and completion waits, address resolution with a retry, and an nftables RTU drop.
+//! Helpers shared by the real-kernel test binaries (`device`, `conformance_real`,
+//! `lost_rtu_pump`): the skip protocol, the VM's addresses, bounded event and completion
+//! waits, address resolution with a retry, and an nftables RTU drop.
 //!
 //! Each test binary uses a subset of them.
 #![allow(dead_code)]
@@ -23,6 +23,15 @@ pub(crate) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The bound of a wait for the passive side's REP retries to run out: measured at ~69 s
 /// under emulation (16 REP sends), so this leaves room without letting a hang last.
 pub(crate) const REP_RETRIES_BOUND: Duration = Duration::from_secs(100);
+
+/// The VM's two test addresses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Addresses {
+    /// The listener side's address (`CMNOTIFY_ADDR_A`, on soft-RoCE device A).
+    pub(crate) addr_a: IpAddr,
+    /// The connecting side's address (`CMNOTIFY_ADDR_B`, on soft-RoCE device B).
+    pub(crate) addr_b: IpAddr,
+}
 
 /// The VM's test setup.
 #[derive(Debug, Clone)]
@@ -57,8 +66,9 @@ pub(crate) fn report(line: &str) {
     let _ = writeln!(stderr, "{line}");
 }
 
-/// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.
-pub(crate) fn setup(test: &str) -> Option<Setup> {
+/// The two devices' addresses, or `None` after recording a skip: all that a test needs
+/// which drops no MADs.
+pub(crate) fn addresses(test: &str) -> Option<Addresses> {
     if !Path::new("/dev/infiniband/rdma_cm").exists() {
         skip(test, "/dev/infiniband/rdma_cm does not exist");
         return None;
@@ -78,6 +88,12 @@ pub(crate) fn setup(test: &str) -> Option<Setup> {
         );
         return None;
     };
+    Some(Addresses { addr_a, addr_b })
+}
+
+/// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.
+pub(crate) fn setup(test: &str) -> Option<Setup> {
+    let Addresses { addr_a, addr_b } = addresses(test)?;
     let Ok(nft) = std::env::var("CMNOTIFY_NFT") else {
         skip(
             test,
@@ -155,19 +171,20 @@ pub(crate) fn wait_completion(
     }
 }
 
-/// A new id on `channel`, resolved (address and route) from `src` to `dst`.
+/// A new id on `channel` whose address resolution from `src` to `dst` succeeded, with
+/// its ADDR_RESOLVED event (not yet acknowledged).
 ///
 /// The first resolution after the devices come up can time out (the neighbour entry is
 /// still being resolved), so an ADDR_ERROR is retried with a fresh id, the whole bounded
 /// by [`WAIT`].
-pub(crate) fn resolved_id(
+pub(crate) fn addr_resolved_id(
     channel: &EventChannel,
     src: IpAddr,
     dst: SocketAddr,
-) -> Result<CmId, CmError> {
+) -> Result<(CmId, CmEvent), CmError> {
     let deadline = Instant::now() + WAIT;
     let mut attempt = 0;
-    let id = loop {
+    loop {
         attempt += 1;
         let id = channel.create_id()?;
         id.resolve_addr(Some(SocketAddr::new(src, 0)), dst, RESOLVE_TIMEOUT)?;
@@ -176,9 +193,11 @@ pub(crate) fn resolved_id(
             reason: "no address resolution event",
         })?;
         match event.event_type() {
-            CmEventType::AddrResolved => {
-                event.ack()?;
-                break id;
+            CmEventType::AddrResolved if event.id() == Some(&id) => {
+                if attempt > 1 {
+                    eprintln!("resolved {dst} on attempt {attempt}");
+                }
+                return Ok((id, event));
             }
             CmEventType::AddrError if Instant::now() < deadline => {
                 eprintln!(
@@ -187,16 +206,30 @@ pub(crate) fn resolved_id(
                 );
             }
             _ => {
+                eprintln!("resolving {dst}: unexpected {event:?}");
                 return Err(CmError::InvalidArgument {
                     op: "rdma_resolve_addr",
                     reason: "address resolution failed",
-                })
+                });
             }
         }
-    };
+    }
+}
+
+/// A new id on `channel`, resolved (address and route) from `src` to `dst`: see
+/// [`addr_resolved_id`].
+pub(crate) fn resolved_id(
+    channel: &EventChannel,
+    src: IpAddr,
+    dst: SocketAddr,
+) -> Result<CmId, CmError> {
+    let (id, event) = addr_resolved_id(channel, src, dst)?;
+    event.ack()?;
     id.resolve_route(RESOLVE_TIMEOUT)?;
     match event_within(channel, WAIT) {
-        Some(event) if event.event_type() == CmEventType::RouteResolved => event.ack()?,
+        Some(event) if (event.event_type(), event.status()) == (CmEventType::RouteResolved, 0) => {
+            event.ack()?
+        }
         _ => {
             return Err(CmError::InvalidArgument {
                 op: "rdma_resolve_route",
