@@ -111,8 +111,14 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     });
     steps.run("doc", || {
         status(
-            cargo(&["doc", "--workspace", "--all-features", "--no-deps", "--quiet"])
-                .env("RUSTDOCFLAGS", "-D warnings"),
+            cargo(&[
+                "doc",
+                "--workspace",
+                "--all-features",
+                "--no-deps",
+                "--quiet",
+            ])
+            .env("RUSTDOCFLAGS", "-D warnings"),
         )
         .map(|_| String::new())
     });
@@ -128,6 +134,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         ]))
         .map(|_| "every library crate packages".to_string())
     });
+    steps.run("bench", crate::bench::ci_smoke);
     if no_vm {
         println!("\n!!! --no-vm: the real-kernel (soft-RoCE VM) tests are NOT run. CI always runs them. !!!");
         steps.skip(
