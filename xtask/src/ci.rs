@@ -128,6 +128,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             "--workspace",
             "--exclude",
             "xtask",
+            "--exclude",
+            "cm-benches",
             "--no-verify",
             "--allow-dirty",
             "--quiet",

@@ -49,7 +49,7 @@ numbered_state! {
     /// The state of a kernel IB CM id (`enum ib_cm_state`, drivers/infiniband/core/cm.c).
     ///
     /// `rdma_notify(COMM_EST)` succeeds only in [`IbCmState::RepSent`] and
-    /// [`IbCmState::MraRepRcvd`]; see [`crate::notify_table`].
+    /// [`IbCmState::MraRepRcvd`]; see [`crate::kernel_model::ib_cm_notify`].
     IbCmState {
         /// `IB_CM_IDLE`.
         Idle = 0 => "IB_CM_IDLE",
