@@ -99,8 +99,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
 /// The `[[bin]]` names of fuzz/Cargo.toml.
 fn targets(fuzz_dir: &Path) -> Result<Vec<String>, String> {
     let manifest = fuzz_dir.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest)
-        .map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let text =
+        std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
     let mut targets = Vec::new();
     let mut in_bin = false;
     for line in text.lines().map(str::trim) {
