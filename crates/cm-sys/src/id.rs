@@ -367,6 +367,13 @@ impl CmId {
         check("rdma_disconnect", ret)
     }
 
+    /// The underlying `struct rdma_cm_id *`, for calls this crate does not wrap and for
+    /// baselines (git2-style `raw()` accessor). Valid while this id or a clone lives;
+    /// using it is `unsafe` and must not race [`CmId::migrate`] on the same id.
+    pub fn as_raw(&self) -> *mut rdma_sys::rdma_cm_id {
+        self.inner.as_ptr()
+    }
+
     /// `rdma_notify(id, event)`: tells the CM that `event` (COMM_EST) happened on the id's
     /// QP. EISCONN is `Ok(AlreadyEstablished)`; see [`cm_core::CmId::notify`].
     ///
