@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cm_core::{AsyncEvent, AsyncEventType, CmError, EventElement, EventObject, QpNum};
+use cm_core::{AsyncEvent, CmError, EventObject};
 
 use crate::ffi::{self, RawAsyncEvent};
 use crate::id::IdInner;
@@ -132,33 +132,28 @@ impl AsyncEvents {
 /// For a known event type naming a QP/CQ/SRQ/WQ, `element` is NULL or points to the
 /// live object (true until the event is acknowledged).
 pub(crate) unsafe fn decode(raw: &RawAsyncEvent) -> AsyncEvent {
-    let event_type = AsyncEventType::from_raw(raw.event_type);
-    // SAFETY: the union member read is the one the event type selects; pointers are
-    // checked for NULL and otherwise live (caller's guarantee).
-    let element = unsafe {
-        let object = raw.element.object;
-        match event_type.object() {
-            EventObject::Qp if !object.is_null() => {
-                EventElement::Qp(QpNum((*object.cast::<ffi::ibv_qp>()).qp_num))
+    // The object member is read only for the type that names it, as cm-core's decoder
+    // asks; the port member is a plain int.
+    // SAFETY: every bit pattern is a valid int, so reading this union member is sound
+    // whichever member libibverbs wrote.
+    let port_num = unsafe { raw.element.port_num };
+    cm_core::decode::decode_async_event(raw.event_type, port_num, |object_kind| {
+        // SAFETY: the union member read is the one the event type selects; the pointer is
+        // checked for NULL and otherwise names a live object (caller's guarantee).
+        unsafe {
+            let object = raw.element.object;
+            if object.is_null() {
+                return None;
             }
-            EventObject::Cq if !object.is_null() => {
-                EventElement::Cq((*object.cast::<ffi::ibv_cq>()).handle)
+            match object_kind {
+                EventObject::Qp => Some((*object.cast::<ffi::ibv_qp>()).qp_num),
+                EventObject::Cq => Some((*object.cast::<ffi::ibv_cq>()).handle),
+                EventObject::Srq => Some((*object.cast::<ffi::ibv_srq>()).handle),
+                EventObject::Wq => Some((*object.cast::<ffi::ibv_wq>()).handle),
+                EventObject::Port | EventObject::Unknown => None,
             }
-            EventObject::Srq if !object.is_null() => {
-                EventElement::Srq((*object.cast::<ffi::ibv_srq>()).handle)
-            }
-            EventObject::Wq if !object.is_null() => {
-                EventElement::Wq((*object.cast::<ffi::ibv_wq>()).handle)
-            }
-            // Port numbers are 1-based u8s carried in an int.
-            EventObject::Port => EventElement::Port(raw.element.port_num as u8),
-            _ => EventElement::Unknown,
         }
-    };
-    AsyncEvent {
-        event_type,
-        element,
-    }
+    })
 }
 
 impl AsRawFd for AsyncEvents {
@@ -185,6 +180,7 @@ impl cm_core::AsyncEventSource for AsyncEvents {
 mod tests {
     use super::*;
     use crate::ffi::RawAsyncElement;
+    use cm_core::{AsyncEventType, EventElement, QpNum};
     use std::ffi::c_void;
 
     fn port_event(event_type: u32, port: i32) -> RawAsyncEvent {

@@ -149,14 +149,7 @@ impl CmEvent {
     /// message's whole private data field, zero-padded (56 bytes for a REQ): protocols
     /// carry their own length.
     pub fn private_data(&self) -> &[u8] {
-        if !matches!(
-            self.event_type,
-            CmEventType::ConnectRequest
-                | CmEventType::ConnectResponse
-                | CmEventType::Established
-                | CmEventType::Rejected
-                | CmEventType::Disconnected
-        ) {
+        if !cm_core::decode::carries_private_data(self.event_type) {
             return &[];
         }
         let ptr = self.raw.as_ptr();
@@ -166,12 +159,18 @@ impl CmEvent {
             let conn = &(*ptr).param.conn;
             (conn.private_data, conn.private_data_len)
         };
-        if data.is_null() || len == 0 {
+        let record = cm_core::decode::decode_cm_event(
+            self.event_type.as_raw(),
+            self.status,
+            !data.is_null(),
+            len,
+        );
+        if record.private_data_len == 0 {
             return &[];
         }
         // SAFETY: librdmacm copied `len` bytes of private data into the event, valid until
         // the acknowledgement, which needs `self` by value.
-        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), record.private_data_len) }
     }
 
     /// The id librdmacm accounts the event to (whose destroy waits for its
