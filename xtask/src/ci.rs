@@ -91,7 +91,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         std::fs::create_dir_all(skip_log.parent().expect("has a parent"))
             .map_err(|e| e.to_string())?;
         std::fs::write(&skip_log, "").map_err(|e| e.to_string())?;
-        let (ok, output) = tee(cargo(&["test", "--workspace", "--all-features"]).env(SKIP_LOG_VAR, &skip_log))?;
+        let (ok, output) =
+            tee(cargo(&["test", "--workspace", "--all-features"]).env(SKIP_LOG_VAR, &skip_log))?;
         counts = TestCounts::parse(&output);
         counts.skipped = std::fs::read_to_string(&skip_log)
             .unwrap_or_default()
