@@ -1,8 +1,7 @@
 //! The simulation's state and its rules: the IB CM state machine, the wire, the QPs.
 //! Everything here runs under one `RefCell` borrow; the handles in `mod.rs` are thin.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use cm_core::kernel_model::{ib_cm_notify, notify_delivers_established, LapState};
@@ -12,6 +11,7 @@ use cm_core::{
 };
 
 use super::rng::SplitMix64;
+use super::schedule::Schedule;
 use super::trace::{Trace, TraceEntry, TraceEvent};
 use super::types::{
     ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
@@ -90,32 +90,6 @@ enum Action {
     RouteResolved(SimIdKey),
     /// The deferred work item of a forced establish.
     EstablishWork(SimIdKey),
-}
-
-#[derive(Debug)]
-struct Scheduled {
-    at: u64,
-    seq: u64,
-    action: Action,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    /// Reversed: `BinaryHeap` is a max-heap and the earliest (then first scheduled)
-    /// action must come out first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
 }
 
 /// A CM event waiting in a channel.
@@ -233,8 +207,7 @@ struct ConnRecord {
 pub(crate) struct Fabric {
     pub(crate) config: SimConfig,
     now: u64,
-    seq: u64,
-    queue: BinaryHeap<Scheduled>,
+    queue: Schedule<Action>,
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
@@ -269,8 +242,7 @@ impl Fabric {
         Fabric {
             config,
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: Schedule::default(),
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),
@@ -303,13 +275,15 @@ impl Fabric {
         }
     }
 
+    /// Schedules `action` after a configured delay (one that recurs).
     fn schedule(&mut self, delay: u64, action: Action) {
-        self.seq += 1;
-        self.queue.push(Scheduled {
-            at: self.now.saturating_add(delay),
-            seq: self.seq,
-            action,
-        });
+        self.queue.push_fixed(self.now, delay, action);
+    }
+
+    /// Schedules `action` after a delay that varies from message to message (random
+    /// or per-rule fault delays), so it does not claim a lane of its own.
+    fn schedule_irregular(&mut self, delay: u64, action: Action) {
+        self.queue.push_at(self.now.saturating_add(delay), action);
     }
 
     pub(crate) fn pending(&self) -> usize {
@@ -599,12 +573,18 @@ impl Fabric {
                     }
                     FaultAction::Delay(extra) => {
                         self.stats.delayed += 1;
-                        self.schedule(latency.saturating_add(nanos(extra)), Action::Deliver(msg));
+                        self.schedule_irregular(
+                            latency.saturating_add(nanos(extra)),
+                            Action::Deliver(msg),
+                        );
                     }
                     FaultAction::Reorder => {
                         self.stats.delayed += 1;
                         let extra = self.rng.up_to(nanos(self.config.reorder_window));
-                        self.schedule(latency.saturating_add(extra), Action::Deliver(msg));
+                        self.schedule_irregular(
+                            latency.saturating_add(extra),
+                            Action::Deliver(msg),
+                        );
                     }
                 }
             }
@@ -686,7 +666,7 @@ impl Fabric {
     // ----- the clock ---------------------------------------------------------------
 
     pub(crate) fn next_due(&self) -> Option<u64> {
-        self.queue.peek().map(|s| s.at)
+        self.queue.next_due()
     }
 
     pub(crate) fn set_now(&mut self, at: u64) {
@@ -699,11 +679,11 @@ impl Fabric {
 
     /// Runs the earliest scheduled action; `false` when there is none.
     pub(crate) fn step(&mut self) -> bool {
-        let Some(next) = self.queue.pop() else {
+        let Some((at, action)) = self.queue.pop() else {
             return false;
         };
-        self.now = self.now.max(next.at);
-        match next.action {
+        self.now = self.now.max(at);
+        match action {
             Action::Deliver(msg) => self.deliver(msg),
             Action::Timer { id, gen } => self.on_timer(id, gen),
             Action::AddrResolved(key) => {

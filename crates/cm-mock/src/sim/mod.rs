@@ -64,6 +64,7 @@
 
 mod fabric;
 mod rng;
+mod schedule;
 mod trace;
 mod types;
 
