@@ -14,9 +14,7 @@
 //! | migrate with an unacknowledged event     | refused: `CmError::UnackedEvents` (device.rs)        |
 //! | notify with any event number, any state  | a typed `NotifyError`, errno kept                    |
 
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::time::Duration;
 
 use cm_core::{AsyncEventType, CmError, CmEventType, NotifyError, NotifyOutcome};
@@ -43,44 +41,9 @@ fn misuse_the_types_rule_out_stays_ruled_out() {
     send::<CmId>();
 }
 
-/// Records a skip per the project's protocol.
-fn skip(test: &str, reason: &str) {
-    let line = format!("{test}: skipped: no RDMA device ({reason})");
-    if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("cannot open CMNOTIFY_SKIP_LOG {path}: {e}"));
-        writeln!(file, "{line}").expect("write skip log");
-    }
-    eprintln!("{line}");
-}
-
 /// The two test addresses, or `None` after recording a skip.
 fn setup(test: &str) -> Option<(IpAddr, IpAddr)> {
-    if !Path::new("/dev/infiniband/rdma_cm").exists() {
-        skip(test, "/dev/infiniband/rdma_cm does not exist");
-        return None;
-    }
-    let has_device = std::fs::read_dir("/sys/class/infiniband")
-        .map(|mut entries| entries.next().is_some())
-        .unwrap_or(false);
-    if !has_device {
-        skip(test, "/sys/class/infiniband is empty");
-        return None;
-    }
-    let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    match (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) {
-        (Some(a), Some(b)) => Some((a, b)),
-        _ => {
-            skip(
-                test,
-                "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
-            );
-            None
-        }
-    }
+    cm_testkit::addresses(test).map(|a| (a.addr_a, a.addr_b))
 }
 
 /// A listener on `a`, and an id on `channel` resolving from `b` to it, with its

@@ -337,19 +337,7 @@ mod tests {
         assert_eq!(exit, Exit::Stopped);
     }
 
-    /// Records a skip per the project's protocol.
-    fn skip(test: &str, reason: &str) {
-        let line = format!("{test}: skipped: no RDMA device ({reason})");
-        if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .unwrap_or_else(|e| panic!("cannot open CMNOTIFY_SKIP_LOG {path}: {e}"));
-            writeln!(file, "{line}").expect("write skip log");
-        }
-        eprintln!("{line}");
-    }
+    use cm_testkit::skip;
 
     #[test]
     fn shutdown_stops_a_loop_on_a_real_channel_and_device() {

@@ -3,34 +3,17 @@
 //! Runs inside the soft-RoCE VM; without a device it records a skip.
 #![cfg(feature = "tokio")]
 
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use cm_core::{CmError, CmEventType};
 use cm_sys::{ConnParams, EventChannel, QpCaps};
+use cm_testkit::{addresses, skip};
 use cm_verbs::async_loop::AsyncEventLoop;
 use cm_verbs::{LoopEvent, NotifyPump, Role};
 
 const WAIT: Duration = Duration::from_secs(20);
 const PORT: u16 = 7499;
-
-fn skip(test: &str, reason: &str) {
-    let line = format!("{test}: skipped: no RDMA device ({reason})");
-    if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .expect("skip log opens");
-        writeln!(log, "{line}").expect("skip log writes");
-    }
-    eprintln!("{line}");
-}
-
-fn addr(var: &str) -> Option<IpAddr> {
-    std::env::var(var).ok()?.parse().ok()
-}
 
 /// The active side, on its own thread with blocking calls: connect, wait for ESTABLISHED,
 /// then answer the server's disconnect.
@@ -70,12 +53,10 @@ fn async_loop_accepts_and_sees_established_then_disconnected() {
         Err(e) if e.is_no_device() => return skip(TEST, &e.to_string()),
         Err(e) => panic!("rdma_create_event_channel: {e}"),
     };
-    let (Some(addr_a), Some(addr_b)) = (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) else {
-        return skip(
-            TEST,
-            "CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
-        );
+    let Some(addrs) = addresses(TEST) else {
+        return;
     };
+    let (addr_a, addr_b) = (addrs.addr_a, addrs.addr_b);
     let listener = channel.create_id().expect("rdma_create_id");
     listener
         .bind_addr(SocketAddr::new(addr_a, PORT))

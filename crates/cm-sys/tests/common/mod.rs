@@ -5,10 +5,8 @@
 //! Each test binary uses a subset of them.
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cm_core::{CmError, CmEventType};
@@ -24,14 +22,7 @@ pub(crate) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// under emulation (16 REP sends), so this leaves room without letting a hang last.
 pub(crate) const REP_RETRIES_BOUND: Duration = Duration::from_secs(100);
 
-/// The VM's two test addresses.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Addresses {
-    /// The listener side's address (`CMNOTIFY_ADDR_A`, on soft-RoCE device A).
-    pub(crate) addr_a: IpAddr,
-    /// The connecting side's address (`CMNOTIFY_ADDR_B`, on soft-RoCE device B).
-    pub(crate) addr_b: IpAddr,
-}
+pub(crate) use cm_testkit::{addresses, report, skip, Addresses};
 
 /// The VM's test setup.
 #[derive(Debug, Clone)]
@@ -42,53 +33,6 @@ pub(crate) struct Setup {
     pub(crate) addr_b: IpAddr,
     /// The nft executable (`CMNOTIFY_NFT`).
     pub(crate) nft: String,
-}
-
-/// Records a skip per the project's protocol.
-pub(crate) fn skip(test: &str, reason: &str) {
-    let line = format!("{test}: skipped: no RDMA device ({reason})");
-    if let Ok(path) = std::env::var("CMNOTIFY_SKIP_LOG") {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("cannot open CMNOTIFY_SKIP_LOG {path}: {e}"));
-        writeln!(file, "{line}").expect("write skip log");
-    }
-    eprintln!("{line}");
-}
-
-/// Writes one line of findings straight to the process's stderr: libtest captures
-/// `eprintln!` of passing tests, and these lines are what the VM console log is read for
-/// (which scenarios ran, what the kernel answered, how long it took).
-pub(crate) fn report(line: &str) {
-    let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "{line}");
-}
-
-/// The two devices' addresses, or `None` after recording a skip: all that a test needs
-/// which drops no MADs.
-pub(crate) fn addresses(test: &str) -> Option<Addresses> {
-    if !Path::new("/dev/infiniband/rdma_cm").exists() {
-        skip(test, "/dev/infiniband/rdma_cm does not exist");
-        return None;
-    }
-    let has_device = std::fs::read_dir("/sys/class/infiniband")
-        .map(|mut entries| entries.next().is_some())
-        .unwrap_or(false);
-    if !has_device {
-        skip(test, "/sys/class/infiniband is empty");
-        return None;
-    }
-    let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    let (Some(addr_a), Some(addr_b)) = (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) else {
-        skip(
-            test,
-            "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
-        );
-        return None;
-    };
-    Some(Addresses { addr_a, addr_b })
 }
 
 /// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.

@@ -1,0 +1,98 @@
+//! Test support shared by the workspace's real-device tests.
+//!
+//! - [`skip`]: the project's skip protocol. A test that needs an RDMA device and finds
+//!   none appends `<test>: skipped: no RDMA device (<reason>)` to the file named by
+//!   [`SKIP_LOG_VAR`] and says it on stderr; `cargo xtask ci` counts these lines, and
+//!   inside the VM (where the devices exist) any such line fails the run.
+//! - [`addresses`]: the VM's two soft-RoCE test addresses, or a recorded skip.
+//! - [`report`]: a line on stderr that libtest does not capture, for the console log.
+//!
+//! ```
+//! // Outside the VM there is no device: the test records its skip and returns.
+//! if let Some(addrs) = cm_testkit::addresses("my_device_test") {
+//!     println!("listen on {}, connect from {}", addrs.addr_a, addrs.addr_b);
+//! }
+//! ```
+
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::Path;
+
+/// The environment variable naming the skip log.
+pub const SKIP_LOG_VAR: &str = "CMNOTIFY_SKIP_LOG";
+
+/// Records that `test` skipped for want of an RDMA device, and why.
+pub fn skip(test: &str, reason: &str) {
+    let line = format!("{test}: skipped: no RDMA device ({reason})");
+    if let Ok(path) = std::env::var(SKIP_LOG_VAR) {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("cannot open {SKIP_LOG_VAR} {path}: {e}"));
+        writeln!(file, "{line}").expect("write the skip log");
+    }
+    eprintln!("{line}");
+}
+
+/// Writes one line straight to the process's stderr: libtest captures `eprintln!` of
+/// passing tests, and these lines are what the VM console log is read for.
+pub fn report(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "{line}");
+}
+
+/// The VM's two test addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses {
+    /// The listener side's address (`CMNOTIFY_ADDR_A`, on soft-RoCE device A).
+    pub addr_a: IpAddr,
+    /// The connecting side's address (`CMNOTIFY_ADDR_B`, on soft-RoCE device B).
+    pub addr_b: IpAddr,
+}
+
+/// The two devices' addresses, or `None` after recording a skip for `test`.
+pub fn addresses(test: &str) -> Option<Addresses> {
+    if !Path::new("/dev/infiniband/rdma_cm").exists() {
+        skip(test, "/dev/infiniband/rdma_cm does not exist");
+        return None;
+    }
+    let has_device = std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    if !has_device {
+        skip(test, "/sys/class/infiniband is empty");
+        return None;
+    }
+    let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    let (Some(addr_a), Some(addr_b)) = (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) else {
+        skip(
+            test,
+            "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
+        );
+        return None;
+    };
+    Some(Addresses { addr_a, addr_b })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skip_is_one_line_in_the_log() {
+        let log = std::env::temp_dir().join(format!("cm-testkit-skip-{}", std::process::id()));
+        let _ = std::fs::remove_file(&log);
+        // Only this test sets the variable, and it restores nothing else.
+        std::env::set_var(SKIP_LOG_VAR, &log);
+        skip("t1", "none here");
+        skip("t2", "still none");
+        std::env::remove_var(SKIP_LOG_VAR);
+        let text = std::fs::read_to_string(&log).expect("the log was written");
+        let _ = std::fs::remove_file(&log);
+        assert_eq!(
+            text,
+            "t1: skipped: no RDMA device (none here)\nt2: skipped: no RDMA device (still none)\n"
+        );
+    }
+}
