@@ -131,6 +131,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             "xtask",
             "--exclude",
             "cm-benches",
+            "--exclude",
+            "cm-testkit",
             "--no-verify",
             "--allow-dirty",
             "--quiet",
