@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use cm_tools::report::{human, SimJson};
+use cm_tools::report::{emit, human, SimJson};
 use cm_tools::sim_run::{run_with_progress, SimRun};
 
 /// Which CM to run on.
@@ -203,16 +203,9 @@ fn run_sim(cli: &Cli) -> ExitCode {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    if cli.json {
-        match serde_json::to_string_pretty(&SimJson::from(&report)) {
-            Ok(json) => println!("{json}"),
-            Err(e) => {
-                eprintln!("cmnotify: cannot encode JSON: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", human(&report));
+    if let Err(message) = emit(cli.json, &SimJson::from(&report), || human(&report)) {
+        eprintln!("cmnotify: {message}");
+        return ExitCode::FAILURE;
     }
     if report.invariant_violations() > 0 || report.teardown_failures > 0 {
         eprintln!(

@@ -344,16 +344,9 @@ pub fn main(config: &RealRun) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if config.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(json) => println!("{json}"),
-            Err(e) => {
-                eprintln!("cmnotify: cannot encode JSON: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", human(&report));
+    if let Err(message) = crate::report::emit(config.json, &report, || human(&report)) {
+        eprintln!("cmnotify: {message}");
+        return ExitCode::FAILURE;
     }
     if report.is_clean() {
         ExitCode::SUCCESS

@@ -71,6 +71,23 @@ pub struct LatencyJson {
     pub max: f64,
 }
 
+/// Prints `value` as one pretty JSON document when `json` is set, else the `human` text.
+/// `Err` carries the one-line message for an encoding failure.
+pub fn print(
+    json: bool,
+    value: &impl Serialize,
+    human: impl FnOnce() -> String,
+) -> Result<(), String> {
+    if json {
+        let text =
+            serde_json::to_string_pretty(value).map_err(|e| format!("cannot encode JSON: {e}"))?;
+        println!("{text}");
+    } else {
+        print!("{}", human());
+    }
+    Ok(())
+}
+
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
