@@ -73,7 +73,7 @@ pub struct LatencyJson {
 
 /// Prints `value` as one pretty JSON document when `json` is set, else the `human` text.
 /// `Err` carries the one-line message for an encoding failure.
-pub fn print(
+pub fn emit(
     json: bool,
     value: &impl Serialize,
     human: impl FnOnce() -> String,
