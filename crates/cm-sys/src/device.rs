@@ -17,8 +17,9 @@ use crate::id::IdInner;
 /// for CQ/SRQ/WQ events, the port otherwise) and acknowledged with
 /// `ibv_ack_async_event` before it is returned, so no destroy can ever wait on one.
 /// Event numbers the installed headers do not know (e.g. 20, DEVICE_SPEED_CHANGE, with
-/// rdma-core 44) are read as integers and come out as [`AsyncEventType::Unknown`] or
-/// their cm-core value, never as undefined behaviour.
+/// rdma-core 44) are read as integers and come out as
+/// [`AsyncEventType::Unknown`](cm_core::AsyncEventType::Unknown) or their cm-core value,
+/// never as undefined behaviour.
 ///
 /// All sources of one device share its `async_fd`, and so its blocking mode.
 pub struct AsyncEvents {
