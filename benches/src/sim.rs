@@ -1,45 +1,10 @@
 //! Fixtures on the mock and simulated backends, and the scale runs.
 
-use std::cell::Cell;
-
-use cm_core::{
-    AsyncEventType, CmEvent, CmEventSource, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum,
-};
+use cm_core::{CmEvent, CmEventSource, CmEventType};
 use cm_mock::sim::{SimChannel, SimCmId, SimConfig, SimFabric};
 use cm_tools::sim_run::SimRun;
 
-/// An id answering like the kernel on a passive connection whose RTU is lost: 0 the
-/// first time, EISCONN afterwards. Costs nothing itself, so a bench through it measures
-/// what the caller (the pump) adds.
-#[derive(Debug)]
-pub struct KernelLikeId {
-    qp: QpNum,
-    established: Cell<bool>,
-}
-
-impl KernelLikeId {
-    /// A connection on `qp`, not yet established.
-    pub fn new(qp: QpNum) -> Self {
-        KernelLikeId {
-            qp,
-            established: Cell::new(false),
-        }
-    }
-}
-
-impl CmId for KernelLikeId {
-    fn notify(&self, _event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
-        if self.established.replace(true) {
-            Ok(NotifyOutcome::AlreadyEstablished)
-        } else {
-            Ok(NotifyOutcome::Established)
-        }
-    }
-
-    fn qp_num(&self) -> Option<QpNum> {
-        Some(self.qp)
-    }
-}
+pub use cm_mock::KernelLikeId;
 
 /// Established connections on a [`SimFabric`]: both sides got ESTABLISHED (the RTU
 /// arrived), so `notify` on either id answers EISCONN, as on a live server.
@@ -141,6 +106,7 @@ pub fn scale_config(connections: u32) -> SimRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cm_core::{AsyncEventType, CmId, NotifyOutcome};
 
     #[test]
     fn established_simulated_ids_answer_eisconn() {

@@ -47,7 +47,9 @@
 #![forbid(unsafe_code)]
 
 pub mod conformance;
+mod kernel_like;
 mod mocks;
 pub mod sim;
 
+pub use kernel_like::KernelLikeId;
 pub use mocks::{MockAsyncEventSource, MockBackend, MockCmEvent, MockCmEventSource, MockCmId};

@@ -1,40 +1,17 @@
 //! Handling an event through the pump allocates nothing after warm-up, counted by a
 //! counting global allocator (a behaviour check, not a timing).
 
-use std::cell::Cell;
-
-use cm_core::{AsyncEvent, AsyncEventType, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum};
+use cm_core::{AsyncEvent, AsyncEventType, CmEventType, QpNum};
+use cm_mock::KernelLikeId;
 use cm_verbs::{NotifyPump, PumpEvent, Role};
-
-/// An id that answers like the kernel: 0 the first time, EISCONN afterwards.
-struct KernelLikeId {
-    qp: QpNum,
-    established: Cell<bool>,
-}
-
-impl CmId for KernelLikeId {
-    fn notify(&self, _event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
-        if self.established.replace(true) {
-            Ok(NotifyOutcome::AlreadyEstablished)
-        } else {
-            Ok(NotifyOutcome::Established)
-        }
-    }
-    fn qp_num(&self) -> Option<QpNum> {
-        Some(self.qp)
-    }
-}
 
 #[test]
 fn pumped_events_allocate_nothing_after_warm_up() {
     const CONNECTIONS: u32 = 1024;
     let mut pump = NotifyPump::with_policy(Default::default(), CONNECTIONS as usize);
     for n in 0..CONNECTIONS {
-        let id = KernelLikeId {
-            qp: QpNum(n),
-            established: Cell::new(false),
-        };
-        pump.register(id, Role::Passive).unwrap();
+        pump.register(KernelLikeId::new(QpNum(n)), Role::Passive)
+            .unwrap();
     }
     // Warm-up: one event of each kind.
     pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0)));
