@@ -2,7 +2,6 @@
 //! written against `cm-verbs` exactly as a real one would be: the same [`EventLoop`] and
 //! [`NotifyPump`], fed from a [`SimFabric`] instead of file descriptors.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use cm_core::{CmEvent, CmEventSource, CmEventType, CmId, QpNum};
@@ -208,9 +207,9 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
 
     let mut world = World {
         outcomes: vec![ConnOutcome::default(); config.connections as usize],
-        trigger_at: HashMap::new(),
+        trigger_at: vec![None; config.connections as usize],
         latencies: Vec::new(),
-        conn_of_qp: HashMap::with_capacity(config.connections as usize),
+        conn_of_qp: ConnOfQp::default(),
         passive_ids: Vec::new(),
         active_ids: Vec::with_capacity(config.connections as usize),
         comm_est_ignored: 0,
@@ -264,10 +263,7 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     let (_, _, pump) = server_loop.into_parts();
     let trace = config.trace_conn.and_then(|conn| {
         let conn = ConnId(conn);
-        let passive_qp = world
-            .conn_of_qp
-            .iter()
-            .find_map(|(qp, c)| (*c == conn).then_some(*qp));
+        let passive_qp = world.conn_of_qp.qp_of(conn);
         fabric.trace().map(|trace| {
             trace
                 .entries
@@ -307,11 +303,40 @@ fn concerns(event: &TraceEvent, conn: ConnId, passive_qp: Option<QpNum>) -> bool
     }
 }
 
+/// The connection of each server QP. The fabric numbers QPs densely from a small base,
+/// so a table indexed by QP number beats a hash map: no hashing, and the run touches it
+/// in QP order, which keeps it in cache at any scale.
+#[derive(Default)]
+struct ConnOfQp {
+    conns: Vec<Option<ConnId>>,
+}
+
+impl ConnOfQp {
+    fn insert(&mut self, qp: QpNum, conn: ConnId) {
+        let index = qp.0 as usize;
+        if index >= self.conns.len() {
+            self.conns.resize(index + 1, None);
+        }
+        self.conns[index] = Some(conn);
+    }
+
+    fn get(&self, qp: QpNum) -> Option<ConnId> {
+        self.conns.get(qp.0 as usize).copied().flatten()
+    }
+
+    /// The QP of `conn` (the first, should there be several).
+    fn qp_of(&self, conn: ConnId) -> Option<QpNum> {
+        let index = self.conns.iter().position(|c| *c == Some(conn))?;
+        Some(QpNum(index as u32))
+    }
+}
+
 struct World {
     outcomes: Vec<ConnOutcome>,
-    trigger_at: HashMap<ConnId, Duration>,
+    /// When the pump forced each connection (indexed by connection), until ESTABLISHED.
+    trigger_at: Vec<Option<Duration>>,
     latencies: Vec<Duration>,
-    conn_of_qp: HashMap<QpNum, ConnId>,
+    conn_of_qp: ConnOfQp,
     passive_ids: Vec<SimCmId>,
     active_ids: Vec<SimCmId>,
     comm_est_ignored: u64,
@@ -400,7 +425,11 @@ impl World {
             CmEventType::Established => {
                 let now = fabric.now();
                 if let Some(conn) = conn {
-                    if let Some(at) = self.trigger_at.remove(&conn) {
+                    let at = self
+                        .trigger_at
+                        .get_mut(conn.0 as usize)
+                        .and_then(Option::take);
+                    if let Some(at) = at {
                         self.latencies.push(now.saturating_sub(at));
                     }
                 }
@@ -425,15 +454,17 @@ impl World {
     fn pump_event(&mut self, event: PumpEvent, fabric: &SimFabric) {
         match event {
             PumpEvent::Forced { qp, .. } => {
-                if let Some(&conn) = self.conn_of_qp.get(&qp) {
-                    self.trigger_at.insert(conn, fabric.now());
+                if let Some(conn) = self.conn_of_qp.get(qp) {
+                    if let Some(at) = self.trigger_at.get_mut(conn.0 as usize) {
+                        *at = Some(fabric.now());
+                    }
                     if let Some(o) = self.outcome(Some(conn)) {
                         o.forced = true;
                     }
                 }
             }
             PumpEvent::AlreadyEstablished { qp, .. } => {
-                if let Some(&conn) = self.conn_of_qp.get(&qp) {
+                if let Some(conn) = self.conn_of_qp.get(qp) {
                     if let Some(o) = self.outcome(Some(conn)) {
                         o.raced = true;
                     }
