@@ -1,7 +1,7 @@
 //! The simulation's state and its rules: the IB CM state machine, the wire, the QPs.
 //! Everything here runs under one `RefCell` borrow; the handles in `mod.rs` are thin.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use cm_core::kernel_model::{ib_cm_notify, notify_delivers_established, LapState};
@@ -12,6 +12,7 @@ use cm_core::{
 
 use super::rng::SplitMix64;
 use super::schedule::Schedule;
+use super::tables::{ReqTable, Slots};
 use super::trace::{Trace, TraceEntry, TraceEvent};
 use super::types::{
     ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
@@ -30,6 +31,10 @@ pub(crate) const REJ_TIMEOUT: i32 = 1;
 pub(crate) const REJ_STALE_CONN: i32 = 10;
 /// EADDRINUSE, for a second listener on a port.
 const EADDRINUSE: i32 = 98;
+
+/// Private data of a CM message or event. A boxed slice, not a `Vec`: it never grows,
+/// and the 8 bytes saved count in every id and every queued message and event.
+pub(crate) type Private = Box<[u8]>;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -52,7 +57,7 @@ pub(crate) struct Message {
     port: u16,
     /// REJ: the reason; MRA: the kind acknowledged (as index); data: the length.
     value: i32,
-    private: Vec<u8>,
+    private: Private,
     retransmit: bool,
     /// The second copy of a duplicated message.
     copy: bool,
@@ -70,17 +75,20 @@ impl Message {
             qp: QpNum(0),
             port: 0,
             value: 0,
-            private: Vec::new(),
+            private: Private::default(),
             retransmit: false,
             copy: false,
         }
     }
 }
 
-/// What the clock triggers.
+/// What the clock triggers. Small on purpose: most pending actions are timers, and a
+/// scale run keeps a few per connection queued, so a message waits in the fabric's
+/// `wire` and the action only names its slot.
 #[derive(Debug)]
 enum Action {
-    Deliver(Message),
+    /// The message in this slot of the wire arrives.
+    Deliver(u32),
     /// The retransmission (or timewait) timer of an id; stale when `gen` differs.
     Timer {
         id: SimIdKey,
@@ -99,7 +107,7 @@ pub(crate) struct QueuedEvent {
     pub(crate) listen_id: Option<SimIdKey>,
     pub(crate) kind: QueuedKind,
     pub(crate) status: i32,
-    pub(crate) private: Vec<u8>,
+    pub(crate) private: Private,
 }
 
 /// A real event, or librdmacm's internal CONNECT_RESPONSE that becomes ESTABLISHED
@@ -118,7 +126,7 @@ pub(crate) struct ReadEvent {
     pub(crate) event_type: CmEventType,
     pub(crate) status: i32,
     pub(crate) qp: Option<QpNum>,
-    pub(crate) private: Vec<u8>,
+    pub(crate) private: Private,
 }
 
 #[derive(Debug, Default)]
@@ -159,7 +167,8 @@ struct Qp {
 #[derive(Debug)]
 struct IdData {
     node: NodeId,
-    channel: usize,
+    /// The channel's index (`u32`: ids are many, channels few).
+    channel: u32,
     /// Bound to the node's device (bind, resolve, or created by a connection request).
     device: bool,
     cm_state: CmIdState,
@@ -178,15 +187,18 @@ struct IdData {
     /// Which message the timer resends (`None`: the timer is the TIMEWAIT timer).
     retrying: Option<MsgKind>,
     retries_left: u32,
-    retry_timeout: u64,
+    /// The retransmission timeout is the MRA's service timeout (an MRA arrived), not the
+    /// CM response timeout.
+    mra_timeout: bool,
     /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
     /// active side once the REP arrived.
-    private: Vec<u8>,
-    peer_private: Vec<u8>,
+    private: Private,
+    peer_private: Private,
     /// Events handed out and not yet acknowledged.
     unacked: u32,
-    /// The listener the id came from (passive ids), to clean the duplicate-REQ table.
-    from_req: Option<(NodeId, SimIdKey)>,
+    /// Created by a connection request (passive ids): `remote` is the REQ's sender,
+    /// whose duplicate-REQ entry goes when this id does.
+    from_req: bool,
     lap: LapState,
 }
 
@@ -208,6 +220,8 @@ pub(crate) struct Fabric {
     pub(crate) config: SimConfig,
     now: u64,
     queue: Schedule<Action>,
+    /// The messages in flight.
+    wire: Slots<Message>,
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
@@ -215,9 +229,10 @@ pub(crate) struct Fabric {
     free_ids: Vec<u32>,
     qps: Vec<Qp>,
     conns: Vec<ConnRecord>,
-    listeners: HashMap<(NodeId, u16), SimIdKey>,
+    /// (node, port) → listening id; a handful at most, so a list.
+    listeners: Vec<((NodeId, u16), SimIdKey)>,
     /// (active node, active id) → passive id: detects duplicate REQs.
-    remote_reqs: HashMap<(NodeId, SimIdKey), SimIdKey>,
+    remote_reqs: ReqTable,
     rules: Vec<FaultRule>,
     odds: [FaultOdds; 8],
     any_odds: bool,
@@ -243,6 +258,7 @@ impl Fabric {
             config,
             now: 0,
             queue: Schedule::default(),
+            wire: Slots::default(),
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),
@@ -250,8 +266,8 @@ impl Fabric {
             free_ids: Vec::new(),
             qps: Vec::new(),
             conns: Vec::new(),
-            listeners: HashMap::new(),
-            remote_reqs: HashMap::new(),
+            listeners: Vec::new(),
+            remote_reqs: ReqTable::default(),
             rules: Vec::new(),
             odds: [FaultOdds::default(); 8],
             any_odds: false,
@@ -340,6 +356,13 @@ impl Fabric {
         self.any_odds = self.odds.iter().any(|o| !o.is_zero());
     }
 
+    /// The id listening on `at`.
+    fn listener(&self, at: (NodeId, u16)) -> Option<SimIdKey> {
+        self.listeners
+            .iter()
+            .find_map(|&(on, key)| (on == at).then_some(key))
+    }
+
     fn id(&self, key: SimIdKey) -> Option<&IdData> {
         let slot = self.ids.get(key.index as usize)?;
         if slot.generation == key.generation {
@@ -369,7 +392,7 @@ impl Fabric {
     pub(crate) fn create_id(&mut self, channel: usize) -> SimIdKey {
         let data = IdData {
             node: self.channels[channel].node,
-            channel,
+            channel: channel as u32,
             device: false,
             cm_state: CmIdState::Idle,
             ib: None,
@@ -382,11 +405,11 @@ impl Fabric {
             timer_gen: 0,
             retrying: None,
             retries_left: 0,
-            retry_timeout: 0,
-            private: Vec::new(),
-            peer_private: Vec::new(),
+            mra_timeout: false,
+            private: Private::default(),
+            peer_private: Private::default(),
             unacked: 0,
-            from_req: None,
+            from_req: false,
             lap: LapState::Uninit,
         };
         if let Some(index) = self.free_ids.pop() {
@@ -425,7 +448,7 @@ impl Fabric {
     /// Queues a CM event on the id's channel, subject to the RDMA CM's filter: IB CM
     /// events reach the application only while the id is connecting (RDMA_CM_CONNECT),
     /// TIMEWAIT_EXIT only while it is disconnecting.
-    fn queue_cm_event(&mut self, key: SimIdKey, kind: QueuedKind, status: i32, private: Vec<u8>) {
+    fn queue_cm_event(&mut self, key: SimIdKey, kind: QueuedKind, status: i32, private: Private) {
         let Some(id) = self.id(key) else { return };
         let wanted = match kind {
             QueuedKind::Event(CmEventType::TimewaitExit) => id.cm_state == CmIdState::Disconnect,
@@ -442,10 +465,10 @@ impl Fabric {
         listen_id: Option<SimIdKey>,
         kind: QueuedKind,
         status: i32,
-        private: Vec<u8>,
+        private: Private,
     ) {
         let Some(id) = self.id(key) else { return };
-        let (channel, conn) = (id.channel, id.conn);
+        let (channel, conn) = (id.channel as usize, id.conn);
         self.channels[channel].queue.push_back(QueuedEvent {
             id: key,
             listen_id,
@@ -480,7 +503,7 @@ impl Fabric {
         id.timer_gen = id.timer_gen.wrapping_add(1);
         id.retrying = Some(kind);
         id.retries_left = retries;
-        id.retry_timeout = timeout;
+        id.mra_timeout = false;
         let gen = id.timer_gen;
         self.schedule(timeout, Action::Timer { id: key, gen });
     }
@@ -491,7 +514,7 @@ impl Fabric {
         let timeout = nanos(self.config.mra_service_timeout);
         let Some(id) = self.id_mut(key) else { return };
         id.timer_gen = id.timer_gen.wrapping_add(1);
-        id.retry_timeout = timeout;
+        id.mra_timeout = true;
         let gen = id.timer_gen;
         self.schedule(timeout, Action::Timer { id: key, gen });
     }
@@ -559,7 +582,10 @@ impl Fabric {
         }
         let latency = nanos(self.config.wire_latency);
         match fault {
-            None => self.schedule(latency, Action::Deliver(msg)),
+            None => {
+                let slot = self.wire.put(msg);
+                self.schedule(latency, Action::Deliver(slot));
+            }
             Some(action) => {
                 self.record(|| TraceEvent::Fault { kind, conn, action });
                 match action {
@@ -568,22 +594,25 @@ impl Fabric {
                         self.stats.duplicated += 1;
                         let mut copy = msg.clone();
                         copy.copy = true;
-                        self.schedule(latency, Action::Deliver(msg));
+                        let (slot, copy) = (self.wire.put(msg), self.wire.put(copy));
+                        self.schedule(latency, Action::Deliver(slot));
                         self.schedule(latency.saturating_mul(2), Action::Deliver(copy));
                     }
                     FaultAction::Delay(extra) => {
                         self.stats.delayed += 1;
+                        let slot = self.wire.put(msg);
                         self.schedule_irregular(
                             latency.saturating_add(nanos(extra)),
-                            Action::Deliver(msg),
+                            Action::Deliver(slot),
                         );
                     }
                     FaultAction::Reorder => {
                         self.stats.delayed += 1;
                         let extra = self.rng.up_to(nanos(self.config.reorder_window));
+                        let slot = self.wire.put(msg);
                         self.schedule_irregular(
                             latency.saturating_add(extra),
-                            Action::Deliver(msg),
+                            Action::Deliver(slot),
                         );
                     }
                 }
@@ -684,7 +713,11 @@ impl Fabric {
         };
         self.now = self.now.max(at);
         match action {
-            Action::Deliver(msg) => self.deliver(msg),
+            Action::Deliver(slot) => {
+                if let Some(msg) = self.wire.take(slot) {
+                    self.deliver(msg);
+                }
+            }
             Action::Timer { id, gen } => self.on_timer(id, gen),
             Action::AddrResolved(key) => {
                 let resolved = self.id_mut(key).is_some_and(|id| {
@@ -697,7 +730,7 @@ impl Fabric {
                 });
                 if resolved {
                     let ev = QueuedKind::Event(CmEventType::AddrResolved);
-                    self.push_event(key, None, ev, 0, Vec::new());
+                    self.push_event(key, None, ev, 0, Private::default());
                 }
             }
             Action::RouteResolved(key) => {
@@ -710,7 +743,7 @@ impl Fabric {
                 });
                 if resolved {
                     let ev = QueuedKind::Event(CmEventType::RouteResolved);
-                    self.push_event(key, None, ev, 0, Vec::new());
+                    self.push_event(key, None, ev, 0, Private::default());
                 }
             }
             Action::EstablishWork(key) => {
@@ -718,7 +751,7 @@ impl Fabric {
                 // else) that moved the id on suppresses the event.
                 if self.id(key).and_then(|id| id.ib) == Some(IbCmState::Established) {
                     let ev = QueuedKind::Event(CmEventType::Established);
-                    self.queue_cm_event(key, ev, 0, Vec::new());
+                    self.queue_cm_event(key, ev, 0, Private::default());
                 }
             }
         }
@@ -726,19 +759,27 @@ impl Fabric {
     }
 
     fn on_timer(&mut self, key: SimIdKey, gen: u32) {
+        let timeouts = (
+            self.config.cm_response_timeout,
+            self.config.mra_service_timeout,
+        );
         let Some(id) = self.id_mut(key) else { return };
         if id.timer_gen != gen {
             return;
         }
-        let (retrying, retries_left, timeout, ib) =
-            (id.retrying, id.retries_left, id.retry_timeout, id.ib);
+        let (retrying, retries_left, ib) = (id.retrying, id.retries_left, id.ib);
+        let timeout = nanos(if id.mra_timeout {
+            timeouts.1
+        } else {
+            timeouts.0
+        });
         match retrying {
             None => {
                 // TIMEWAIT is over.
                 if ib == Some(IbCmState::Timewait) {
                     self.set_ib(key, IbCmState::Idle);
                     let ev = QueuedKind::Event(CmEventType::TimewaitExit);
-                    self.queue_cm_event(key, ev, 0, Vec::new());
+                    self.queue_cm_event(key, ev, 0, Private::default());
                 }
             }
             Some(kind) if retries_left > 0 => {
@@ -754,7 +795,7 @@ impl Fabric {
                         // kernel leaves a user-space QP alone).
                         self.set_ib(key, IbCmState::Idle);
                         let ev = QueuedKind::Event(CmEventType::Unreachable);
-                        self.queue_cm_event(key, ev, -errno::ETIMEDOUT, Vec::new());
+                        self.queue_cm_event(key, ev, -errno::ETIMEDOUT, Private::default());
                     }
                     _ => {
                         // DREQ_ERROR: TIMEWAIT, DISCONNECTED with -ETIMEDOUT.
@@ -774,7 +815,7 @@ impl Fabric {
         if id.cm_state == CmIdState::Connect {
             id.cm_state = CmIdState::Disconnect;
             let ev = QueuedKind::Event(CmEventType::Disconnected);
-            self.push_event(key, None, ev, status, Vec::new());
+            self.push_event(key, None, ev, status, Private::default());
         }
     }
 
@@ -819,7 +860,7 @@ impl Fabric {
                 self.cancel_timer(dst);
                 self.set_ib(dst, S::Established);
                 let ev = QueuedKind::Event(CmEventType::Established);
-                self.queue_cm_event(dst, ev, 0, Vec::new());
+                self.queue_cm_event(dst, ev, 0, Private::default());
             }
             (MsgKind::Rtu, Some(S::Established)) => {
                 self.stats.late_rtus += 1;
@@ -873,7 +914,7 @@ impl Fabric {
         let Some(src) = msg.src else {
             return self.ignore(&msg, "REQ without sender");
         };
-        if let Some(&existing) = self.remote_reqs.get(&(msg.from, src)) {
+        if let Some(existing) = self.remote_reqs.get(msg.from, src) {
             // A retried REQ: answer with the delayed MRA if the application has not
             // accepted yet, else ignore it.
             match self.id(existing).and_then(|id| id.ib) {
@@ -888,9 +929,7 @@ impl Fabric {
             return;
         }
         let listener = self
-            .listeners
-            .get(&(msg.to, msg.port))
-            .copied()
+            .listener((msg.to, msg.port))
             .filter(|l| self.id(*l).and_then(|id| id.ib) == Some(IbCmState::Listen));
         let Some(listener) = listener else {
             let mut rej = Message::new(MsgKind::Rej, msg.conn, msg.to, msg.from);
@@ -899,7 +938,7 @@ impl Fabric {
             self.send(rej);
             return;
         };
-        let channel = self.id(listener).map_or(0, |l| l.channel);
+        let channel = self.id(listener).map_or(0, |l| l.channel as usize);
         let key = self.create_id(channel);
         if let Some(id) = self.id_mut(key) {
             id.device = true;
@@ -908,9 +947,9 @@ impl Fabric {
             id.port = msg.port;
             id.remote = Some((msg.from, src));
             id.remote_qp = Some(msg.qp);
-            id.from_req = Some((msg.from, src));
+            id.from_req = true;
         }
-        self.remote_reqs.insert((msg.from, src), key);
+        self.remote_reqs.insert(msg.from, src, key);
         self.set_ib(key, IbCmState::ReqRcvd);
         let ev = QueuedKind::Event(CmEventType::ConnectRequest);
         self.push_event(key, Some(listener), ev, 0, msg.private);
@@ -932,7 +971,7 @@ impl Fabric {
         }
         // librdmacm turns this into QP transitions + RTU + ESTABLISHED when the
         // application reads it.
-        self.queue_cm_event(key, QueuedKind::ConnectResponse, 0, Vec::new());
+        self.queue_cm_event(key, QueuedKind::ConnectResponse, 0, Private::default());
     }
 
     fn deliver_data(&mut self, msg: Message) {
@@ -1059,13 +1098,13 @@ impl Fabric {
             return Err(os(OP, errno::EINVAL));
         }
         let at = (id.node, id.port);
-        if self.listeners.contains_key(&at) {
+        if self.listener(at).is_some() {
             return Err(os(OP, EADDRINUSE));
         }
         if let Some(id) = self.id_mut(key) {
             id.cm_state = CmIdState::Listen;
         }
-        self.listeners.insert(at, key);
+        self.listeners.push((at, key));
         self.set_ib(key, IbCmState::Listen);
         Ok(())
     }
@@ -1121,7 +1160,7 @@ impl Fabric {
         }
         id.cm_state = CmIdState::Connect;
         id.conn = Some(conn);
-        id.private = private.to_vec();
+        id.private = private.into();
         self.conns.push(ConnRecord::default());
         self.set_ib(key, IbCmState::ReqSent);
         self.send_req(key, false);
@@ -1139,7 +1178,7 @@ impl Fabric {
             op: OP,
             reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
         })?;
-        id.private = private.to_vec();
+        id.private = private.into();
         let peer = id.remote_qp;
         // librdmacm moves the QP to RTR and RTS before it sends the REP.
         if let Some(q) = self.qp_mut(qp) {
@@ -1160,7 +1199,7 @@ impl Fabric {
         }
         if let Some(mut msg) = self.to_peer(key, MsgKind::Rej) {
             msg.value = REJ_CONSUMER_DEFINED;
-            msg.private = private.to_vec();
+            msg.private = private.into();
             self.send(msg);
         }
         self.cancel_timer(key);
@@ -1203,7 +1242,8 @@ impl Fabric {
                 unacked: id.unacked as usize,
             });
         }
-        let (ib, qp, node, port, from_req) = (id.ib, id.qp, id.node, id.port, id.from_req);
+        let (ib, qp, node, port) = (id.ib, id.qp, id.node, id.port);
+        let from_req = id.remote.filter(|_| id.from_req);
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;
         match ib {
@@ -1220,11 +1260,11 @@ impl Fabric {
             ) => self.send_to_peer(key, MsgKind::Rej, REJ_CONSUMER_DEFINED),
             _ => {}
         }
-        if ib == Some(S::Listen) && self.listeners.get(&(node, port)) == Some(&key) {
-            self.listeners.remove(&(node, port));
+        if ib == Some(S::Listen) && self.listener((node, port)) == Some(key) {
+            self.listeners.retain(|&(at, _)| at != (node, port));
         }
         if let Some(from) = from_req {
-            self.remote_reqs.remove(&from);
+            self.remote_reqs.remove(from.0, from.1);
         }
         if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
             q.alive = false;
@@ -1248,7 +1288,7 @@ impl Fabric {
                 msg.value = reason;
                 // The passive id, if the REQ got there (as in the kernel, a REJ
                 // overtaking its REQ finds no id and is dropped).
-                msg.dst = self.remote_reqs.get(&(id.node, key)).copied();
+                msg.dst = self.remote_reqs.get(id.node, key);
                 self.send(msg);
             }
         }
@@ -1272,7 +1312,11 @@ impl Fabric {
         let mut keys = Vec::new();
         let mut unacked = 0;
         for (index, slot) in self.ids.iter().enumerate() {
-            if let Some(id) = slot.data.as_ref().filter(|id| id.channel == channel) {
+            if let Some(id) = slot
+                .data
+                .as_ref()
+                .filter(|id| id.channel as usize == channel)
+            {
                 unacked += id.unacked as usize;
                 keys.push(SimIdKey {
                     index: index as u32,
@@ -1308,8 +1352,8 @@ impl Fabric {
                 unacked: id.unacked as usize,
             });
         }
-        let old = id.channel;
-        id.channel = channel;
+        let old = id.channel as usize;
+        id.channel = channel as u32;
         if old != channel {
             // Pending events follow the id (linear in the old queue, like the kernel).
             let queue = std::mem::take(&mut self.channels[old].queue);
@@ -1401,13 +1445,21 @@ impl Fabric {
 
     /// What librdmacm does with CONNECT_RESPONSE: QP to RTR and RTS, send the RTU
     /// (ucma accept), and report ESTABLISHED with the REP's private data.
-    fn process_connect_response(&mut self, key: SimIdKey) -> (CmEventType, i32, Vec<u8>) {
+    fn process_connect_response(&mut self, key: SimIdKey) -> (CmEventType, i32, Private) {
         let Some(id) = self.id_mut(key) else {
-            return (CmEventType::ConnectError, -errno::EINVAL, Vec::new());
+            return (
+                CmEventType::ConnectError,
+                -errno::EINVAL,
+                Private::default(),
+            );
         };
         let ready = matches!(id.ib, Some(IbCmState::RepRcvd | IbCmState::MraRepSent));
         if !ready || id.cm_state != CmIdState::Connect {
-            return (CmEventType::ConnectError, -errno::EINVAL, Vec::new());
+            return (
+                CmEventType::ConnectError,
+                -errno::EINVAL,
+                Private::default(),
+            );
         }
         let private = std::mem::take(&mut id.peer_private);
         let (qp, peer) = (id.qp, id.remote_qp);

@@ -65,6 +65,7 @@
 mod fabric;
 mod rng;
 mod schedule;
+mod tables;
 mod trace;
 mod types;
 
