@@ -9,11 +9,14 @@
 //! them every figure is recorded as skipped, with the reason.
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEventType, CmEventType, NotifyOutcome};
 use cm_sys::{AsyncEvents, CmEvent, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
-use cm_verbs::{Control, EventLoop, LoopEvent, NotifyPump, PumpEvent, Ready, Role};
+use cm_verbs::{
+    rdma::PollWaiter, Control, EventLoop, LoopEvent, NotifyPump, PumpEvent, Ready, Role, Waiter,
+};
 use criterion::Criterion;
 
 use crate::results::{record, Figure};
@@ -298,6 +301,31 @@ fn interquartile(sorted: &[Duration]) -> String {
     )
 }
 
+/// A distribution-free 95% confidence interval of the median of sorted samples: the
+/// order statistics n/2 ∓ 0.98·√n (the binomial's normal approximation).
+fn median_interval(sorted: &[Duration]) -> (Duration, Duration) {
+    let n = sorted.len() as f64;
+    let half_width = 0.98 * n.sqrt();
+    let at = |rank: f64| {
+        let index = (rank.max(0.0) as usize).min(sorted.len().saturating_sub(1));
+        sorted.get(index).copied().unwrap_or_default()
+    };
+    (
+        at((n / 2.0 - half_width).floor()),
+        at((n / 2.0 + half_width).ceil()),
+    )
+}
+
+/// The range a ratio of two medians can take within both medians' 95% intervals.
+fn ratio_interval(numerator: &[Duration], denominator: &[Duration]) -> (f64, f64) {
+    let (num_lo, num_hi) = median_interval(numerator);
+    let (den_lo, den_hi) = median_interval(denominator);
+    (
+        num_lo.as_secs_f64() / den_hi.as_secs_f64(),
+        num_hi.as_secs_f64() / den_lo.as_secs_f64(),
+    )
+}
+
 fn nanos(d: Duration) -> f64 {
     d.as_secs_f64() * 1e9
 }
@@ -349,7 +377,9 @@ impl HandServer {
         Ok((id, memory))
     }
 
-    /// Receive completion to ESTABLISHED read by the application.
+    /// Receive completion to ESTABLISHED read by the application: notify, then block in
+    /// `poll(2)` on the channel and the device's asynchronous events (as a server waits),
+    /// forwarding a COMM_EST of this QP if one comes first.
     fn trigger_to_established(&self, id: &CmId) -> Result<Duration, String> {
         let trigger = spin_receive(id)?;
         match id.notify(AsyncEventType::CommEst) {
@@ -359,6 +389,13 @@ impl HandServer {
         let deadline = trigger + WAIT;
         let qp = id.qp_num();
         loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ready =
+                cm_sys::poll_readable(&[self.channel.as_fd(), self.device.as_fd()], Some(left))
+                    .map_err(err("poll"))?;
+            if ready.is_empty() {
+                return Err("no ESTABLISHED after notify".into());
+            }
             while let Some(event) = self
                 .device
                 .try_next_event()
@@ -380,9 +417,6 @@ impl HandServer {
                 }
                 return Err(format!("{kind} before ESTABLISHED"));
             }
-            if Instant::now() > deadline {
-                return Err("no ESTABLISHED after notify".into());
-            }
         }
     }
 
@@ -396,10 +430,11 @@ impl HandServer {
 
 type PumpLoop = EventLoop<EventChannel, AsyncEvents, CmId>;
 
-/// The server on cm-verbs: the event loop (pump first, then CM events) spun without
-/// waiting, as the hand loop is.
+/// The server on cm-verbs: the event loop (pump first, then CM events), spun while
+/// setting up, waiting in its [`PollWaiter`] after the trigger as the hand loop waits.
 struct PumpServer {
     event_loop: PumpLoop,
+    waiter: PollWaiter,
     _listener: CmId,
     addr: SocketAddr,
 }
@@ -463,7 +498,32 @@ impl PumpServer {
             Some(PumpEvent::Forced { .. }) => {}
             other => return Err(format!("the pump answered {other:?}")),
         }
-        self.until(CmEventType::Established)?;
+        let deadline = trigger + WAIT;
+        let mut established = false;
+        let mut unexpected = None;
+        while !established {
+            let ready = self.waiter.wait().map_err(err("poll"))?;
+            if ready == Ready::default() && Instant::now() > deadline {
+                return Err("no ESTABLISHED after notify".into());
+            }
+            self.event_loop
+                .poll_once(ready, &mut |_pump, event| match event {
+                    LoopEvent::Cm(event) => {
+                        let kind = event.event_type();
+                        let _ = event.ack();
+                        established = kind == CmEventType::Established;
+                        if !established {
+                            unexpected = Some(kind);
+                        }
+                        Control::Stop
+                    }
+                    LoopEvent::Pump(_) => Control::Continue,
+                })
+                .map_err(err("event loop"))?;
+            if let Some(kind) = unexpected {
+                return Err(format!("{kind} before ESTABLISHED"));
+            }
+        }
         Ok(trigger.elapsed())
     }
 
@@ -532,8 +592,13 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     let pump_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
     let (pump_listener, pump_addr) = listener(setup, &pump_channel)?;
     let device = nonblocking_events(&pump_listener)?;
+    let (mut waiter, _shutdown) = PollWaiter::new(&pump_channel).map_err(err("waiter"))?;
+    waiter.watch_async_events(&device).map_err(err("waiter"))?;
+    // Bounds each wait, so that a lost ESTABLISHED ends the measurement instead of hanging.
+    waiter.set_tick(Some(WAIT));
     let mut pumped = PumpServer {
         event_loop: EventLoop::new(pump_channel, device, NotifyPump::new()),
+        waiter,
         _listener: pump_listener,
         addr: pump_addr,
     };
@@ -570,8 +635,10 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     }
     figures.pump_ns = Some(nanos(median(&mut pump_samples)));
     figures.hand_ns = Some(nanos(median(&mut hand_samples)));
+    let (low, high) = ratio_interval(&pump_samples, &hand_samples);
     figures.spread = format!(
-        "{} samples each; p25–p75 pump {}, hand loop {}",
+        "{} samples each; p25–p75 pump {}, hand loop {}; the ratio within both medians' 95% \
+         intervals: {low:.2}–{high:.2}",
         connections,
         interquartile(&pump_samples),
         interquartile(&hand_samples)
@@ -595,7 +662,8 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
 /// Where the raw-call baseline is measured instead.
 pub const RAW_BASELINE_MISSING: &str = "measured in cm-sys's own test \
     (crates/cm-sys/tests/notify_overhead.rs: the bare call needs `unsafe`, which only cm-sys \
-    may use); its `notify overhead:` line is in the VM console log of every CI run";
+    may use); `cargo xtask bench --vm` runs it and reads its figure, and every CI run prints \
+    its `notify overhead:` line in the VM console log";
 
 /// Records `figures` (or the skip reason) in the results file; returns the records.
 pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Vec<Figure> {
@@ -719,4 +787,37 @@ pub fn criterion_benches(c: &mut Criterion) {
     let connections = if crate::smoke_mode() { 5 } else { 30 };
     let result = measure(&setup, connections).map_err(|e| format!("measurement failed: {e}"));
     record_figures(&result, &machine);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn micros(values: impl IntoIterator<Item = u64>) -> Vec<Duration> {
+        values.into_iter().map(Duration::from_micros).collect()
+    }
+
+    #[test]
+    fn the_median_interval_brackets_the_median_and_narrows_with_more_samples() {
+        let few = micros(1..=10);
+        let many = micros(1..=1000);
+        let (lo, hi) = median_interval(&few);
+        assert!(lo <= few[5] && few[5] <= hi);
+        assert!(lo > Duration::ZERO || few[0] == lo);
+        let (lo_many, hi_many) = median_interval(&many);
+        assert!(lo_many <= many[500] && many[500] <= hi_many);
+        let relative =
+            |lo: Duration, hi: Duration, n: usize| (hi - lo).as_secs_f64() / (n as f64 * 1e-6);
+        assert!(relative(lo_many, hi_many, many.len()) < relative(lo, hi, few.len()));
+        assert_eq!(median_interval(&[]), (Duration::ZERO, Duration::ZERO));
+    }
+
+    #[test]
+    fn the_ratio_interval_contains_the_ratio_of_medians() {
+        let pump = micros((0..101).map(|i| 300 + i));
+        let hand = micros((0..101).map(|i| 290 + i));
+        let (low, high) = ratio_interval(&pump, &hand);
+        let ratio = 350.0 / 340.0;
+        assert!(low < ratio && ratio < high, "{low} {ratio} {high}");
+    }
 }

@@ -104,6 +104,7 @@ impl CmEventType {
     pub const ALL: &'static [CmEventType] = &KNOWN;
 
     /// Decodes a raw `rdma_cm_event_type` number. Total: never fails, never panics.
+    #[inline]
     pub const fn from_raw(raw: u32) -> Self {
         if (raw as usize) < KNOWN.len() {
             KNOWN[raw as usize]
@@ -113,6 +114,7 @@ impl CmEventType {
     }
 
     /// The raw `rdma_cm_event_type` number.
+    #[inline]
     pub const fn as_raw(self) -> u32 {
         match self {
             CmEventType::AddrResolved => 0,

@@ -120,6 +120,7 @@ impl NotifyError {
 /// `EISCONN` is [`NotifyOutcome::AlreadyEstablished`], everything else an error.
 ///
 /// `errno` is the positive errno when the call returned -1, or 0 on success.
+#[inline]
 pub const fn notify_result_from_errno(errno: i32) -> Result<NotifyOutcome, NotifyError> {
     let errno = errno.wrapping_abs();
     match errno {

@@ -112,6 +112,7 @@ impl AsyncEventType {
     pub const ALL: &'static [AsyncEventType] = &KNOWN;
 
     /// Decodes a raw `ibv_event_type` number. Total: never fails, never panics.
+    #[inline]
     pub const fn from_raw(raw: u32) -> Self {
         if (raw as usize) < KNOWN.len() {
             KNOWN[raw as usize]
@@ -121,6 +122,7 @@ impl AsyncEventType {
     }
 
     /// The raw `ibv_event_type` number.
+    #[inline]
     pub const fn as_raw(self) -> u32 {
         match self {
             AsyncEventType::CqErr => 0,

@@ -112,11 +112,19 @@ pub(crate) fn wc_status_str(status: u32) -> &'static str {
     text.to_str().unwrap_or("unknown")
 }
 
-/// The calling thread's errno after a failed C call.
+/// The calling thread's errno after a failed C call; `EIO` if the call failed without
+/// setting one (0 would read as success).
+///
+/// Read directly rather than through `std::io::Error::last_os_error`, which builds (and
+/// drops) an error value on the notify path.
+#[inline]
 pub(crate) fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+    // SAFETY: __errno_location returns the calling thread's errno slot, valid and
+    // aligned for the thread's whole life.
+    match unsafe { *libc::__errno_location() } {
+        0 => libc::EIO,
+        errno => errno,
+    }
 }
 
 /// A socket address in the form librdmacm takes (`struct sockaddr *` into storage).

@@ -6,6 +6,8 @@
 //!   inside the VM (where the devices exist) any such line fails the run.
 //! - [`addresses`]: the VM's two soft-RoCE test addresses, or a recorded skip.
 //! - [`report`]: a line on stderr that libtest does not capture, for the console log.
+//! - [`Figure`]: a benchmark figure's line, written by the benches and by tests that
+//!   measure inside the VM, read back by `cargo xtask bench`.
 //!
 //! ```
 //! // Outside the VM there is no device: the test records its skip and returns.
@@ -13,6 +15,10 @@
 //!     println!("listen on {}, connect from {}", addrs.addr_a, addrs.addr_b);
 //! }
 //! ```
+
+mod figure;
+
+pub use figure::{Figure, FIGURE_PREFIX};
 
 use std::io::Write as _;
 use std::net::IpAddr;

@@ -21,7 +21,7 @@ const TEST_TIMEOUT_SECS: u64 = 300;
 /// One manifest line.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Item {
-    /// Every test executable of a package.
+    /// Every test executable of a package, or only the one named by `test=`.
     CargoTest {
         /// Package name.
         package: String,
@@ -29,6 +29,8 @@ pub(crate) enum Item {
         features: Option<String>,
         /// Timeout of each of its test executables.
         timeout_secs: u64,
+        /// Only this integration test target (`cargo test --test NAME`), if set.
+        test: Option<String>,
     },
     /// A named binary, put on PATH inside.
     CargoBin {
@@ -84,26 +86,29 @@ fn parse_item(line: &str) -> Result<Item, String> {
     match kind {
         "cargo-test" => {
             let mut timeout_secs = TEST_TIMEOUT_SECS;
+            let mut test = None;
             let mut rest = Vec::new();
             for word in words {
-                match word.strip_prefix("timeout=") {
-                    Some(secs) => timeout_secs = secs.parse().map_err(|_| bad())?,
-                    None => rest.push(word),
+                if let Some(secs) = word.strip_prefix("timeout=") {
+                    timeout_secs = secs.parse().map_err(|_| bad())?;
+                } else if let Some(name) = word.strip_prefix("test=") {
+                    test = Some(name.to_string()).filter(|n| !n.is_empty());
+                    test.as_ref().ok_or_else(bad)?;
+                } else {
+                    rest.push(word);
                 }
             }
-            match rest.as_slice() {
-                [package] => Ok(Item::CargoTest {
-                    package: package.to_string(),
-                    features: None,
-                    timeout_secs,
-                }),
-                [package, features] => Ok(Item::CargoTest {
-                    package: package.to_string(),
-                    features: Some(features.to_string()),
-                    timeout_secs,
-                }),
-                _ => Err(bad()),
-            }
+            let (package, features) = match rest.as_slice() {
+                [package] => (package, None),
+                [package, features] => (package, Some(features.to_string())),
+                _ => return Err(bad()),
+            };
+            Ok(Item::CargoTest {
+                package: package.to_string(),
+                features,
+                timeout_secs,
+                test,
+            })
         }
         "cargo-bin" => match words.as_slice() {
             [package, binary] => Ok(Item::CargoBin {
@@ -196,10 +201,14 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 package,
                 features,
                 timeout_secs,
+                test,
             } => {
                 let mut args = vec!["test", "--no-run", "--message-format=json", "-p", &package];
                 if let Some(f) = &features {
                     args.extend(["--features", f]);
+                }
+                if let Some(name) = &test {
+                    args.extend(["--test", name]);
                 }
                 let executables = cargo_executables(&args)?;
                 if executables.is_empty() {
@@ -327,6 +336,7 @@ mod tests {
 # comment
 cargo-test cm-sys
 cargo-test cm-verbs real-device,extra timeout=90
+cargo-test cm-sys test=notify_overhead
 cargo-bin cm-sys notify-peer
 exec ibv-devices ibv_devices
 exec rping timeout=30 \\
@@ -341,11 +351,19 @@ exec rping timeout=30 \\
                     package: "cm-sys".into(),
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
+                    test: None,
                 },
                 Item::CargoTest {
                     package: "cm-verbs".into(),
                     features: Some("real-device,extra".into()),
                     timeout_secs: 90,
+                    test: None,
+                },
+                Item::CargoTest {
+                    package: "cm-sys".into(),
+                    features: None,
+                    timeout_secs: TEST_TIMEOUT_SECS,
+                    test: Some("notify_overhead".into()),
                 },
                 Item::CargoBin {
                     package: "cm-sys".into(),
@@ -374,6 +392,7 @@ exec rping timeout=30 \\
         assert!(parse_manifest("exec a b \\").is_err());
         assert!(parse_manifest("cargo-test a b c").is_err());
         assert!(parse_manifest("cargo-test a timeout=").is_err());
+        assert!(parse_manifest("cargo-test a test=").is_err());
     }
 
     #[test]

@@ -1,0 +1,92 @@
+//! Benchmark figures measured outside criterion: one tab-separated line each,
+//! `key<TAB>value<TAB>unit<TAB>note`. The benches append them to their results file; a
+//! test measuring inside the VM prints them after [`FIGURE_PREFIX`] on stderr, where
+//! `cargo xtask bench` finds them in the console log.
+
+/// What precedes a figure's line on stderr (and so in the VM console log).
+pub const FIGURE_PREFIX: &str = "cm-benches: ";
+
+/// One figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// Stable key, `group/name` (e.g. `scale/1000/peak_bytes_per_conn`).
+    pub key: String,
+    /// The value; `None` for a skipped figure.
+    pub value: Option<f64>,
+    /// Unit of the value (`ns`, `bytes`, `count`, `ratio`).
+    pub unit: String,
+    /// Free text: what it is, or why it was skipped.
+    pub note: String,
+}
+
+impl Figure {
+    /// A measured figure.
+    pub fn measured(key: &str, value: f64, unit: &str, note: &str) -> Figure {
+        Figure {
+            key: key.to_string(),
+            value: Some(value),
+            unit: unit.to_string(),
+            note: note.to_string(),
+        }
+    }
+
+    /// A figure that was not measured, and why.
+    pub fn skipped(key: &str, reason: &str) -> Figure {
+        Figure {
+            key: key.to_string(),
+            value: None,
+            unit: String::new(),
+            note: reason.to_string(),
+        }
+    }
+
+    /// The tab-separated line (tabs and newlines in the note become spaces).
+    pub fn to_line(&self) -> String {
+        let value = self
+            .value
+            .map_or_else(|| "skipped".to_string(), |v| v.to_string());
+        let note = self.note.replace(['\t', '\n'], " ");
+        format!("{}\t{value}\t{}\t{note}", self.key, self.unit)
+    }
+
+    /// Parses a line written by [`Figure::to_line`].
+    pub fn from_line(line: &str) -> Option<Figure> {
+        let mut parts = line.splitn(4, '\t');
+        let key = parts.next()?.to_string();
+        let value = parts.next()?;
+        let unit = parts.next()?.to_string();
+        let note = parts.next().unwrap_or("").to_string();
+        let value = match value {
+            "skipped" => None,
+            v => Some(v.parse().ok()?),
+        };
+        Some(Figure {
+            key,
+            value,
+            unit,
+            note,
+        })
+    }
+
+    /// Prints the line after [`FIGURE_PREFIX`] straight to stderr (see [`crate::report`]).
+    pub fn report(&self) {
+        crate::report(&format!("{FIGURE_PREFIX}{}", self.to_line()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_survive_their_line_format() {
+        let measured = Figure::measured("pump/allocations", 0.0, "count", "after\twarm-up");
+        let back = Figure::from_line(&measured.to_line()).unwrap();
+        assert_eq!(back.value, Some(0.0));
+        assert_eq!(back.note, "after warm-up");
+        let skipped = Figure::skipped("real/notify", "no RDMA device");
+        assert_eq!(Figure::from_line(&skipped.to_line()), Some(skipped));
+        assert_eq!(Figure::from_line("no tabs"), None);
+        assert_eq!(Figure::from_line("k\tnot-a-number\tns\t"), None);
+    }
+}
