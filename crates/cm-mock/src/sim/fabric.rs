@@ -12,7 +12,7 @@ use cm_core::{
 
 use super::rng::SplitMix64;
 use super::schedule::Schedule;
-use super::tables::{ReqTable, Slots};
+use super::tables::{Chunked, ReqTable, Slots};
 use super::trace::{Trace, TraceEntry, TraceEvent};
 use super::types::{
     ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
@@ -164,45 +164,72 @@ struct Qp {
 }
 
 /// One CM id: the rdma_cm id and its IB CM id together.
+///
+/// Laid out in order (`repr(C)`): the fields that nearly every event reads or writes
+/// come first and, with the slot's generation, fill the slot's first cache line; the
+/// ones only a few calls need (addresses, private data, retry count) follow on the
+/// second. A run that outgrows the caches then pulls in one line per id per event.
 #[derive(Debug)]
+#[repr(C)]
 struct IdData {
     node: NodeId,
     /// The channel's index (`u32`: ids are many, channels few).
     channel: u32,
-    /// Bound to the node's device (bind, resolve, or created by a connection request).
-    device: bool,
+    /// Events handed out and not yet acknowledged.
+    unacked: u32,
+    /// Bumped to cancel the pending timer.
+    timer_gen: u32,
+    conn: MaybeConn,
+    qp: Option<QpNum>,
+    /// The peer id, once known.
+    remote: Option<(NodeId, SimIdKey)>,
     cm_state: CmIdState,
     /// The IB CM id's state; `None` until connect/accept/listen attaches one.
     ib: Option<IbCmState>,
-    qp: Option<QpNum>,
-    conn: Option<ConnId>,
-    port: u16,
-    /// Where `resolve_addr` points.
-    dst: Option<(NodeId, u16)>,
-    /// The peer id, once known.
-    remote: Option<(NodeId, SimIdKey)>,
-    remote_qp: Option<QpNum>,
-    /// Bumped to cancel the pending timer.
-    timer_gen: u32,
+    /// Bound to the node's device (bind, resolve, or created by a connection request).
+    device: bool,
     /// Which message the timer resends (`None`: the timer is the TIMEWAIT timer).
     retrying: Option<MsgKind>,
-    retries_left: u32,
     /// The retransmission timeout is the MRA's service timeout (an MRA arrived), not the
     /// CM response timeout.
     mra_timeout: bool,
-    /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
-    /// active side once the REP arrived.
-    private: Private,
-    peer_private: Private,
-    /// Events handed out and not yet acknowledged.
-    unacked: u32,
+    // The second cache line.
     /// Created by a connection request (passive ids): `remote` is the REQ's sender,
     /// whose duplicate-REQ entry goes when this id does.
     from_req: bool,
     lap: LapState,
+    retries_left: u32,
+    port: u16,
+    /// Where `resolve_addr` points.
+    dst: Option<(NodeId, u16)>,
+    remote_qp: Option<QpNum>,
+    /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
+    /// active side once the REP arrived.
+    private: Private,
+    peer_private: Private,
 }
 
+/// An optional connection number in four bytes (`u32::MAX`, never handed out, is
+/// none): with it the hot half of [`IdData`] fits one cache line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MaybeConn(u32);
+
+impl MaybeConn {
+    const NONE: MaybeConn = MaybeConn(u32::MAX);
+
+    fn new(conn: Option<ConnId>) -> Self {
+        conn.map_or(MaybeConn::NONE, |c| MaybeConn(c.0))
+    }
+
+    fn get(self) -> Option<ConnId> {
+        (self != MaybeConn::NONE).then_some(ConnId(self.0))
+    }
+}
+
+/// A slot of the id table: two cache lines, aligned so the hot half of [`IdData`] is
+/// exactly one.
 #[derive(Debug, Default)]
+#[repr(C, align(64))]
 struct IdSlot {
     generation: u32,
     data: Option<IdData>,
@@ -225,10 +252,10 @@ pub(crate) struct Fabric {
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
-    ids: Vec<IdSlot>,
+    ids: Chunked<IdSlot>,
     free_ids: Vec<u32>,
-    qps: Vec<Qp>,
-    conns: Vec<ConnRecord>,
+    qps: Chunked<Qp>,
+    conns: Chunked<ConnRecord>,
     /// (node, port) → listening id; a handful at most, so a list.
     listeners: Vec<((NodeId, u16), SimIdKey)>,
     /// (active node, active id) → passive id: detects duplicate REQs.
@@ -262,10 +289,10 @@ impl Fabric {
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),
-            ids: Vec::new(),
+            ids: Chunked::default(),
             free_ids: Vec::new(),
-            qps: Vec::new(),
-            conns: Vec::new(),
+            qps: Chunked::default(),
+            conns: Chunked::default(),
             listeners: Vec::new(),
             remote_reqs: ReqTable::default(),
             rules: Vec::new(),
@@ -397,7 +424,7 @@ impl Fabric {
             cm_state: CmIdState::Idle,
             ib: None,
             qp: None,
-            conn: None,
+            conn: MaybeConn::NONE,
             port: 0,
             dst: None,
             remote: None,
@@ -413,7 +440,10 @@ impl Fabric {
             lap: LapState::Uninit,
         };
         if let Some(index) = self.free_ids.pop() {
-            let slot = &mut self.ids[index as usize];
+            let slot = self
+                .ids
+                .get_mut(index as usize)
+                .expect("a freed slot exists");
             slot.data = Some(data);
             SimIdKey {
                 index,
@@ -434,7 +464,7 @@ impl Fabric {
     fn set_ib(&mut self, key: SimIdKey, to: IbCmState) {
         let Some(id) = self.id_mut(key) else { return };
         let from = id.ib.replace(to);
-        let conn = id.conn;
+        let conn = id.conn.get();
         if from != Some(to) {
             self.record(|| TraceEvent::State {
                 id: key,
@@ -468,7 +498,7 @@ impl Fabric {
         private: Private,
     ) {
         let Some(id) = self.id(key) else { return };
-        let (channel, conn) = (id.channel as usize, id.conn);
+        let (channel, conn) = (id.channel as usize, id.conn.get());
         self.channels[channel].queue.push_back(QueuedEvent {
             id: key,
             listen_id,
@@ -565,7 +595,10 @@ impl Fabric {
         });
         let nth = match conn {
             Some(c) => {
-                let record = &mut self.conns[c.0 as usize];
+                let record = self
+                    .conns
+                    .get_mut(c.0 as usize)
+                    .expect("a connection's record");
                 let n = record.sent[kind.index()];
                 record.sent[kind.index()] = n.saturating_add(1);
                 n
@@ -643,7 +676,7 @@ impl Fabric {
     fn to_peer(&self, key: SimIdKey, kind: MsgKind) -> Option<Message> {
         let id = self.id(key)?;
         let (peer_node, peer) = id.remote?;
-        let mut msg = Message::new(kind, id.conn, id.node, peer_node);
+        let mut msg = Message::new(kind, id.conn.get(), id.node, peer_node);
         msg.src = Some(key);
         msg.dst = Some(peer);
         Some(msg)
@@ -659,7 +692,7 @@ impl Fabric {
     fn send_req(&mut self, key: SimIdKey, retransmit: bool) {
         let Some(id) = self.id(key) else { return };
         let Some((to, port)) = id.dst else { return };
-        let mut msg = Message::new(MsgKind::Req, id.conn, id.node, to);
+        let mut msg = Message::new(MsgKind::Req, id.conn.get(), id.node, to);
         msg.src = Some(key);
         msg.qp = id.qp.unwrap_or(QpNum(0));
         msg.port = port;
@@ -943,7 +976,7 @@ impl Fabric {
         if let Some(id) = self.id_mut(key) {
             id.device = true;
             id.cm_state = CmIdState::Connect;
-            id.conn = msg.conn;
+            id.conn = MaybeConn::new(msg.conn);
             id.port = msg.port;
             id.remote = Some((msg.from, src));
             id.remote_qp = Some(msg.qp);
@@ -1057,7 +1090,7 @@ impl Fabric {
     pub(crate) fn post_send(&mut self, key: SimIdKey, len: u32) -> Result<(), CmError> {
         const OP: &str = "ibv_post_send";
         let id = self.live(key, OP)?;
-        let (conn, node) = (id.conn, id.node);
+        let (conn, node) = (id.conn.get(), id.node);
         let qpn = id.qp.ok_or(os(OP, errno::EINVAL))?;
         let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
         if !qp.alive || qp.state != QpState::Rts {
@@ -1159,7 +1192,7 @@ impl Fabric {
             });
         }
         id.cm_state = CmIdState::Connect;
-        id.conn = Some(conn);
+        id.conn = MaybeConn::new(Some(conn));
         id.private = private.into();
         self.conns.push(ConnRecord::default());
         self.set_ib(key, IbCmState::ReqSent);
@@ -1269,7 +1302,10 @@ impl Fabric {
         if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
             q.alive = false;
         }
-        let slot = &mut self.ids[key.index as usize];
+        let slot = self
+            .ids
+            .get_mut(key.index as usize)
+            .expect("a live id's slot");
         slot.data = None;
         slot.generation = slot.generation.wrapping_add(1);
         self.free_ids.push(key.index);
@@ -1283,7 +1319,7 @@ impl Fabric {
             self.send_to_peer(key, MsgKind::Rej, reason);
         } else if let Some(id) = self.id(key) {
             if let Some((to, _)) = id.dst {
-                let mut msg = Message::new(MsgKind::Rej, id.conn, id.node, to);
+                let mut msg = Message::new(MsgKind::Rej, id.conn.get(), id.node, to);
                 msg.src = Some(key);
                 msg.value = reason;
                 // The passive id, if the REQ got there (as in the kernel, a REJ
@@ -1371,7 +1407,7 @@ impl Fabric {
         event: AsyncEventType,
     ) -> Result<NotifyOutcome, NotifyError> {
         let result = self.notify_inner(key, event);
-        let conn = self.id(key).and_then(|id| id.conn);
+        let conn = self.id(key).and_then(|id| id.conn.get());
         self.record(|| TraceEvent::Notify {
             id: key,
             conn,
@@ -1469,7 +1505,7 @@ impl Fabric {
         }
         self.send_to_peer(key, MsgKind::Rtu, 0);
         self.set_ib(key, IbCmState::Established);
-        let conn = self.id(key).and_then(|id| id.conn);
+        let conn = self.id(key).and_then(|id| id.conn.get());
         self.record(|| TraceEvent::CmEvent {
             id: key,
             conn,
@@ -1505,7 +1541,7 @@ impl Fabric {
     }
 
     pub(crate) fn id_conn(&self, key: SimIdKey) -> Option<ConnId> {
-        self.id(key)?.conn
+        self.id(key)?.conn.get()
     }
 
     pub(crate) fn id_node(&self, key: SimIdKey) -> Option<NodeId> {

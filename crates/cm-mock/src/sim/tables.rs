@@ -4,23 +4,150 @@
 //! numbers), and a scale run walks them roughly in order. Tables indexed by those
 //! integers need no hashing and keep neighbouring connections on neighbouring cache
 //! lines, so the cost per connection stays flat as the run outgrows the caches.
+//! Growing tables grow by fixed chunks: nothing is copied when they grow, and no table
+//! holds twice the memory it needs right after doubling.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::types::{NodeId, SimIdKey};
+
+/// log2 of the entries of one chunk of a [`Chunked`] table.
+const CHUNK_BITS: u32 = 10;
+/// Entries of one chunk.
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// A vector that grows by chunks of [`CHUNK`] entries: pushing never moves what is
+/// already stored (no copy, no transient double footprint on growth).
+#[derive(Debug)]
+pub(crate) struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Chunked<T> {
+    /// How many entries are stored.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `value` at index `len()`.
+    pub(crate) fn push(&mut self, value: T) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(value),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(value);
+                self.chunks.push(chunk);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// The entry at `index`.
+    pub(crate) fn get(&self, index: usize) -> Option<&T> {
+        self.chunks
+            .get(index >> CHUNK_BITS)?
+            .get(index & (CHUNK - 1))
+    }
+
+    /// The entry at `index`, to change.
+    pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
+        self.chunks
+            .get_mut(index >> CHUNK_BITS)?
+            .get_mut(index & (CHUNK - 1))
+    }
+
+    /// Every entry, in index order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+}
+
+/// A FIFO made of fixed-size blocks, recycled as they empty: it grows without copying,
+/// and a queue that fills and drains keeps reusing the same (cached) blocks.
+#[derive(Debug)]
+pub(crate) struct BlockQueue<T> {
+    blocks: VecDeque<VecDeque<T>>,
+    /// Emptied blocks kept for reuse (at most [`BlockQueue::SPARE`]).
+    spare: Vec<VecDeque<T>>,
+}
+
+impl<T> Default for BlockQueue<T> {
+    fn default() -> Self {
+        BlockQueue {
+            blocks: VecDeque::new(),
+            spare: Vec::new(),
+        }
+    }
+}
+
+impl<T> BlockQueue<T> {
+    /// Entries of one block.
+    const BLOCK: usize = 256;
+    /// Emptied blocks kept.
+    const SPARE: usize = 4;
+
+    /// Appends `value` at the back.
+    pub(crate) fn push_back(&mut self, value: T) {
+        match self.blocks.back_mut() {
+            Some(block) if block.len() < Self::BLOCK => block.push_back(value),
+            _ => {
+                let mut block = self
+                    .spare
+                    .pop()
+                    .unwrap_or_else(|| VecDeque::with_capacity(Self::BLOCK));
+                block.push_back(value);
+                self.blocks.push_back(block);
+            }
+        }
+    }
+
+    /// The front entry.
+    pub(crate) fn front(&self) -> Option<&T> {
+        self.blocks.front()?.front()
+    }
+
+    /// The back entry.
+    pub(crate) fn back(&self) -> Option<&T> {
+        self.blocks.back()?.back()
+    }
+
+    /// Takes the front entry.
+    pub(crate) fn pop_front(&mut self) -> Option<T> {
+        let block = self.blocks.front_mut()?;
+        let value = block.pop_front();
+        if block.is_empty() {
+            if let Some(empty) = self.blocks.pop_front() {
+                if self.spare.len() < Self::SPARE {
+                    self.spare.push(empty);
+                }
+            }
+        }
+        value
+    }
+}
 
 /// Values parked in numbered slots; a freed slot is the next one reused (last freed,
 /// first reused, so a busy run keeps touching the same few cache lines).
 #[derive(Debug)]
 pub(crate) struct Slots<T> {
-    slots: Vec<Option<T>>,
+    slots: Chunked<Option<T>>,
     free: Vec<u32>,
 }
 
 impl<T> Default for Slots<T> {
     fn default() -> Self {
         Slots {
-            slots: Vec::new(),
+            slots: Chunked::default(),
             free: Vec::new(),
         }
     }
@@ -31,7 +158,9 @@ impl<T> Slots<T> {
     pub(crate) fn put(&mut self, value: T) -> u32 {
         match self.free.pop() {
             Some(slot) => {
-                self.slots[slot as usize] = Some(value);
+                if let Some(free) = self.slots.get_mut(slot as usize) {
+                    *free = Some(value);
+                }
                 slot
             }
             None => {
@@ -120,6 +249,41 @@ mod tests {
 
     fn key(index: u32, generation: u32) -> SimIdKey {
         SimIdKey { index, generation }
+    }
+
+    #[test]
+    fn chunked_indexes_across_chunks() {
+        let mut table = Chunked::default();
+        for n in 0..3 * CHUNK + 5 {
+            table.push(n);
+        }
+        assert_eq!(table.len(), 3 * CHUNK + 5);
+        assert_eq!(table.get(CHUNK), Some(&CHUNK));
+        assert_eq!(table.get(3 * CHUNK + 4), Some(&(3 * CHUNK + 4)));
+        assert_eq!(table.get(3 * CHUNK + 5), None);
+        *table.get_mut(7).unwrap() = 70;
+        assert_eq!(table.iter().nth(7), Some(&70));
+        assert_eq!(table.iter().count(), table.len());
+    }
+
+    #[test]
+    fn block_queue_is_a_fifo_across_blocks() {
+        let mut queue = BlockQueue::default();
+        let mut next = 0;
+        for round in 1..5 {
+            for n in 0..round * 300 {
+                queue.push_back(n);
+                assert_eq!(queue.back(), Some(&n));
+            }
+            assert_eq!(queue.front(), Some(&0));
+            while let Some(n) = queue.pop_front() {
+                assert_eq!(n, next);
+                next += 1;
+            }
+            next = 0;
+            assert_eq!(queue.front(), None);
+            assert_eq!(queue.back(), None);
+        }
     }
 
     #[test]
