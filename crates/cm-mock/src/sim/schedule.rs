@@ -8,9 +8,7 @@
 //! the order is exactly that of one heap over (due time, sequence number).
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
-
-use super::tables::BlockQueue;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// More distinct fixed delays than this go to the heap (still in order, only slower).
 const MAX_LANES: usize = 16;
@@ -54,8 +52,7 @@ impl<T> Ord for Earliest<T> {
 #[derive(Debug)]
 struct Lane<T> {
     delay: u64,
-    /// Block-built, so a lane that grows to a whole run's connections never copies.
-    fifo: BlockQueue<Entry<T>>,
+    fifo: VecDeque<Entry<T>>,
 }
 
 /// Where the next item to run sits.
@@ -97,7 +94,7 @@ impl<T> Schedule<T> {
             None if self.lanes.len() < MAX_LANES => {
                 self.lanes.push(Lane {
                     delay,
-                    fifo: BlockQueue::default(),
+                    fifo: VecDeque::new(),
                 });
                 Some(self.lanes.len() - 1)
             }

@@ -4,10 +4,10 @@
 //! numbers), and a scale run walks them roughly in order. Tables indexed by those
 //! integers need no hashing and keep neighbouring connections on neighbouring cache
 //! lines, so the cost per connection stays flat as the run outgrows the caches.
-//! Growing tables grow by fixed chunks: nothing is copied when they grow, and no table
-//! holds twice the memory it needs right after doubling.
+//! The id, QP and connection tables grow by fixed chunks: nothing is copied when they
+//! grow, and none holds twice the memory it needs right after doubling.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use super::types::{NodeId, SimIdKey};
 
@@ -69,70 +69,6 @@ impl<T> Chunked<T> {
     /// Every entry, in index order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.chunks.iter().flatten()
-    }
-}
-
-/// A FIFO made of fixed-size blocks, recycled as they empty: it grows without copying,
-/// and a queue that fills and drains keeps reusing the same (cached) blocks.
-#[derive(Debug)]
-pub(crate) struct BlockQueue<T> {
-    blocks: VecDeque<VecDeque<T>>,
-    /// Emptied blocks kept for reuse (at most [`BlockQueue::SPARE`]).
-    spare: Vec<VecDeque<T>>,
-}
-
-impl<T> Default for BlockQueue<T> {
-    fn default() -> Self {
-        BlockQueue {
-            blocks: VecDeque::new(),
-            spare: Vec::new(),
-        }
-    }
-}
-
-impl<T> BlockQueue<T> {
-    /// Entries of one block.
-    const BLOCK: usize = 256;
-    /// Emptied blocks kept.
-    const SPARE: usize = 4;
-
-    /// Appends `value` at the back.
-    pub(crate) fn push_back(&mut self, value: T) {
-        match self.blocks.back_mut() {
-            Some(block) if block.len() < Self::BLOCK => block.push_back(value),
-            _ => {
-                let mut block = self
-                    .spare
-                    .pop()
-                    .unwrap_or_else(|| VecDeque::with_capacity(Self::BLOCK));
-                block.push_back(value);
-                self.blocks.push_back(block);
-            }
-        }
-    }
-
-    /// The front entry.
-    pub(crate) fn front(&self) -> Option<&T> {
-        self.blocks.front()?.front()
-    }
-
-    /// The back entry.
-    pub(crate) fn back(&self) -> Option<&T> {
-        self.blocks.back()?.back()
-    }
-
-    /// Takes the front entry.
-    pub(crate) fn pop_front(&mut self) -> Option<T> {
-        let block = self.blocks.front_mut()?;
-        let value = block.pop_front();
-        if block.is_empty() {
-            if let Some(empty) = self.blocks.pop_front() {
-                if self.spare.len() < Self::SPARE {
-                    self.spare.push(empty);
-                }
-            }
-        }
-        value
     }
 }
 
@@ -264,26 +200,6 @@ mod tests {
         *table.get_mut(7).unwrap() = 70;
         assert_eq!(table.iter().nth(7), Some(&70));
         assert_eq!(table.iter().count(), table.len());
-    }
-
-    #[test]
-    fn block_queue_is_a_fifo_across_blocks() {
-        let mut queue = BlockQueue::default();
-        let mut next = 0;
-        for round in 1..5 {
-            for n in 0..round * 300 {
-                queue.push_back(n);
-                assert_eq!(queue.back(), Some(&n));
-            }
-            assert_eq!(queue.front(), Some(&0));
-            while let Some(n) = queue.pop_front() {
-                assert_eq!(n, next);
-                next += 1;
-            }
-            next = 0;
-            assert_eq!(queue.front(), None);
-            assert_eq!(queue.back(), None);
-        }
     }
 
     #[test]
