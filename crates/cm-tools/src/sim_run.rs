@@ -517,7 +517,14 @@ impl World {
             }
         }
         let mut failures = 0;
-        for id in self.active_ids.drain(..).chain(self.passive_ids.drain(..)) {
+        // Only server ids were registered with the pump; a client QP would be one more
+        // (missing) lookup in its table per connection.
+        for id in self.active_ids.drain(..) {
+            if id.destroy().is_err() {
+                failures += 1;
+            }
+        }
+        for id in self.passive_ids.drain(..) {
             if let Some(qp) = id.qp_num() {
                 server_loop.pump().unregister(qp);
             }
