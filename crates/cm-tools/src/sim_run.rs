@@ -524,8 +524,11 @@ impl World {
                 failures += 1;
             }
         }
+        // The pump drops an id on its DISCONNECTED or failure event, so after the
+        // drain above it is normally empty: then skip a lookup per connection.
+        let registered = !server_loop.pump().is_empty();
         for id in self.passive_ids.drain(..) {
-            if let Some(qp) = id.qp_num() {
+            if let Some(qp) = registered.then(|| id.qp_num()).flatten() {
                 server_loop.pump().unregister(qp);
             }
             if id.destroy().is_err() {
