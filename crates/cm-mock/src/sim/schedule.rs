@@ -8,7 +8,9 @@
 //! the order is exactly that of one heap over (due time, sequence number).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
+
+use super::tables::BlockQueue;
 
 /// More distinct fixed delays than this go to the heap (still in order, only slower).
 const MAX_LANES: usize = 16;
@@ -52,7 +54,9 @@ impl<T> Ord for Earliest<T> {
 #[derive(Debug)]
 struct Lane<T> {
     delay: u64,
-    fifo: VecDeque<Entry<T>>,
+    /// Block-built: a lane that grows to a whole run's connections never copies, and the
+    /// blocks it frees serve the lane that peaks next.
+    fifo: BlockQueue<Entry<T>>,
 }
 
 /// Where the next item to run sits.
@@ -94,7 +98,7 @@ impl<T> Schedule<T> {
             None if self.lanes.len() < MAX_LANES => {
                 self.lanes.push(Lane {
                     delay,
-                    fifo: VecDeque::new(),
+                    fifo: BlockQueue::default(),
                 });
                 Some(self.lanes.len() - 1)
             }

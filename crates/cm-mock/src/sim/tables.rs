@@ -4,10 +4,11 @@
 //! numbers), and a scale run walks them roughly in order. Tables indexed by those
 //! integers need no hashing and keep neighbouring connections on neighbouring cache
 //! lines, so the cost per connection stays flat as the run outgrows the caches.
-//! The id, QP and connection tables grow by fixed chunks: nothing is copied when they
-//! grow, and none holds twice the memory it needs right after doubling.
+//! The id, QP and connection tables grow by fixed chunks, the schedule's queues by
+//! blocks: nothing is copied when they grow, none holds twice the memory it needs right
+//! after doubling, and queues that peak at different times reuse each other's blocks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::types::{NodeId, SimIdKey};
 
@@ -69,6 +70,77 @@ impl<T> Chunked<T> {
     /// Every entry, in index order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.chunks.iter().flatten()
+    }
+}
+
+/// A FIFO made of fixed-size blocks: it grows without copying, and the blocks it
+/// empties go back to the allocator for any other queue or table to reuse, so queues
+/// that peak at different times share their memory. Pushes go to the `tail` block and
+/// pops come from the `head` block, each a plain ring buffer on the fast path; full
+/// blocks wait in between. Invariant: when `head` is empty, so is `full`, and every
+/// entry is in `tail`.
+#[derive(Debug)]
+pub(crate) struct BlockQueue<T> {
+    head: VecDeque<T>,
+    full: VecDeque<VecDeque<T>>,
+    tail: VecDeque<T>,
+}
+
+impl<T> Default for BlockQueue<T> {
+    fn default() -> Self {
+        BlockQueue {
+            head: VecDeque::new(),
+            full: VecDeque::new(),
+            tail: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> BlockQueue<T> {
+    /// Entries of one block.
+    const BLOCK: usize = 512;
+
+    /// Appends `value` at the back.
+    #[inline]
+    pub(crate) fn push_back(&mut self, value: T) {
+        if self.tail.len() >= Self::BLOCK {
+            if self.head.is_empty() {
+                std::mem::swap(&mut self.head, &mut self.tail);
+            } else {
+                let block = VecDeque::with_capacity(Self::BLOCK);
+                self.full
+                    .push_back(std::mem::replace(&mut self.tail, block));
+            }
+        }
+        self.tail.push_back(value);
+    }
+
+    /// The front entry.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<&T> {
+        self.head.front().or_else(|| self.tail.front())
+    }
+
+    /// The back entry.
+    pub(crate) fn back(&self) -> Option<&T> {
+        self.tail
+            .back()
+            .or_else(|| self.full.back().and_then(VecDeque::back))
+            .or_else(|| self.head.back())
+    }
+
+    /// Takes the front entry.
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<T> {
+        let Some(value) = self.head.pop_front() else {
+            return self.tail.pop_front();
+        };
+        if self.head.is_empty() {
+            if let Some(next) = self.full.pop_front() {
+                self.head = next;
+            }
+        }
+        Some(value)
     }
 }
 
@@ -200,6 +272,33 @@ mod tests {
         *table.get_mut(7).unwrap() = 70;
         assert_eq!(table.iter().nth(7), Some(&70));
         assert_eq!(table.iter().count(), table.len());
+    }
+
+    #[test]
+    fn block_queue_is_a_fifo_across_blocks() {
+        let mut queue = BlockQueue::default();
+        // Fill and drain in rounds, and interleave, so entries cross blocks in every way
+        // (tail only, head and tail, full blocks in between).
+        let mut expected = std::collections::VecDeque::new();
+        let mut next = 0;
+        for round in 1..6 {
+            for _ in 0..round * 700 {
+                queue.push_back(next);
+                expected.push_back(next);
+                assert_eq!(queue.back(), expected.back());
+                next += 1;
+            }
+            for _ in 0..round * 500 {
+                assert_eq!(queue.front(), expected.front());
+                assert_eq!(queue.pop_front(), expected.pop_front());
+            }
+        }
+        while let Some(n) = expected.pop_front() {
+            assert_eq!(queue.pop_front(), Some(n));
+        }
+        assert_eq!(queue.pop_front(), None);
+        assert_eq!(queue.front(), None);
+        assert_eq!(queue.back(), None);
     }
 
     #[test]
