@@ -14,6 +14,9 @@ use crate::run::{cargo, status, workspace_root};
 
 /// The scale points the benches run, in connections.
 const SCALE_POINTS: [u64; 3] = [1_000, 10_000, 100_000];
+/// The largest growth of the time per connection over the 1k point that the report
+/// still calls flat.
+const FLAT_RATIO: f64 = 1.25;
 
 /// Runs the benches (`--smoke`: the short CI mode; `--vm`: also the real-device quick
 /// mode inside the soft-RoCE VM, its figures folded into the table) and prints the report.
@@ -476,6 +479,16 @@ impl Figures {
                 (None, Some(o)) => format!("{} established {}", o.value.unwrap_or(0.0), o.note),
                 (None, None) => "not run".to_string(),
             };
+            let growth = point
+                .ns_per_conn
+                .zip(base.and_then(|b| b.ns_per_conn))
+                .filter(|_| n != SCALE_POINTS[0])
+                .map(|(v, b)| v / b);
+            let verdict = match growth {
+                Some(g) if g <= FLAT_RATIO => format!("flat ({g:.2}x the 1k cost); "),
+                Some(g) => format!("not flat: {g:.2}x the 1k cost; "),
+                None => String::new(),
+            };
             rows.push(Row {
                 figure: format!("SimFabric {label} conns, 10% RTU loss: time per conn"),
                 value: point.ns_per_conn.map_or_else(|| "not run".to_string(), ns),
@@ -483,9 +496,9 @@ impl Figures {
                     .and_then(|b| b.ns_per_conn)
                     .map_or_else(|| "-".to_string(), |b| format!("1k: {}", ns(b))),
                 ratio: ratio(point.ns_per_conn, base.and_then(|b| b.ns_per_conn)),
-                target: "flat (ratio ≈ 1)".to_string(),
+                target: format!("flat (ratio ≤ {FLAT_RATIO})"),
                 machine: machine.to_string(),
-                note: note.clone(),
+                note: format!("{verdict}{note}"),
             });
             rows.push(Row {
                 figure: format!("SimFabric {label} conns: peak heap per conn"),
@@ -721,6 +734,26 @@ mod tests {
     }
 
     #[test]
+    fn scale_growth_past_the_flat_ratio_is_called_so() {
+        let mut estimates = BTreeMap::new();
+        estimates.insert("scale/1000".to_string(), 10e6);
+        estimates.insert("scale/100000".to_string(), 1_440e6);
+        let figures = Figures {
+            estimates,
+            extra: BTreeMap::new(),
+            vm: BTreeMap::new(),
+        };
+        let rows = figures.rows("test machine");
+        let time_row = |label: &str| {
+            rows.iter()
+                .find(|r| r.figure.contains(&format!("{label} conns, 10% RTU loss")))
+                .unwrap()
+        };
+        assert!(time_row("100k").note.starts_with("not flat: 1.44x"));
+        assert!(!time_row("1k").note.contains("flat"));
+    }
+
+    #[test]
     fn the_table_has_ratios_and_scale_rows() {
         let mut estimates = BTreeMap::new();
         estimates.insert("notify/direct".to_string(), 5.0);
@@ -747,6 +780,7 @@ mod tests {
             .find(|r| r.figure.contains("10k conns, 10% RTU loss"))
             .unwrap();
         assert_eq!(ten_k.ratio, "1.20");
+        assert!(ten_k.note.starts_with("flat (1.20x"), "{}", ten_k.note);
         let hundred_k = rows
             .iter()
             .find(|r| r.figure.contains("100k conns, 10% RTU loss"))
