@@ -3,7 +3,7 @@
 //! Every key the fabric hands out is a small integer (id slots, QP numbers, connection
 //! numbers), and a scale run walks them roughly in order. Tables indexed by those
 //! integers need no hashing and keep neighbouring connections on neighbouring cache
-//! lines, so the cost per connection stays flat as the run outgrows the caches.
+//! lines, so the cost per connection grows little as the run outgrows the caches.
 //! The id, QP and connection tables grow by fixed chunks, the schedule's queues by
 //! blocks: nothing is copied when they grow, none holds twice the memory it needs right
 //! after doubling, and queues that peak at different times reuse each other's blocks.
