@@ -210,7 +210,7 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         trigger_at: vec![None; config.connections as usize],
         latencies: Vec::new(),
         conn_of_qp: ConnOfQp::default(),
-        passive_ids: Vec::new(),
+        passive_ids: Vec::with_capacity(config.connections as usize),
         active_ids: Vec::with_capacity(config.connections as usize),
         comm_est_ignored: 0,
         settled: 0,
