@@ -172,6 +172,15 @@ pub enum CmError {
         /// What is gone ("id", "channel", "event").
         what: &'static str,
     },
+    /// The call needs the object to itself and something else holds or uses it (other
+    /// handles of an id being migrated, a thread reading its channel).
+    #[error("{op} refused: {reason}")]
+    Busy {
+        /// The refused call.
+        op: &'static str,
+        /// What is in the way.
+        reason: &'static str,
+    },
     /// The arguments are invalid before anything reaches the CM.
     #[error("{op} refused: {reason}")]
     InvalidArgument {
@@ -202,7 +211,7 @@ impl CmError {
     pub const fn errno(&self) -> i32 {
         match self {
             CmError::NoDevice { errno, .. } | CmError::Os { errno, .. } => errno.0,
-            CmError::UnackedEvents { .. } => errno::EBUSY,
+            CmError::UnackedEvents { .. } | CmError::Busy { .. } => errno::EBUSY,
             CmError::Gone { .. } => errno::ENXIO,
             CmError::InvalidArgument { .. } => errno::EINVAL,
         }

@@ -2,7 +2,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use cm_core::{errno, CmError};
@@ -16,6 +16,10 @@ use crate::id::CmId;
 /// id behind librdmacm's back and leave the id's later calls writing to a stale fd.
 pub(crate) struct ChannelInner {
     raw: NonNull<ffi::rdma_event_channel>,
+    /// Held shared while an event is read and bound to the owners of its ids, and
+    /// exclusively by [`CmId::migrate`]: reading an event is the only way a new handle
+    /// to an existing id can appear, and migration needs the id's only handle.
+    reading: RwLock<()>,
 }
 
 // SAFETY: the channel is a heap struct holding an fd, written only by
@@ -29,6 +33,21 @@ unsafe impl Sync for ChannelInner {}
 impl ChannelInner {
     pub(crate) fn as_ptr(&self) -> *mut ffi::rdma_event_channel {
         self.raw.as_ptr()
+    }
+
+    /// Shared: an event is being read on this channel.
+    fn start_reading(&self) -> RwLockReadGuard<'_, ()> {
+        self.reading.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Exclusive: no thread is reading an event on this channel until the guard goes;
+    /// `None` if one is now (a blocking read may last, so this never waits).
+    pub(crate) fn try_exclude_readers(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        match self.reading.try_write() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     pub(crate) fn fd(&self) -> RawFd {
@@ -83,7 +102,10 @@ impl EventChannel {
         let raw = unsafe { ffi::rdma_create_event_channel() };
         match NonNull::new(raw) {
             Some(raw) => Ok(EventChannel {
-                inner: Arc::new(ChannelInner { raw }),
+                inner: Arc::new(ChannelInner {
+                    raw,
+                    reading: RwLock::new(()),
+                }),
             }),
             None => Err(channel_creation_error(ffi::last_errno())),
         }
@@ -180,6 +202,7 @@ impl EventChannel {
     /// (non-blocking mode only; in blocking mode the read waits, which a prior poll keeps
     /// short).
     fn read_one(&self) -> Result<Option<Decoded>, CmError> {
+        let _reading = self.inner.start_reading();
         let mut raw = ptr::null_mut();
         // SAFETY: the channel is live; `raw` receives an event owned by us until acked.
         let ret = unsafe { ffi::rdma_get_cm_event(self.inner.as_ptr(), &mut raw) };

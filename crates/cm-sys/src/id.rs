@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use cm_core::{
@@ -83,9 +83,9 @@ impl ConnParams<'_> {
 /// `rdma_destroy_id` returns: from then on librdmacm reports no event for the id.
 pub(crate) struct IdInner {
     raw: NonNull<ffi::rdma_cm_id>,
-    /// The channel the id's events arrive on; write-locked only while migrating, because
-    /// `rdma_notify` reads `id->channel` and `rdma_migrate_id` writes it.
-    channel: RwLock<Arc<ChannelInner>>,
+    /// The channel the id's events arrive on, kept open while the id lives on it;
+    /// changed only by [`CmId::migrate`].
+    channel: Mutex<Arc<ChannelInner>>,
     /// Serializes the calls that change librdmacm's user-space id state (bind, resolve,
     /// connect, accept, QP creation, posting, polling). `notify` does not take it.
     ops: Mutex<()>,
@@ -99,9 +99,11 @@ pub(crate) struct IdInner {
 }
 
 // SAFETY: librdmacm ids may be used from any thread. The user-space id fields librdmacm
-// changes are guarded here: `ops` serializes every call that writes them, `channel`
-// serializes migration against notify, and the cached QP number is atomic. The kernel
-// serializes the commands themselves.
+// changes are guarded here: `ops` serializes every call that writes them; `notify`, the
+// one call that takes no lock, reads only `id->channel`, which changes only in
+// `CmId::migrate`, and that runs only with the id's sole handle borrowed mutably while
+// no thread reads its channels (so no `notify` can run meanwhile); the cached QP number
+// is atomic. The kernel serializes the commands themselves.
 unsafe impl Send for IdInner {}
 // SAFETY: see Send; every `&self` method takes the lock its C call needs.
 unsafe impl Sync for IdInner {}
@@ -160,7 +162,7 @@ impl IdInner {
             unsafe { (*raw.as_ptr()).context = context };
             IdInner {
                 raw,
-                channel: RwLock::new(channel),
+                channel: Mutex::new(channel),
                 ops: Mutex::new(()),
                 qp_num: AtomicU32::new(NO_QP),
                 events_out: AtomicUsize::new(0),
@@ -380,13 +382,9 @@ impl CmId {
     /// The event number goes to the kernel as is, unknown ones included. Does not wait
     /// behind the id's other calls.
     pub fn notify(&self, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
-        let _channel = self
-            .inner
-            .channel
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: live id; the read lock keeps migrate_id from changing `id->channel`,
-        // the only id field rdma_notify reads that can change.
+        // SAFETY: live id. rdma_notify reads `id->channel`, which only rdma_migrate_id
+        // writes, and `migrate` needs `&mut` on the id's only handle with no event being
+        // read: no thread can be here meanwhile. No lock on this path.
         let ret = unsafe { ffi::rdma_notify_raw(self.inner.as_ptr(), event.as_raw()) };
         if ret == 0 {
             Ok(NotifyOutcome::Established)
@@ -397,25 +395,47 @@ impl CmId {
 
     /// `rdma_migrate_id`: the id's future events arrive on `channel`.
     ///
-    /// Refused with [`CmError::UnackedEvents`] while an event of the id is
-    /// unacknowledged: librdmacm would wait for it, possibly forever.
-    pub fn migrate(&self, channel: &EventChannel) -> Result<(), CmError> {
+    /// Needs the id to itself, so that [`CmId::notify`] can go without a lock: refused
+    /// with [`CmError::UnackedEvents`] while an event of the id is unacknowledged
+    /// (librdmacm would wait for it, possibly forever), and with [`CmError::Busy`] while
+    /// another handle exists (a clone, one held by a notify pump: unregister it first) or
+    /// while another thread is reading an event on the current or the new channel (a
+    /// blocking read in progress; migrate from the reading thread, as after a
+    /// CONNECT_REQUEST, or when it is idle).
+    pub fn migrate(&mut self, channel: &EventChannel) -> Result<(), CmError> {
+        const OP: &str = "rdma_migrate_id";
         let _ops = self.inner.lock_ops();
         let unacked = self.inner.events_out.load(Ordering::Acquire);
         if unacked > 0 {
-            return Err(CmError::UnackedEvents {
-                op: "rdma_migrate_id",
-                unacked,
-            });
+            return Err(CmError::UnackedEvents { op: OP, unacked });
         }
         let mut current = self
             .inner
             .channel
-            .write()
+            .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: live id and channel; the write lock excludes concurrent notify.
+        let reading = CmError::Busy {
+            op: OP,
+            reason: "another thread is reading an event on the id's channel",
+        };
+        // No handle can appear while no event is read on either channel: checked after.
+        let old = Arc::clone(&current);
+        let _old_readers = old.try_exclude_readers().ok_or(reading.clone())?;
+        let _new_readers = if Arc::ptr_eq(&old, channel.inner()) {
+            None
+        } else {
+            Some(channel.inner().try_exclude_readers().ok_or(reading)?)
+        };
+        if Arc::strong_count(&self.inner) > 1 {
+            return Err(CmError::Busy {
+                op: OP,
+                reason: "the id has other handles (clones, events, a notify pump)",
+            });
+        }
+        // SAFETY: live id and channel; this is the id's only handle, borrowed mutably,
+        // and no event is being read, so nothing else uses the id meanwhile.
         let ret = unsafe { ffi::rdma_migrate_id(self.inner.as_ptr(), channel.inner().as_ptr()) };
-        check("rdma_migrate_id", ret)?;
+        check(OP, ret)?;
         *current = Arc::clone(channel.inner());
         Ok(())
     }

@@ -92,7 +92,7 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
     listener.listen(4).expect("listen");
     let target = listener.local_addr().expect("listener address");
 
-    let (id, resolved) =
+    let (mut id, resolved) =
         common::addr_resolved_id(&first, setup.addr_b, target).expect("address resolution");
     assert_eq!(resolved.id(), Some(&id));
     assert_eq!(id.unacked_events(), 1);
@@ -103,6 +103,13 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
     }
     resolved.ack().expect("ack");
     assert_eq!(id.unacked_events(), 0);
+    // Another handle could notify while librdmacm changes `id->channel`: refused too.
+    let other_handle = id.clone();
+    match id.migrate(&second) {
+        Err(CmError::Busy { .. }) => {}
+        other => panic!("migrate with another handle alive: {other:?}"),
+    }
+    drop(other_handle);
     id.migrate(&second).expect("migrate");
 
     id.resolve_route(RESOLVE_TIMEOUT).expect("resolve_route");
@@ -166,7 +173,7 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     assert_eq!(server.unacked_events(), 0);
     let other_channel = EventChannel::new().expect("channel");
     assert!(matches!(
-        listener.migrate(&other_channel),
+        listener.clone().migrate(&other_channel),
         Err(CmError::UnackedEvents { unacked: 1, .. })
     ));
     request.ack().expect("ack");

@@ -31,7 +31,9 @@ fn misuse_the_types_rule_out_stays_ruled_out() {
     // keeps it alive.
     let _id: for<'a> fn(&'a CmEvent) -> Option<&'a CmId> = CmEvent::id;
     // Migration and id creation borrow a live channel: a closed one cannot be named.
-    let _migrate: fn(&CmId, &EventChannel) -> Result<(), CmError> = CmId::migrate;
+    // Migration borrows the id mutably: no other thread can notify through this handle
+    // meanwhile (other handles are refused at run time).
+    let _migrate: fn(&mut CmId, &EventChannel) -> Result<(), CmError> = CmId::migrate;
     let _create: fn(&EventChannel) -> Result<CmId, CmError> = EventChannel::create_id;
     // notify answers the notify contract, never a panic or a raw integer.
     let _notify: fn(&CmId, AsyncEventType) -> Result<NotifyOutcome, NotifyError> = CmId::notify;
@@ -87,7 +89,7 @@ fn an_unacknowledged_event_keeps_its_id_and_channel_usable() {
         Err(NotifyError::WrongState)
     );
     let elsewhere = EventChannel::new().expect("channel");
-    match id.migrate(&elsewhere) {
+    match id.clone().migrate(&elsewhere) {
         Err(CmError::UnackedEvents { unacked: 1, .. }) => {}
         other => panic!("migrate with an unacknowledged event: {other:?}"),
     }

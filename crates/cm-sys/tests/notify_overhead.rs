@@ -4,8 +4,8 @@
 //! machine state. Each round times a batch of each, in rotating
 //! order; the figure is the median of the rounds' own ratios, so drift between rounds
 //! (other vCPU work, the host) cancels. A third batch times the bare call inside an
-//! uncontended `RwLock` read, the lock `CmId::notify` takes against a racing
-//! `rdma_migrate_id`, to show how much of the gap is that lock.
+//! uncontended `RwLock` read: what guarding notify against a racing `rdma_migrate_id`
+//! with a lock would cost (`CmId::notify` takes none: `migrate` needs the id to itself).
 //!
 //! Prints the figures (a human line and a `cm-benches:` figure line that `cargo xtask
 //! bench` reads from the VM console log; never an assertion on time); asserts that both
@@ -133,7 +133,7 @@ fn wrapper_notify_against_raw_rdma_notify() {
         "median of the ratios of {ROUNDS} interleaved rounds of {CALLS_PER_ROUND} calls each; \
          per call: CmId::notify {wrapped_median:?}, raw rdma_notify {raw_median:?}, \
          raw inside an uncontended RwLock read {locked_median:?} (ratio {locked_ratio:.3}: \
-         the lock CmId::notify takes against a racing rdma_migrate_id)"
+         what a lock against a racing rdma_migrate_id would cost; CmId::notify takes none)"
     );
     report(&format!(
         "notify overhead: cm-sys CmId::notify / raw rdma_notify = {wrapped_ratio:.3} ({how})"
