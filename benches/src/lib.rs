@@ -38,15 +38,5 @@ pub fn machine_label() -> String {
     if std::env::var("CMNOTIFY_VM").is_ok_and(|v| v == "1") {
         return "VM (qemu TCG, soft-RoCE; absolute times are emulation)".to_string();
     }
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_string());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("host ({model}, {cores} cores)")
+    format!("host ({})", cm_testkit::host_cpu())
 }

@@ -689,17 +689,7 @@ fn render_svg(points: &[ScalePoint]) -> String {
 
 /// The host, for the report's machine column.
 fn host_machine() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_string());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("host hardware ({model}, {cores} cores)")
+    format!("host hardware ({})", cm_testkit::host_cpu())
 }
 
 #[cfg(test)]

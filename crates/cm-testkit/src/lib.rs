@@ -7,7 +7,8 @@
 //! - [`addresses`]: the VM's two soft-RoCE test addresses, or a recorded skip.
 //! - [`report`]: a line on stderr that libtest does not capture, for the console log.
 //! - [`Figure`]: a benchmark figure's line, written by the benches and by tests that
-//!   measure inside the VM, read back by `cargo xtask bench`.
+//!   measure inside the VM, read back by `cargo xtask bench`; [`host_cpu`] names the
+//!   machine they were measured on.
 //!
 //! ```
 //! // Outside the VM there is no device: the test records its skip and returns.
@@ -101,4 +102,19 @@ mod tests {
             "t1: skipped: no RDMA device (none here)\nt2: skipped: no RDMA device (still none)\n"
         );
     }
+}
+
+/// The host's CPU for a report's machine column: "<model name>, <N> cores".
+pub fn host_cpu() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{model}, {cores} cores")
 }

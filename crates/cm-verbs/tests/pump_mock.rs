@@ -25,18 +25,20 @@ fn id_answering(times: usize, answer: Result<NotifyOutcome, NotifyError>) -> Moc
     id
 }
 
+/// A pump with one passive connection: `id`, on [`QP`].
+fn passive_pump(id: MockCmId) -> NotifyPump<MockCmId> {
+    let mut pump = NotifyPump::new();
+    pump.register(id, Role::Passive).unwrap();
+    pump
+}
+
 fn comm_est(qp: QpNum) -> AsyncEvent {
     AsyncEvent::qp(AsyncEventType::CommEst, qp)
 }
 
 #[test]
 fn comm_est_forces_established() {
-    let mut pump = NotifyPump::new();
-    pump.register(
-        id_answering(1, Ok(NotifyOutcome::Established)),
-        Role::Passive,
-    )
-    .unwrap();
+    let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
     assert_eq!(
         pump.handle_async_event(comm_est(QP)),
         PumpEvent::Forced {
@@ -51,12 +53,7 @@ fn comm_est_forces_established() {
 
 #[test]
 fn eisconn_is_success() {
-    let mut pump = NotifyPump::new();
-    pump.register(
-        id_answering(1, Ok(NotifyOutcome::AlreadyEstablished)),
-        Role::Passive,
-    )
-    .unwrap();
+    let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::AlreadyEstablished)));
     assert_eq!(
         pump.handle_async_event(comm_est(QP)),
         PumpEvent::AlreadyEstablished {
@@ -79,9 +76,7 @@ fn every_notify_error_is_surfaced_typed_with_its_errno() {
         NotifyError::Os(Errno(5)),
     ];
     for (i, error) in errors.into_iter().enumerate() {
-        let mut pump = NotifyPump::new();
-        pump.register(id_answering(1, Err(error)), Role::Passive)
-            .unwrap();
+        let mut pump = passive_pump(id_answering(1, Err(error)));
         let event = pump.handle_async_event(comm_est(QP));
         assert_eq!(
             event,
@@ -191,12 +186,7 @@ fn path_mig_goes_to_the_cm_only_when_configured() {
 
 #[test]
 fn receive_completion_notifies_once_for_a_pending_passive_connection() {
-    let mut pump = NotifyPump::new();
-    pump.register(
-        id_answering(1, Ok(NotifyOutcome::Established)),
-        Role::Passive,
-    )
-    .unwrap();
+    let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
     assert_eq!(
         pump.on_receive_completion(QP),
         Some(PumpEvent::Forced {
@@ -214,12 +204,7 @@ fn receive_completion_notifies_once_for_a_pending_passive_connection() {
 
 #[test]
 fn receive_completion_after_established_event_calls_nothing() {
-    let mut pump = NotifyPump::new();
-    pump.register(
-        id_answering(0, Ok(NotifyOutcome::Established)),
-        Role::Passive,
-    )
-    .unwrap();
+    let mut pump = passive_pump(id_answering(0, Ok(NotifyOutcome::Established)));
     assert!(pump
         .on_cm_event(CmEventType::Established, Some(QP))
         .is_none());
@@ -269,12 +254,7 @@ fn failure_events_unregister_the_connection() {
         CmEventType::ConnectError,
         CmEventType::DeviceRemoval,
     ] {
-        let mut pump = NotifyPump::new();
-        pump.register(
-            id_answering(0, Ok(NotifyOutcome::Established)),
-            Role::Passive,
-        )
-        .unwrap();
+        let mut pump = passive_pump(id_answering(0, Ok(NotifyOutcome::Established)));
         assert!(pump.on_cm_event(kind, Some(QP)).is_some(), "{kind}");
         assert!(pump.is_empty());
     }
@@ -293,12 +273,7 @@ fn drain_handles_every_pending_event_and_stops_on_none() {
         .expect_try_next_async_event()
         .times(4)
         .returning(move || Ok(queue.next()));
-    let mut pump = NotifyPump::new();
-    pump.register(
-        id_answering(1, Ok(NotifyOutcome::Established)),
-        Role::Passive,
-    )
-    .unwrap();
+    let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
     let mut seen = Vec::new();
     assert_eq!(pump.drain(&mut source, |e| seen.push(e)).unwrap(), 3);
     assert!(matches!(seen[0], PumpEvent::Forced { .. }));
@@ -339,12 +314,7 @@ fn loop_pumps_async_events_first_then_hands_cm_events_in_order() {
     cms.expect_try_next_event()
         .returning(move || Ok(queue.next()));
 
-    let mut pump = NotifyPump::new();
-    pump.register(
-        id_answering(1, Ok(NotifyOutcome::Established)),
-        Role::Passive,
-    )
-    .unwrap();
+    let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
     let mut event_loop = EventLoop::new(cms, asyncs, pump);
     let mut order = Vec::new();
     let ready = Ready {
