@@ -314,7 +314,7 @@ fn loop_pumps_async_events_first_then_hands_cm_events_in_order() {
     cms.expect_try_next_event()
         .returning(move || Ok(queue.next()));
 
-    let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
+    let pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
     let mut event_loop = EventLoop::new(cms, asyncs, pump);
     let mut order = Vec::new();
     let ready = Ready {
