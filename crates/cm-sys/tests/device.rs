@@ -13,8 +13,8 @@ use std::time::Duration;
 use cm_core::{AsyncEventType, CmError, CmEventType, NotifyError, NotifyOutcome};
 use cm_sys::{ConnParams, EventChannel, QpCaps};
 use common::{
-    addresses, expect_event, resolved_id, wait_completion, CmMadRule, MadAction, RESOLVE_TIMEOUT,
-    RTU, WAIT,
+    addresses, expect_event, listener_on, resolved_id, resolved_to, wait_completion, CmMadRule,
+    MadAction, RESOLVE_TIMEOUT, RTU, WAIT,
 };
 
 /// The nftables table of the lost-RTU test.
@@ -85,11 +85,7 @@ fn resolve_events_arrive_on_the_channel_an_id_migrated_to() {
     let first = EventChannel::new().expect("channel");
     let second = EventChannel::new().expect("channel");
     let listen_channel = EventChannel::new().expect("channel");
-    let listener = listen_channel.create_id().expect("listener");
-    listener
-        .bind_addr(SocketAddr::new(setup.addr_a, 0))
-        .expect("bind");
-    listener.listen(4).expect("listen");
+    let listener = listener_on(&listen_channel, setup.addr_a, 4);
     let target = listener.local_addr().expect("listener address");
 
     let (mut id, resolved) =
@@ -134,11 +130,7 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     let server_channel = EventChannel::new().expect("server channel");
     let client_channel = EventChannel::new().expect("client channel");
 
-    let listener = server_channel.create_id().expect("listener");
-    listener
-        .bind_addr(SocketAddr::new(setup.addr_a, 0))
-        .expect("bind");
-    listener.listen(4).expect("listen");
+    let listener = listener_on(&server_channel, setup.addr_a, 4);
     let server_addr = listener.local_addr().expect("listener address");
 
     // Active side: resolve, QP, connect.
@@ -308,18 +300,9 @@ fn a_dropped_connect_request_rejects_the_connection() {
     };
     let server_channel = EventChannel::new().expect("server channel");
     let client_channel = EventChannel::new().expect("client channel");
-    let listener = server_channel.create_id().expect("listener");
-    listener
-        .bind_addr(SocketAddr::new(setup.addr_a, 0))
-        .expect("bind");
-    listener.listen(4).expect("listen");
+    let listener = listener_on(&server_channel, setup.addr_a, 4);
 
-    let client = resolved_id(
-        &client_channel,
-        setup.addr_b,
-        listener.local_addr().expect("listener address"),
-    )
-    .expect("resolve");
+    let client = resolved_to(&listener, &client_channel, setup.addr_b);
     client.create_qp(&QpCaps::default()).expect("client QP");
     client.connect(&ConnParams::default()).expect("connect");
 
@@ -345,17 +328,8 @@ fn notify_forces_established_when_the_rtu_is_lost() {
     };
     let server_channel = EventChannel::new().expect("server channel");
     let client_channel = EventChannel::new().expect("client channel");
-    let listener = server_channel.create_id().expect("listener");
-    listener
-        .bind_addr(SocketAddr::new(setup.addr_a, 0))
-        .expect("bind");
-    listener.listen(4).expect("listen");
-    let client = resolved_id(
-        &client_channel,
-        setup.addr_b,
-        listener.local_addr().expect("listener address"),
-    )
-    .expect("resolve");
+    let listener = listener_on(&server_channel, setup.addr_a, 4);
+    let client = resolved_to(&listener, &client_channel, setup.addr_b);
     client.create_qp(&QpCaps::default()).expect("client QP");
     let client_mem = client.register_memory(16).expect("client memory");
 

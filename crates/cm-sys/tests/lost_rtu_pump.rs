@@ -11,14 +11,16 @@
 
 mod common;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use cm_core::{errno, AsyncEventType, CmEventType, NotifyError, NotifyOutcome};
 use cm_sys::{CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
 use cm_verbs::{NotifyPump, Progress, PumpEvent, Role, Trigger};
 
-use common::{expect_event, wait_completion, CmMadRule, MadAction, REP_RETRIES_BOUND, RTU, WAIT};
+use common::{
+    expect_event, listener_on, wait_completion, CmMadRule, MadAction, REP_RETRIES_BOUND, RTU, WAIT,
+};
 
 /// How long the pumped connection is watched after its ESTABLISHED for a second one:
 /// longer than the first REP retransmission (4.1 s after the REP under emulation), whose
@@ -47,11 +49,7 @@ impl EarlySender {
     fn open(passive_addr: IpAddr, active_addr: IpAddr, before_accept: impl FnOnce(&CmId)) -> Self {
         let server = EventChannel::new().expect("server channel");
         let client = EventChannel::new().expect("client channel");
-        let listener = server.create_id().expect("listener");
-        listener
-            .bind_addr(SocketAddr::new(passive_addr, 0))
-            .expect("bind");
-        listener.listen(4).expect("listen");
+        let listener = listener_on(&server, passive_addr, 4);
         let target = listener.local_addr().expect("listener address");
 
         let active = common::resolved_id(&client, active_addr, target).expect("resolve");

@@ -52,6 +52,21 @@ pub(crate) fn setup(test: &str) -> Option<Setup> {
     })
 }
 
+/// A listener on `channel`, bound to `addr` (any port) with `backlog`.
+pub(crate) fn listener_on(channel: &EventChannel, addr: IpAddr, backlog: i32) -> CmId {
+    let listener = channel.create_id().expect("listener");
+    listener.bind_addr(SocketAddr::new(addr, 0)).expect("bind");
+    listener.listen(backlog).expect("listen");
+    listener
+}
+
+/// A client id on `channel`, its address (from `from`) and route resolved to
+/// `listener`.
+pub(crate) fn resolved_to(listener: &CmId, channel: &EventChannel, from: IpAddr) -> CmId {
+    let target = listener.local_addr().expect("listener address");
+    resolved_id(channel, from, target).expect("resolve")
+}
+
 /// The next event on `channel` within `timeout`, if any.
 pub(crate) fn event_within(channel: &EventChannel, timeout: Duration) -> Option<CmEvent> {
     channel
