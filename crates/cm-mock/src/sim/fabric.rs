@@ -32,9 +32,44 @@ pub(crate) const REJ_STALE_CONN: i32 = 10;
 /// EADDRINUSE, for a second listener on a port.
 const EADDRINUSE: i32 = 98;
 
-/// Private data of a CM message or event. A boxed slice, not a `Vec`: it never grows,
-/// and the 8 bytes saved count in every id and every queued message and event.
-pub(crate) type Private = Box<[u8]>;
+/// Private data of a CM message, queued event or id: a handle into the fabric's
+/// [`PrivateBytes`]. Copying it is free and it owns no heap memory, so sending a REQ
+/// allocates nothing and the id and message tables need no drop pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Private {
+    start: usize,
+    len: usize,
+}
+
+/// The bytes of every private data the fabric was handed (`connect`, `accept`,
+/// `reject`), appended once; a call repeating the previous call's bytes (the same
+/// `connect` on every id) reuses them, so the store grows only with distinct data.
+#[derive(Debug, Default)]
+struct PrivateBytes {
+    bytes: Vec<u8>,
+    last: Private,
+}
+
+impl PrivateBytes {
+    fn store(&mut self, data: &[u8]) -> Private {
+        if data.is_empty() {
+            return Private::default();
+        }
+        if self.get(self.last) == data {
+            return self.last;
+        }
+        self.last = Private {
+            start: self.bytes.len(),
+            len: data.len(),
+        };
+        self.bytes.extend_from_slice(data);
+        self.last
+    }
+
+    fn get(&self, private: Private) -> &[u8] {
+        &self.bytes[private.start..private.start + private.len]
+    }
+}
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -128,7 +163,7 @@ pub(crate) struct ReadEvent {
     pub(crate) event_type: CmEventType,
     pub(crate) status: i32,
     pub(crate) qp: Option<QpNum>,
-    pub(crate) private: Private,
+    pub(crate) private: Box<[u8]>,
 }
 
 #[derive(Debug, Default)]
@@ -270,6 +305,8 @@ pub(crate) struct Fabric {
     queue: Schedule<Action>,
     /// The messages in flight.
     wire: Slots<Message>,
+    /// The private data the messages, events and ids refer to.
+    privates: PrivateBytes,
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
@@ -307,6 +344,7 @@ impl Fabric {
             now: 0,
             queue: Schedule::default(),
             wire: Slots::default(),
+            privates: PrivateBytes::default(),
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),
@@ -717,7 +755,7 @@ impl Fabric {
         msg.src = MaybeKey(key);
         msg.qp = id.qp.unwrap_or(QpNum(0));
         msg.port = port;
-        msg.private = id.private.clone();
+        msg.private = id.private;
         msg.retransmit = retransmit;
         self.send(msg);
     }
@@ -728,7 +766,7 @@ impl Fabric {
         };
         let Some(id) = self.id(key) else { return };
         msg.qp = id.qp.unwrap_or(QpNum(0));
-        msg.private = id.private.clone();
+        msg.private = id.private;
         msg.retransmit = retransmit;
         self.send(msg);
     }
@@ -1202,6 +1240,7 @@ impl Fabric {
     pub(crate) fn connect(&mut self, key: SimIdKey, private: &[u8]) -> Result<ConnId, CmError> {
         const OP: &str = "rdma_connect";
         let conn = ConnId(self.conns.len() as u32);
+        let private = self.privates.store(private);
         let id = self.live(key, OP)?;
         if id.cm_state != CmIdState::RouteResolved {
             return Err(os(OP, errno::EINVAL));
@@ -1214,7 +1253,7 @@ impl Fabric {
         }
         id.cm_state = CmIdState::Connect;
         id.conn = MaybeConn::new(Some(conn));
-        id.private = private.into();
+        id.private = private;
         self.conns.push(ConnRecord::default());
         self.set_ib(key, IbCmState::ReqSent);
         self.send_req(key, false);
@@ -1224,6 +1263,7 @@ impl Fabric {
 
     pub(crate) fn accept(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
         const OP: &str = "rdma_accept";
+        let private = self.privates.store(private);
         let id = self.live(key, OP)?;
         if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
             return Err(os(OP, errno::EINVAL));
@@ -1232,7 +1272,7 @@ impl Fabric {
             op: OP,
             reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
         })?;
-        id.private = private.into();
+        id.private = private;
         let peer = id.remote_qp;
         // librdmacm moves the QP to RTR and RTS before it sends the REP.
         if let Some(q) = self.qp_mut(qp) {
@@ -1253,7 +1293,7 @@ impl Fabric {
         }
         if let Some(mut msg) = self.to_peer(key, MsgKind::Rej) {
             msg.value = REJ_CONSUMER_DEFINED;
-            msg.private = private.into();
+            msg.private = self.privates.store(private);
             self.send(msg);
         }
         self.cancel_timer(key);
@@ -1495,7 +1535,7 @@ impl Fabric {
                 event_type,
                 status,
                 qp,
-                private,
+                private: self.privates.get(private).into(),
             });
         }
     }
@@ -1588,5 +1628,74 @@ impl Fabric {
     pub(crate) fn set_lap_state(&mut self, key: SimIdKey, lap: LapState) -> Result<(), CmError> {
         self.live(key, "set_lap_state")?.lap = lap;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PrivateBytes;
+    use crate::sim::{SimChannel, SimConfig, SimFabric};
+    use cm_core::{CmEvent, CmEventSource, CmEventType};
+
+    #[test]
+    fn private_bytes_store_once_and_reuse_a_repeat() {
+        let mut store = PrivateBytes::default();
+        let empty = store.store(b"");
+        let a = store.store(b"hello");
+        let again = store.store(b"hello");
+        let b = store.store(b"bye");
+        assert_eq!(store.get(empty), b"");
+        assert_eq!((store.get(a), store.get(b)), (&b"hello"[..], &b"bye"[..]));
+        assert_eq!(a, again);
+        assert_eq!(store.bytes.len(), 8);
+    }
+
+    fn next(channel: &mut SimChannel, fabric: &SimFabric) -> crate::sim::SimCmEvent {
+        fabric.run_until(|_| channel.queued() > 0);
+        channel.try_next_event().unwrap().expect("an event")
+    }
+
+    /// Private data travels with REQ (CONNECT_REQUEST), REP (ESTABLISHED on the active
+    /// side) and REJ (REJECTED), whatever other calls stored in between.
+    #[test]
+    fn private_data_reaches_the_peer_events() {
+        let fabric = SimFabric::new(SimConfig::default(), 3);
+        let (server, client) = (fabric.add_node(), fabric.add_node());
+        let (mut server_events, mut client_events) =
+            (server.create_channel(), client.create_channel());
+        let listener = server_events.create_id();
+        listener.bind(7).unwrap();
+        listener.listen().unwrap();
+        let mut actives = Vec::new();
+        for data in [&b"first"[..], b"second"] {
+            let id = client_events.create_id();
+            id.resolve_addr(server.id(), 7).unwrap();
+            let resolved = next(&mut client_events, &fabric);
+            resolved.ack().unwrap();
+            id.resolve_route().unwrap();
+            next(&mut client_events, &fabric).ack().unwrap();
+            id.create_qp().unwrap();
+            id.connect(data).unwrap();
+            let request = next(&mut server_events, &fabric);
+            assert_eq!(request.event_type(), CmEventType::ConnectRequest);
+            assert_eq!(request.private_data(), data);
+            actives.push((id, request));
+        }
+        let (_, accepted) = actives.remove(0);
+        let passive = accepted.id();
+        accepted.ack().unwrap();
+        passive.create_qp().unwrap();
+        passive.accept(b"welcome").unwrap();
+        let established = next(&mut client_events, &fabric);
+        assert_eq!(established.event_type(), CmEventType::Established);
+        assert_eq!(established.private_data(), b"welcome");
+        established.ack().unwrap();
+        let (_, refused) = actives.remove(0);
+        let passive = refused.id();
+        refused.ack().unwrap();
+        passive.reject(b"full").unwrap();
+        let rejected = next(&mut client_events, &fabric);
+        assert_eq!(rejected.event_type(), CmEventType::Rejected);
+        assert_eq!(rejected.private_data(), b"full");
     }
 }
