@@ -7,7 +7,8 @@
 //! - `lookup/*`: one QP-number lookup with std's SipHash and with FxHash, the pump's
 //!   hasher: what the choice saves on the one lookup every pumped event pays.
 //! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
-//!   RTU loss; peak heap per connection is measured in a separate, untimed run.
+//!   RTU loss; peak heap and page faults per connection are measured in separate,
+//!   untimed runs.
 //! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
 //!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
 //!
@@ -21,7 +22,8 @@ use std::time::Duration;
 
 use cm_benches::results::{record, Figure};
 use cm_benches::sim::{
-    established_connections, scale_config, KernelLikeId, SCALE_POINTS, SCALE_RTU_LOSS,
+    established_connections, heap_kept_warm, minor_page_faults, scale_config, KernelLikeId,
+    SCALE_POINTS, SCALE_RTU_LOSS,
 };
 use cm_benches::smoke_mode;
 use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyOutcome, QpNum};
@@ -211,6 +213,32 @@ fn scale(c: &mut Criterion) {
         });
         let report = report.expect("the run returned");
         let key = format!("scale/{connections}");
+        // The simulated work: messages delivered and CM events handed over, per
+        // connection. Constant means the run is linear in its work; the time per
+        // connection can still grow as the working set leaves the caches.
+        let work = report.fabric.delivered.iter().sum::<u64>() + report.fabric.events_delivered;
+        record(&Figure::measured(
+            &format!("{key}/work_per_conn"),
+            work as f64 / f64::from(connections),
+            "count",
+            "messages delivered + CM events handed to the application, per connection",
+        ));
+        // A second untimed run sees the heap as the timed repetitions do.
+        let faults_before = minor_page_faults();
+        black_box(cm_tools::sim_run::run(&config));
+        if let Some((before, after)) = faults_before.zip(minor_page_faults()) {
+            let heap = if heap_kept_warm() {
+                "heap kept between runs (GLIBC_TUNABLES trim threshold)"
+            } else {
+                "glibc's default trimming: large runs map their heap afresh each time"
+            };
+            record(&Figure::measured(
+                &format!("{key}/page_faults_per_conn"),
+                (after - before) as f64 / f64::from(connections),
+                "count",
+                &format!("minor page faults of one repeated run; {heap}"),
+            ));
+        }
         record(&Figure::measured(
             &format!("{key}/peak_bytes_per_conn"),
             info.bytes_max as f64 / f64::from(connections),

@@ -83,6 +83,23 @@ pub fn established_connections(count: usize) -> SimConnections {
     }
 }
 
+/// The process's minor page faults so far (`minflt` of `/proc/self/stat`): the first
+/// touches of memory the kernel had to map, which a run on a reused heap does not pay.
+pub fn minor_page_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name (in parentheses, may hold spaces): state, ppid, pgrp,
+    // session, tty_nr, tpgid, flags, minflt.
+    let (_, fields) = stat.rsplit_once(')')?;
+    fields.split_whitespace().nth(7)?.parse().ok()
+}
+
+/// Whether glibc was told to keep freed memory (`GLIBC_TUNABLES` with a trim
+/// threshold, as `cargo xtask bench` sets): then every repeated run reuses a heap that
+/// is already mapped, whatever its size, as small runs always do.
+pub fn heap_kept_warm() -> bool {
+    std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.trim_threshold"))
+}
+
 /// The connection counts of the scale curve.
 pub const SCALE_POINTS: [u32; 3] = [1_000, 10_000, 100_000];
 
@@ -118,6 +135,19 @@ mod tests {
                 Ok(NotifyOutcome::AlreadyEstablished)
             );
         }
+    }
+
+    #[test]
+    fn page_faults_are_counted_and_grow_with_fresh_memory() {
+        let before = minor_page_faults().expect("Linux /proc/self/stat");
+        // 64 MiB touched page by page: well past any heap the test already mapped.
+        let mut fresh = vec![0u8; 64 << 20];
+        for page in fresh.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        std::hint::black_box(&fresh);
+        let after = minor_page_faults().expect("Linux /proc/self/stat");
+        assert!(after > before, "{before} -> {after}");
     }
 
     #[test]
