@@ -82,6 +82,21 @@ pub fn addresses(test: &str) -> Option<Addresses> {
     Some(Addresses { addr_a, addr_b })
 }
 
+/// The host's CPU for a report's machine column: "`model name`, `N` cores", from `/proc/cpuinfo`.
+pub fn host_cpu() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{model}, {cores} cores")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,19 +117,4 @@ mod tests {
             "t1: skipped: no RDMA device (none here)\nt2: skipped: no RDMA device (still none)\n"
         );
     }
-}
-
-/// The host's CPU for a report's machine column: "<model name>, <N> cores".
-pub fn host_cpu() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_string());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{model}, {cores} cores")
 }
