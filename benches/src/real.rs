@@ -396,14 +396,20 @@ impl HandServer {
             if ready.is_empty() {
                 return Err("no ESTABLISHED after notify".into());
             }
-            while let Some(event) = self
-                .device
-                .try_next_event()
-                .map_err(err("ibv_get_async_event"))?
-            {
-                if event.event_type == AsyncEventType::CommEst && event.qp_num() == qp {
-                    let _ = id.notify(AsyncEventType::CommEst);
+            // Only what poll says is readable, as the event loop does.
+            if ready.is_ready(1) {
+                while let Some(event) = self
+                    .device
+                    .try_next_event()
+                    .map_err(err("ibv_get_async_event"))?
+                {
+                    if event.event_type == AsyncEventType::CommEst && event.qp_num() == qp {
+                        let _ = id.notify(AsyncEventType::CommEst);
+                    }
                 }
+            }
+            if !ready.is_ready(0) {
+                continue;
             }
             if let Some(event) = self
                 .channel
