@@ -452,34 +452,35 @@ const ALL: Ready = Ready {
 };
 
 impl PumpServer {
-    /// Spins the loop until the handler sees a CM event of `kind`; returns its id.
+    /// One pass of the loop over the sources `ready` names (the pump sees every event
+    /// first); the first CM event, unacknowledged, if there was one.
+    fn next_cm_event(&mut self, ready: Ready) -> Result<Option<CmEvent>, String> {
+        let mut seen = None;
+        self.event_loop
+            .poll_once(ready, &mut |_pump, event| match event {
+                LoopEvent::Cm(event) => {
+                    seen = Some(event);
+                    Control::Stop
+                }
+                LoopEvent::Pump(_) => Control::Continue,
+            })
+            .map_err(err("event loop"))?;
+        Ok(seen)
+    }
+
+    /// Spins the loop until a CM event of `kind` comes; returns its id.
     fn until(&mut self, kind: CmEventType) -> Result<CmId, String> {
         let deadline = Instant::now() + WAIT;
         loop {
-            let mut seen = None;
-            let mut unexpected = None;
-            self.event_loop
-                .poll_once(ALL, &mut |_pump, event| match event {
-                    LoopEvent::Cm(event) => {
-                        let id = event.id().cloned();
-                        let event_type = event.event_type();
-                        let _ = event.ack();
-                        if event_type == kind {
-                            seen = id;
-                            Control::Stop
-                        } else {
-                            unexpected = Some(event_type);
-                            Control::Stop
-                        }
-                    }
-                    LoopEvent::Pump(_) => Control::Continue,
-                })
-                .map_err(err("event loop"))?;
-            if let Some(other) = unexpected {
-                return Err(format!("{other} while waiting for {kind}"));
-            }
-            if let Some(id) = seen {
-                return Ok(id);
+            if let Some(event) = self.next_cm_event(ALL)? {
+                let (event_type, id) = (event.event_type(), event.id().cloned());
+                let _ = event.ack();
+                if event_type != kind {
+                    return Err(format!("{event_type} while waiting for {kind}"));
+                }
+                if let Some(id) = id {
+                    return Ok(id);
+                }
             }
             if Instant::now() > deadline {
                 return Err(format!("no {kind}"));
@@ -505,29 +506,18 @@ impl PumpServer {
             other => return Err(format!("the pump answered {other:?}")),
         }
         let deadline = trigger + WAIT;
-        let mut established = false;
-        let mut unexpected = None;
-        while !established {
+        loop {
             let ready = self.waiter.wait().map_err(err("poll"))?;
             if ready == Ready::default() && Instant::now() > deadline {
                 return Err("no ESTABLISHED after notify".into());
             }
-            self.event_loop
-                .poll_once(ready, &mut |_pump, event| match event {
-                    LoopEvent::Cm(event) => {
-                        let kind = event.event_type();
-                        let _ = event.ack();
-                        established = kind == CmEventType::Established;
-                        if !established {
-                            unexpected = Some(kind);
-                        }
-                        Control::Stop
-                    }
-                    LoopEvent::Pump(_) => Control::Continue,
-                })
-                .map_err(err("event loop"))?;
-            if let Some(kind) = unexpected {
-                return Err(format!("{kind} before ESTABLISHED"));
+            if let Some(event) = self.next_cm_event(ready)? {
+                let kind = event.event_type();
+                let _ = event.ack();
+                if kind != CmEventType::Established {
+                    return Err(format!("{kind} before ESTABLISHED"));
+                }
+                break;
             }
         }
         Ok(trigger.elapsed())
@@ -565,17 +555,8 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
 
     // cm-sys notify on an established connection (the RTU arrives: no drop yet).
     {
-        let mut steps = SetupSteps::default();
-        let mut server_side = None;
-        let client = connect_and_send(setup, &client_channel, hand.addr, &mut steps, || {
-            server_side = Some(hand.accept_one()?);
-            Ok(())
-        })?;
+        let (client, server, _memory, steps) = established_on(setup, &client_channel, &hand)?;
         steps_seen.push(steps);
-        let (server, _memory) = server_side.ok_or("not accepted")?;
-        expect_event(&hand.channel, CmEventType::Established)?
-            .ack()
-            .map_err(err("ack"))?;
         let mut samples = Vec::new();
         for _ in 0..if connections > 10 { 200 } else { 50 } {
             let start = Instant::now();
@@ -755,21 +736,32 @@ fn hand_server(setup: &Setup) -> Result<HandServer, String> {
     })
 }
 
+/// One connection from `client_channel` to the hand server, established on both sides
+/// with its RTU delivered: the client, the server's id and memory, the setup steps.
+fn established_on(
+    setup: &Setup,
+    client_channel: &EventChannel,
+    hand: &HandServer,
+) -> Result<(Client, CmId, MemoryRegion, SetupSteps), String> {
+    let mut steps = SetupSteps::default();
+    let mut server_side = None;
+    let client = connect_and_send(setup, client_channel, hand.addr, &mut steps, || {
+        server_side = Some(hand.accept_one()?);
+        Ok(())
+    })?;
+    let (server, memory) = server_side.ok_or("not accepted")?;
+    expect_event(&hand.channel, CmEventType::Established)?
+        .ack()
+        .map_err(err("ack"))?;
+    Ok((client, server, memory, steps))
+}
+
 /// Criterion on cm-sys `notify` (EISCONN) on the passive id of an established
 /// connection.
 fn bench_cm_sys_notify(c: &mut Criterion, setup: &Setup) -> Result<(), String> {
     let client_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
     let hand = hand_server(setup)?;
-    let mut steps = SetupSteps::default();
-    let mut server_side = None;
-    let client = connect_and_send(setup, &client_channel, hand.addr, &mut steps, || {
-        server_side = Some(hand.accept_one()?);
-        Ok(())
-    })?;
-    let (server, _memory) = server_side.ok_or("not accepted")?;
-    expect_event(&hand.channel, CmEventType::Established)?
-        .ack()
-        .map_err(err("ack"))?;
+    let (client, server, _memory, _steps) = established_on(setup, &client_channel, &hand)?;
     c.bench_function("real/notify_cm_sys", |b| {
         b.iter(|| server.notify(AsyncEventType::CommEst))
     });
