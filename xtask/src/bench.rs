@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use cm_testkit::{Figure, FIGURE_PREFIX};
+
 use crate::run::{cargo, status, workspace_root};
 
 /// The scale points the benches run, in connections.
@@ -66,7 +68,7 @@ cargo-test cm-sys test=notify_overhead timeout=120
 /// The VM payload is a dev build; here it is optimised (in its own target folder, so
 /// the usual dev build stays cached), or unoptimised code shows in the ratios: measured,
 /// pump / hand loop 1.41 unoptimised against 0.98 optimised.
-fn vm_figures(target: &Path) -> Result<BTreeMap<String, Extra>, String> {
+fn vm_figures(target: &Path) -> Result<BTreeMap<String, Figure>, String> {
     let manifest = target.join("cm-benches/vm-payload.txt");
     std::fs::write(&manifest, VM_MANIFEST).map_err(|e| format!("{}: {e}", manifest.display()))?;
     let vm_target = target.join("bench-vm");
@@ -97,7 +99,7 @@ fn vm_figures(target: &Path) -> Result<BTreeMap<String, Extra>, String> {
     let lines: String = log
         .lines()
         .filter_map(|l| {
-            l.split_once("cm-benches: ")
+            l.split_once(FIGURE_PREFIX)
                 .map(|(_, figure)| format!("{figure}\n"))
         })
         .collect();
@@ -267,43 +269,21 @@ fn json_point_estimate(json: &str, name: &str) -> Option<f64> {
     value[..end].parse().ok()
 }
 
-/// One line of the benches' results file.
-#[derive(Debug, Clone, PartialEq)]
-struct Extra {
-    value: Option<f64>,
-    unit: String,
-    note: String,
-}
-
-/// Parses the results file: `key<TAB>value|skipped<TAB>unit<TAB>note` per line.
-fn parse_results(text: &str) -> BTreeMap<String, Extra> {
+/// Parses the results file (lines of [`Figure::to_line`]) into figures by key; lines
+/// that do not parse are dropped.
+fn parse_results(text: &str) -> BTreeMap<String, Figure> {
     let mut map = BTreeMap::new();
-    for line in text.lines() {
-        let mut parts = line.splitn(4, '\t');
-        let (Some(key), Some(value), Some(unit)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let value = match value {
-            "skipped" => None,
-            v => match v.parse() {
-                Ok(v) => Some(v),
-                Err(_) => continue,
-            },
-        };
+    for figure in text.lines().filter_map(Figure::from_line) {
         // A measured figure wins over a skipped one of the same key (the bench binary
         // skips `real/notify`, which cm-sys's own test measures in the same VM run).
-        if value.is_none() && map.get(key).is_some_and(|e: &Extra| e.value.is_some()) {
+        if figure.value.is_none()
+            && map
+                .get(&figure.key)
+                .is_some_and(|f: &Figure| f.value.is_some())
+        {
             continue;
         }
-        map.insert(
-            key.to_string(),
-            Extra {
-                value,
-                unit: unit.to_string(),
-                note: parts.next().unwrap_or("").to_string(),
-            },
-        );
+        map.insert(figure.key.clone(), figure);
     }
     map
 }
@@ -311,9 +291,9 @@ fn parse_results(text: &str) -> BTreeMap<String, Extra> {
 /// Everything measured in one run.
 struct Figures {
     estimates: BTreeMap<String, f64>,
-    extra: BTreeMap<String, Extra>,
+    extra: BTreeMap<String, Figure>,
     /// The real-device figures measured inside the VM (`--vm`).
-    vm: BTreeMap<String, Extra>,
+    vm: BTreeMap<String, Figure>,
 }
 
 /// One row of the report.
@@ -359,7 +339,7 @@ impl Figures {
         self.estimates.get(id).copied()
     }
 
-    fn extra(&self, key: &str) -> Option<&Extra> {
+    fn extra(&self, key: &str) -> Option<&Figure> {
         self.extra.get(key)
     }
 
@@ -500,19 +480,19 @@ impl Figures {
                 }
                 (None, None) => "not run".to_string(),
             };
-            let growth = point
-                .ns_per_conn
-                .zip(base.and_then(|b| b.ns_per_conn))
-                .filter(|_| n != SCALE_POINTS[0])
-                .map(|(v, b)| v / b);
+            // A figure of this point over the 1k point's (none for the 1k point itself).
+            let over_1k = |value: Option<f64>, base: Option<f64>| {
+                value
+                    .zip(base)
+                    .filter(|_| n != SCALE_POINTS[0])
+                    .map(|(v, b)| v / b)
+            };
             let work = |n: u64| {
                 self.extra(&format!("scale/{n}/work_per_conn"))
                     .and_then(|e| e.value)
             };
-            let work_growth = work(n)
-                .zip(work(SCALE_POINTS[0]))
-                .filter(|_| n != SCALE_POINTS[0])
-                .map(|(w, b)| w / b);
+            let growth = over_1k(point.ns_per_conn, base.and_then(|b| b.ns_per_conn));
+            let work_growth = over_1k(work(n), work(SCALE_POINTS[0]));
             let verdict = match (growth, work_growth) {
                 (Some(g), _) if g <= FLAT_RATIO => format!("flat ({g:.3}x the 1k cost); "),
                 (Some(g), Some(w)) if (w - 1.0).abs() <= WORK_TOLERANCE => format!(
@@ -560,18 +540,16 @@ impl Figures {
             ("real/setup", "connection setup per step (cmtime-like)", "-"),
         ] {
             let vm_machine = "VM (qemu TCG, soft-RoCE; absolute times are emulation)";
-            let matching: Vec<(&String, &Extra, &str)> = self
+            let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
+            let matching: Vec<(&String, &Figure, &str)> = self
                 .extra
                 .iter()
                 .map(|(k, e)| (k, e, machine))
                 .chain(self.vm.iter().map(|(k, e)| (k, e, vm_machine)))
-                .filter(|(k, _, _)| *k == key || k.starts_with(&format!("{key}/")))
+                .filter(|(k, _, _)| is_part(k))
                 .collect();
             // The host's "no device" skip says nothing once the VM measured the figure.
-            let measured_in_vm = self
-                .vm
-                .iter()
-                .any(|(k, e)| k.starts_with(key) && e.value.is_some());
+            let measured_in_vm = self.vm.iter().any(|(k, e)| is_part(k) && e.value.is_some());
             let matching: Vec<_> = matching
                 .into_iter()
                 .filter(|(_, e, m)| !(measured_in_vm && e.value.is_none() && *m != vm_machine))
