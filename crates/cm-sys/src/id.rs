@@ -414,17 +414,17 @@ impl CmId {
             .channel
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let reading = CmError::Busy {
+        let reading = || CmError::Busy {
             op: OP,
             reason: "another thread is reading an event on the id's channel",
         };
         // No handle can appear while no event is read on either channel: checked after.
         let old = Arc::clone(&current);
-        let _old_readers = old.try_exclude_readers().ok_or(reading.clone())?;
+        let _old_readers = old.try_exclude_readers().ok_or_else(reading)?;
         let _new_readers = if Arc::ptr_eq(&old, channel.inner()) {
             None
         } else {
-            Some(channel.inner().try_exclude_readers().ok_or(reading)?)
+            Some(channel.inner().try_exclude_readers().ok_or_else(reading)?)
         };
         if Arc::strong_count(&self.inner) > 1 {
             return Err(CmError::Busy {

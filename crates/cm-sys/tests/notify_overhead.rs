@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use cm_core::{AsyncEventType, CmEventType, NotifyOutcome};
 use cm_sys::{ConnParams, EventChannel, QpCaps};
 use cm_testkit::Figure;
-use common::{addresses, expect_event, listener_on, report, resolved_id};
+use common::{addresses, expect_event, listener_on, report, resolved_to};
 
 const ROUNDS: usize = 400;
 const CALLS_PER_ROUND: usize = 50;
@@ -38,8 +38,7 @@ fn wrapper_notify_against_raw_rdma_notify() {
     let server_channel = EventChannel::new().expect("server channel");
     let client_channel = EventChannel::new().expect("client channel");
     let listener = listener_on(&server_channel, addrs.addr_a, 1);
-    let server_addr = listener.local_addr().expect("listener address");
-    let client = resolved_id(&client_channel, addrs.addr_b, server_addr).expect("resolve");
+    let client = resolved_to(&listener, &client_channel, addrs.addr_b);
     client.create_qp(&QpCaps::default()).expect("client QP");
     client.connect(&ConnParams::default()).expect("connect");
     let request = expect_event(&server_channel, CmEventType::ConnectRequest);
