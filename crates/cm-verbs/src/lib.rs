@@ -44,12 +44,27 @@
 //! ```
 #![forbid(unsafe_code)]
 
+/// The domain types and backend traits the API names (`cm-core`), so that one dependency line is enough.
+pub use cm_core as core;
+pub use cm_core::{
+    AsyncEvent, AsyncEventType, CmError, NotifyError, NotifyOutcome, QpNum, QueueCaps,
+    RejectReason, Transport,
+};
+/// The real backend (`cm-sys`), with the `rdma` feature.
+#[cfg(feature = "rdma")]
+pub use cm_sys as sys;
+
 #[cfg(feature = "tokio")]
 pub mod async_loop;
+mod endpoint;
 mod event_loop;
 mod pump;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 
+pub use endpoint::{
+    CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint,
+    EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
+};
 pub use event_loop::{Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{NotifyPump, Progress, PumpCounters, PumpEvent, RegisterError, Role, Trigger};

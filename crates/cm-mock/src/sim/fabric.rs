@@ -171,7 +171,9 @@ struct Node {
     kind: DeviceKind,
     going_down: bool,
     async_events: VecDeque<AsyncEvent>,
-    completions: VecDeque<RecvCompletion>,
+    /// Receive completions, each with the payload the sender gave (empty for
+    /// length-only sends).
+    completions: VecDeque<(RecvCompletion, Private)>,
 }
 
 #[derive(Debug)]
@@ -1087,7 +1089,7 @@ impl Fabric {
         };
         self.nodes[node.0 as usize]
             .completions
-            .push_back(completion);
+            .push_back((completion, msg.private));
         self.stats.recv_completions += 1;
         let qpn = msg.qp;
         self.record(|| TraceEvent::RecvCompletion { node, qp: qpn });
@@ -1113,7 +1115,33 @@ impl Fabric {
     }
 
     pub(crate) fn poll_cq(&mut self, node: NodeId) -> Option<RecvCompletion> {
-        self.nodes.get_mut(node.0 as usize)?.completions.pop_front()
+        self.nodes
+            .get_mut(node.0 as usize)?
+            .completions
+            .pop_front()
+            .map(|(completion, _)| completion)
+    }
+
+    /// The next receive completion and its payload, appended to `out`.
+    pub(crate) fn poll_cq_data(
+        &mut self,
+        node: NodeId,
+        out: &mut Vec<u8>,
+    ) -> Option<RecvCompletion> {
+        let (completion, payload) = self
+            .nodes
+            .get_mut(node.0 as usize)?
+            .completions
+            .pop_front()?;
+        out.extend_from_slice(self.privates.get(payload));
+        Some(completion)
+    }
+
+    /// Whether the node's device has asynchronous events or completions waiting.
+    pub(crate) fn device_pending(&self, node: NodeId) -> bool {
+        self.nodes
+            .get(node.0 as usize)
+            .is_some_and(|n| !n.async_events.is_empty() || !n.completions.is_empty())
     }
 
     pub(crate) fn raise_async_event(&mut self, node: NodeId, event: AsyncEvent) {
@@ -1147,6 +1175,24 @@ impl Fabric {
     }
 
     pub(crate) fn post_send(&mut self, key: SimIdKey, len: u32) -> Result<(), CmError> {
+        self.post_send_payload(key, len, Private::default())
+    }
+
+    /// A SEND carrying `data` (stored once, like private data: the store grows with
+    /// every distinct payload, which suits tests, not long soaks).
+    pub(crate) fn post_send_data(&mut self, key: SimIdKey, data: &[u8]) -> Result<(), CmError> {
+        let len = u32::try_from(data.len()).map_err(|_| os("ibv_post_send", errno::EINVAL))?;
+        self.live(key, "ibv_post_send")?;
+        let payload = self.privates.store(data);
+        self.post_send_payload(key, len, payload)
+    }
+
+    fn post_send_payload(
+        &mut self,
+        key: SimIdKey,
+        len: u32,
+        payload: Private,
+    ) -> Result<(), CmError> {
         const OP: &str = "ibv_post_send";
         let id = self.live(key, OP)?;
         let (conn, node) = (id.conn.get(), id.node);
@@ -1160,6 +1206,7 @@ impl Fabric {
         let mut msg = Message::new(MsgKind::Data, conn, node, to);
         msg.qp = peer;
         msg.value = i32::try_from(len).unwrap_or(i32::MAX);
+        msg.private = payload;
         self.send(msg);
         Ok(())
     }

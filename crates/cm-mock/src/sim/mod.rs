@@ -67,6 +67,7 @@ mod rng;
 mod schedule;
 mod tables;
 mod trace;
+mod transport;
 mod types;
 
 use std::cell::RefCell;
@@ -83,6 +84,7 @@ use cm_core::{
 use fabric::Fabric;
 pub use rng::SplitMix64;
 pub use trace::{Trace, TraceEntry, TraceEvent};
+pub use transport::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};
 pub use types::{
     ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
     SimConfig, SimIdKey, SimStats,
@@ -294,6 +296,17 @@ impl SimDevice {
     /// The next receive completion of any QP of this device.
     pub fn poll_cq(&mut self) -> Option<RecvCompletion> {
         self.fabric.inner.borrow_mut().poll_cq(self.node)
+    }
+
+    /// The next receive completion of any QP of this device, its payload appended to
+    /// `out` (empty for sends made with [`SimCmId::post_send`]).
+    pub fn poll_cq_data(&mut self, out: &mut Vec<u8>) -> Option<RecvCompletion> {
+        self.fabric.inner.borrow_mut().poll_cq_data(self.node, out)
+    }
+
+    /// Whether asynchronous events or receive completions are waiting.
+    pub fn has_pending(&self) -> bool {
+        self.fabric.inner.borrow().device_pending(self.node)
     }
 
     /// Raises an asynchronous event as if the device had (QP_FATAL, PORT_ERR, …).
@@ -586,6 +599,12 @@ impl SimCmId {
     /// Posts one SEND of `len` bytes on the id's QP (must be in RTS).
     pub fn post_send(&self, len: u32) -> Result<(), CmError> {
         self.with(|f| f.post_send(self.key, len))
+    }
+
+    /// Posts one SEND carrying `data` on the id's QP (must be in RTS); the receiver's
+    /// [`SimDevice::poll_cq_data`] gets the bytes.
+    pub fn post_send_data(&self, data: &[u8]) -> Result<(), CmError> {
+        self.with(|f| f.post_send_data(self.key, data))
     }
 
     /// Test hook: puts the IB CM id in `state` directly (cancelling its timers), for

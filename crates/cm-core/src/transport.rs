@@ -1,0 +1,367 @@
+//! What a connection API needs from a backend: the RDMA CM calls, one device context's
+//! event streams (asynchronous events and completion events) and a minimal data path.
+//!
+//! A [`Transport`] is a driver, not a set of objects: the connection layer owns its
+//! handles (ids, events, devices, buffers) and passes them back in each call, so the
+//! same engine runs over librdmacm/libibverbs and over a simulated fabric. Nothing here
+//! reads a clock or waits: waiting, with a deadline, is [`Transport::wait`], which a
+//! real backend implements with `poll(2)` and a simulation by running virtual time.
+
+use core::fmt::Debug;
+use core::hash::Hash;
+use core::time::Duration;
+
+use crate::{AsyncEvent, CmError, CmEvent, CmId, QpNum};
+
+/// Which of a connection's two completion queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CqKind {
+    /// Completions of posted sends.
+    Send,
+    /// Completions of posted receives.
+    Recv,
+}
+
+/// One work completion, copied out of the completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WorkCompletion {
+    /// The work request id given when posting.
+    pub wr_id: u64,
+    /// The QP the work request was on.
+    pub qp: QpNum,
+    /// Which queue it completed on.
+    pub kind: CqKind,
+    /// `enum ibv_wc_status` as libibverbs reported it (0: success).
+    pub status: u32,
+    /// Bytes received (receive completions).
+    pub byte_len: u32,
+}
+
+impl WorkCompletion {
+    /// Whether the work request succeeded.
+    pub const fn is_success(&self) -> bool {
+        self.status == 0
+    }
+
+    /// Whether the QP was flushed (`IBV_WC_WR_FLUSH_ERR`): the connection went to the
+    /// error state and this request never ran.
+    pub const fn is_flush(&self) -> bool {
+        self.status == WC_WR_FLUSH_ERR
+    }
+}
+
+/// `IBV_WC_WR_FLUSH_ERR`.
+const WC_WR_FLUSH_ERR: u32 = 5;
+
+/// Sizes of a connection's queues and buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueueCaps {
+    /// Receives kept posted at all times (each one buffer of `buffer_size` bytes).
+    pub recv_depth: u32,
+    /// Sends in flight at most (each one buffer of `buffer_size` bytes).
+    pub send_depth: u32,
+    /// Bytes of every send and receive buffer: the largest message.
+    pub buffer_size: u32,
+}
+
+impl Default for QueueCaps {
+    /// 16 receives, 16 sends, 4 KiB messages.
+    fn default() -> Self {
+        QueueCaps {
+            recv_depth: 16,
+            send_depth: 16,
+            buffer_size: 4096,
+        }
+    }
+}
+
+impl QueueCaps {
+    /// Checks the sizes: every depth at least 1, buffers of 1 byte to 1 GiB, and the
+    /// whole buffer area addressable.
+    pub fn validate(&self) -> Result<(), CmError> {
+        let invalid = |reason| {
+            Err(CmError::InvalidArgument {
+                op: "QueueCaps",
+                reason,
+            })
+        };
+        if self.recv_depth == 0 || self.send_depth == 0 {
+            return invalid("queue depths must be at least 1");
+        }
+        if self.recv_depth > 1 << 14 || self.send_depth > 1 << 14 {
+            return invalid("queue depths above 16384");
+        }
+        if self.buffer_size == 0 || self.buffer_size > 1 << 30 {
+            return invalid("buffer size must be 1 byte to 1 GiB");
+        }
+        if self.area_len().is_none() {
+            return invalid("buffer area larger than the address space");
+        }
+        Ok(())
+    }
+
+    /// Bytes of the whole buffer area: receive buffers, then send buffers.
+    pub fn area_len(&self) -> Option<usize> {
+        let slots = (self.recv_depth as usize).checked_add(self.send_depth as usize)?;
+        slots.checked_mul(self.buffer_size as usize)
+    }
+}
+
+/// A backend the connection layer drives: one CM event channel and any number of
+/// device contexts, ids, queue pairs and buffers.
+///
+/// Every method that names a handle gets it from the caller, which owns it; handles of
+/// one transport are never given to another.
+pub trait Transport {
+    /// A peer or local address (`SocketAddr` on the real backend).
+    type Addr: Copy + Debug + Eq;
+    /// A CM id handle; clones name the same id.
+    type Id: CmId + Clone + Debug;
+    /// A CM event read from the channel.
+    type Event: CmEvent + Debug;
+    /// The state kept per device context: its asynchronous events and its completion
+    /// events, each read by exactly one reader.
+    type Device: Debug;
+    /// The identity of a device context, to share one [`Transport::Device`] among every
+    /// id on it.
+    type DeviceKey: Copy + Eq + Hash + Debug;
+    /// A connection's registered memory.
+    type Buffers: Debug;
+
+    // ----- the CM ----------------------------------------------------------------
+
+    /// A new id on the transport's channel.
+    fn create_id(&mut self) -> Result<Self::Id, CmError>;
+    /// A number naming the id among the live ids of this transport (its address, its
+    /// table index), to find an event's owner without comparing handles.
+    fn id_key(&self, id: &Self::Id) -> usize;
+    /// The next CM event, without waiting.
+    fn next_cm_event(&mut self) -> Result<Option<Self::Event>, CmError>;
+    /// The id an event is about (for CONNECT_REQUEST: the new id).
+    fn event_id(&self, event: &Self::Event) -> Option<Self::Id>;
+    /// For CONNECT_REQUEST: the listening id the request came to.
+    fn event_listener(&self, event: &Self::Event) -> Option<Self::Id>;
+    /// `rdma_bind_addr`.
+    fn bind(&mut self, id: &Self::Id, addr: Self::Addr) -> Result<(), CmError>;
+    /// `rdma_listen`.
+    fn listen(&mut self, id: &Self::Id, backlog: u16) -> Result<(), CmError>;
+    /// `rdma_resolve_addr` (ADDR_RESOLVED or ADDR_ERROR follows).
+    fn resolve_addr(
+        &mut self,
+        id: &Self::Id,
+        src: Option<Self::Addr>,
+        dst: Self::Addr,
+        timeout: Duration,
+    ) -> Result<(), CmError>;
+    /// `rdma_resolve_route` (ROUTE_RESOLVED or ROUTE_ERROR follows).
+    fn resolve_route(&mut self, id: &Self::Id, timeout: Duration) -> Result<(), CmError>;
+    /// `rdma_connect` with private data.
+    fn connect(&mut self, id: &Self::Id, private_data: &[u8]) -> Result<(), CmError>;
+    /// `rdma_accept` with private data.
+    fn accept(&mut self, id: &Self::Id, private_data: &[u8]) -> Result<(), CmError>;
+    /// `rdma_reject` with private data.
+    fn reject(&mut self, id: &Self::Id, private_data: &[u8]) -> Result<(), CmError>;
+    /// `rdma_disconnect`.
+    fn disconnect(&mut self, id: &Self::Id) -> Result<(), CmError>;
+    /// The id's local address, once bound or resolved.
+    fn local_addr(&self, id: &Self::Id) -> Option<Self::Addr>;
+    /// The id's peer address, once resolved or connected.
+    fn peer_addr(&self, id: &Self::Id) -> Option<Self::Addr>;
+
+    // ----- device contexts -------------------------------------------------------
+
+    /// The device context the id is bound to, if any yet.
+    fn device_key(&self, id: &Self::Id) -> Option<Self::DeviceKey>;
+    /// Opens the reader state of the id's device context (asynchronous events and a
+    /// completion channel). Called once per device context.
+    fn open_device(&mut self, id: &Self::Id) -> Result<Self::Device, CmError>;
+    /// The device's next asynchronous event (already acknowledged), without waiting.
+    fn next_async_event(
+        &mut self,
+        device: &mut Self::Device,
+    ) -> Result<Option<AsyncEvent>, CmError>;
+    /// The token of the next completion queue of the device with new completions
+    /// (its notification is then disarmed until [`Transport::arm_cq`]), without waiting.
+    fn next_cq_event(&mut self, device: &mut Self::Device) -> Result<Option<u64>, CmError>;
+
+    // ----- queue pairs and data ----------------------------------------------------
+
+    /// Creates the id's RC QP with a send and a receive completion queue on `device`'s
+    /// completion channel, both armed, reporting `token`.
+    fn create_qp(
+        &mut self,
+        id: &Self::Id,
+        device: &Self::Device,
+        token: u64,
+        caps: &QueueCaps,
+    ) -> Result<QpNum, CmError>;
+    /// Registers the id's buffer area for `caps`.
+    fn register_buffers(
+        &mut self,
+        id: &Self::Id,
+        caps: &QueueCaps,
+    ) -> Result<Self::Buffers, CmError>;
+    /// Posts receive buffer `slot` (0..recv_depth) with work request id `wr_id`.
+    fn post_recv(
+        &mut self,
+        id: &Self::Id,
+        buffers: &Self::Buffers,
+        slot: u32,
+        wr_id: u64,
+    ) -> Result<(), CmError>;
+    /// Copies `data` into send buffer `slot` (0..send_depth) and posts one SEND of it.
+    fn post_send(
+        &mut self,
+        id: &Self::Id,
+        buffers: &Self::Buffers,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError>;
+    /// Appends the first `len` bytes of receive buffer `slot` to `out`.
+    fn read_recv(
+        &mut self,
+        id: &Self::Id,
+        buffers: &Self::Buffers,
+        slot: u32,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CmError>;
+    /// Re-arms the completion notification of one of the id's queues.
+    fn arm_cq(&mut self, id: &Self::Id, kind: CqKind) -> Result<(), CmError>;
+    /// Appends up to `max` completions of one of the id's queues to `out`; how many.
+    fn poll_cq(
+        &mut self,
+        id: &Self::Id,
+        kind: CqKind,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, CmError>;
+
+    // ----- time and waiting ------------------------------------------------------
+
+    /// The transport's clock: time since an origin of its choosing (virtual time on a
+    /// simulation). The connection layer reads time only from here.
+    fn now(&self) -> Duration;
+    /// Blocks until the channel or one of `devices` may be readable, or `timeout`
+    /// passes (`None`: as long as it takes). Returns whether something may be ready;
+    /// spurious wake-ups are fine. A simulation runs virtual time instead, and answers
+    /// [`CmError::Busy`] when nothing can ever happen and no timeout was given.
+    fn wait(
+        &mut self,
+        devices: &[Self::Device],
+        timeout: Option<Duration>,
+    ) -> Result<bool, CmError>;
+}
+
+/// Why the peer (or its CM) refused a connection: the IB CM reject reason carried by a
+/// REJECTED event's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The peer has no QP for it (1).
+    NoQp,
+    /// The peer ran out of resources (3).
+    NoResources,
+    /// The peer's CM timed out waiting (4).
+    Timeout,
+    /// Nobody listens on the service (port) asked for (8).
+    NoListener,
+    /// The peer saw a stale connection with the same identifiers (10).
+    StaleConnection,
+    /// The application on the other side refused it, with its private data (28).
+    Consumer,
+    /// Any other reason number.
+    Other(u32),
+}
+
+impl RejectReason {
+    /// Decodes the status of a REJECTED event (a positive reason; anything else is
+    /// [`RejectReason::Other`] with the value as is).
+    pub const fn from_status(status: i32) -> Self {
+        match status {
+            1 => RejectReason::NoQp,
+            3 => RejectReason::NoResources,
+            4 => RejectReason::Timeout,
+            8 => RejectReason::NoListener,
+            10 => RejectReason::StaleConnection,
+            28 => RejectReason::Consumer,
+            other => RejectReason::Other(other as u32),
+        }
+    }
+
+    /// The IB CM reason number.
+    pub const fn as_raw(self) -> u32 {
+        match self {
+            RejectReason::NoQp => 1,
+            RejectReason::NoResources => 3,
+            RejectReason::Timeout => 4,
+            RejectReason::NoListener => 8,
+            RejectReason::StaleConnection => 10,
+            RejectReason::Consumer => 28,
+            RejectReason::Other(n) => n,
+        }
+    }
+}
+
+impl core::fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RejectReason::NoQp => f.write_str("no QP (1)"),
+            RejectReason::NoResources => f.write_str("no resources (3)"),
+            RejectReason::Timeout => f.write_str("timeout (4)"),
+            RejectReason::NoListener => f.write_str("nobody listens on that port (8)"),
+            RejectReason::StaleConnection => f.write_str("stale connection (10)"),
+            RejectReason::Consumer => f.write_str("refused by the peer application (28)"),
+            RejectReason::Other(n) => write!(f, "reason {n}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reject_reasons_round_trip_and_keep_unknown_numbers() {
+        for raw in 0..64u32 {
+            assert_eq!(RejectReason::from_status(raw as i32).as_raw(), raw);
+        }
+        assert_eq!(RejectReason::from_status(8), RejectReason::NoListener);
+        assert_eq!(
+            RejectReason::from_status(-110),
+            RejectReason::Other(-110i32 as u32)
+        );
+    }
+
+    #[test]
+    fn queue_caps_refuse_sizes_that_cannot_work() {
+        assert!(QueueCaps::default().validate().is_ok());
+        for bad in [
+            QueueCaps {
+                recv_depth: 0,
+                ..QueueCaps::default()
+            },
+            QueueCaps {
+                send_depth: 0,
+                ..QueueCaps::default()
+            },
+            QueueCaps {
+                buffer_size: 0,
+                ..QueueCaps::default()
+            },
+            QueueCaps {
+                buffer_size: u32::MAX,
+                ..QueueCaps::default()
+            },
+            QueueCaps {
+                recv_depth: u32::MAX,
+                ..QueueCaps::default()
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(CmError::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,1137 @@
+//! The connection API: an [`Endpoint`] owns a CM event channel, one reader per device
+//! context (asynchronous events and a completion channel), the notify pump and every
+//! listener and connection on them. The notify path needs no application code: a
+//! COMM_EST, or a receive completing on an accepted connection whose RTU is late or
+//! lost, is forwarded with `rdma_notify` before the application hears of either, and
+//! the connection is reported [`Event::Established`] exactly once, with how it got there.
+//!
+//! The endpoint is generic over a [`Transport`]: the real backend (`rdma` feature,
+//! [`crate::rdma::RdmaTransport`]) or a simulated fabric (cm-mock's `SimTransport`), so
+//! an application's tests swap the backend and keep their code. It reads no clock of
+//! its own (time comes from the transport) and waits only in [`Transport::wait`].
+
+mod types;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+
+use cm_core::{
+    AsyncEvent, AsyncEventType, CmEvent, CmEventType, CqKind, QpNum, QueueCaps, RejectReason,
+    Transport, WorkCompletion,
+};
+
+use crate::{NotifyPump, PumpCounters, PumpEvent, Role};
+
+pub use types::{
+    CloseReason, ConnError, ConnectOptions, ConnectionId, EstablishedVia, Event, ListenOptions,
+    ListenerId, PrivateData, QpErrorDetail,
+};
+
+/// Completions read per `poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnState {
+    /// Active side: resolving the address, then the route.
+    Resolving,
+    /// Active side: REQ sent, waiting for the REP.
+    Connecting,
+    /// Passive side: the request waits for the application's answer.
+    Requested,
+    /// Passive side: REP sent, waiting for the RTU (or a notify).
+    Accepted,
+    /// Established and reported.
+    Established,
+}
+
+/// What the endpoint knows of one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo<A> {
+    /// Passive (accepted) or active (connected).
+    pub role: Role,
+    /// Where it is.
+    pub state: ConnState,
+    /// Its QP, once created.
+    pub qp: Option<QpNum>,
+    /// How it became established, once it is.
+    pub established: Option<EstablishedVia>,
+    /// The listener it came to (passive side).
+    pub listener: Option<ListenerId>,
+    /// The local address.
+    pub local_addr: Option<A>,
+    /// The peer's address.
+    pub peer_addr: Option<A>,
+}
+
+struct Listener<T: Transport> {
+    id: T::Id,
+    options: ListenOptions,
+}
+
+struct Conn<T: Transport> {
+    id: T::Id,
+    role: Role,
+    state: ConnState,
+    listener: Option<ListenerId>,
+    device: Option<T::DeviceKey>,
+    qp: Option<QpNum>,
+    caps: QueueCaps,
+    buffers: Option<T::Buffers>,
+    free_send: Vec<u32>,
+    deadline: Option<Duration>,
+    /// What the notify path did before ESTABLISHED arrived.
+    via: Option<EstablishedVia>,
+    established: Option<EstablishedVia>,
+    /// Messages received before the connection was reported established.
+    held: Vec<Vec<u8>>,
+    /// Active side: the REQ's private data and the resolution timeout, until connect.
+    request: PrivateData,
+    resolve_timeout: Duration,
+    peer_private: PrivateData,
+}
+
+struct Slot<T: Transport> {
+    generation: u32,
+    conn: Option<Conn<T>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Listener(ListenerId),
+    Conn(ConnectionId),
+}
+
+/// Listeners and connections over one [`Transport`], with the notify path built in.
+///
+/// Everything happens in [`Endpoint::poll`] (handle whatever is ready, never wait) or
+/// in the waiting calls ([`Endpoint::next_event`], [`Endpoint::accept`],
+/// [`Endpoint::recv`], [`Endpoint::established`]), which block in the transport until
+/// something is ready or their timeout passes. Events no call was waiting for stay
+/// queued for [`Endpoint::next_event`]: none is lost.
+///
+/// Device contexts are read once each, whatever number of listeners and connections
+/// share them, and every CM-bound asynchronous event is routed to the connection that
+/// owns its QP.
+pub struct Endpoint<T: Transport> {
+    transport: T,
+    pump: NotifyPump<T::Id>,
+    device_keys: Vec<T::DeviceKey>,
+    devices: Vec<T::Device>,
+    listeners: Vec<Option<Listener<T>>>,
+    slots: Vec<Slot<T>>,
+    free_slots: Vec<u32>,
+    by_id: FxHashMap<usize, Owner>,
+    by_qp: FxHashMap<QpNum, ConnectionId>,
+    events: VecDeque<Event>,
+    completions: Vec<WorkCompletion>,
+}
+
+impl<T: Transport> std::fmt::Debug for Endpoint<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("devices", &self.device_keys)
+            .field("connections", &self.connection_count())
+            .field("queued_events", &self.events.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport> Endpoint<T> {
+    /// An endpoint over `transport`, with no listener or connection yet.
+    pub fn new(transport: T) -> Self {
+        Endpoint {
+            transport,
+            pump: NotifyPump::new(),
+            device_keys: Vec::new(),
+            devices: Vec::new(),
+            listeners: Vec::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            by_id: FxHashMap::default(),
+            by_qp: FxHashMap::default(),
+            events: VecDeque::new(),
+            completions: Vec::with_capacity(POLL_BATCH),
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// What the notify path did so far.
+    pub fn counters(&self) -> PumpCounters {
+        self.pump.counters()
+    }
+
+    /// Live connections (in any state).
+    pub fn connection_count(&self) -> usize {
+        self.slots.iter().filter(|s| s.conn.is_some()).count()
+    }
+
+    /// Live listeners.
+    pub fn listener_count(&self) -> usize {
+        self.listeners.iter().filter(|l| l.is_some()).count()
+    }
+
+    /// Device contexts being read.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Binds a listener to `addr` and listens.
+    pub fn listen(
+        &mut self,
+        addr: T::Addr,
+        options: ListenOptions,
+    ) -> Result<ListenerId, ConnError> {
+        options.caps.validate()?;
+        options.private_data.check("REP", PrivateData::MAX_REP)?;
+        let id = self.transport.create_id()?;
+        self.transport.bind(&id, addr)?;
+        self.transport.listen(&id, options.backlog)?;
+        // A listener bound to a device's address knows its device now: open its reader
+        // before any request can arrive.
+        self.device_for(&id)?;
+        let index = match self.listeners.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.listeners.push(None);
+                self.listeners.len() - 1
+            }
+        };
+        let listener = ListenerId(index as u32);
+        self.by_id
+            .insert(self.transport.id_key(&id), Owner::Listener(listener));
+        self.listeners[index] = Some(Listener { id, options });
+        Ok(listener)
+    }
+
+    /// The listener's local address (its port, when bound to port 0).
+    pub fn listener_addr(&self, listener: ListenerId) -> Result<Option<T::Addr>, ConnError> {
+        let entry = self.listener(listener)?;
+        Ok(self.transport.local_addr(&entry.id))
+    }
+
+    /// Stops listening; connections it accepted carry on.
+    pub fn close_listener(&mut self, listener: ListenerId) -> Result<(), ConnError> {
+        let entry = self
+            .listeners
+            .get_mut(listener.0 as usize)
+            .and_then(Option::take)
+            .ok_or(ConnError::UnknownListener(listener))?;
+        self.by_id.remove(&self.transport.id_key(&entry.id));
+        Ok(())
+    }
+
+    /// Starts connecting to `dst`: resolves the address and the route, creates the QP,
+    /// posts the receives and sends the REQ. [`Event::Established`] or
+    /// [`Event::Closed`] follows.
+    pub fn connect(
+        &mut self,
+        dst: T::Addr,
+        options: ConnectOptions<T::Addr>,
+    ) -> Result<ConnectionId, ConnError> {
+        options.caps.validate()?;
+        options.private_data.check("REQ", PrivateData::MAX_REQ)?;
+        let id = self.transport.create_id()?;
+        self.transport
+            .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
+        let now = self.transport.now();
+        let conn = self.insert(Conn {
+            id,
+            role: Role::Active,
+            state: ConnState::Resolving,
+            listener: None,
+            device: None,
+            qp: None,
+            caps: options.caps,
+            buffers: None,
+            free_send: Vec::new(),
+            deadline: options.timeout.map(|t| now.saturating_add(t)),
+            via: None,
+            established: None,
+            held: Vec::new(),
+            request: options.private_data,
+            resolve_timeout: options.resolve_timeout,
+            peer_private: PrivateData::empty(),
+        });
+        Ok(conn)
+    }
+
+    /// Accepts a request reported as [`Event::Request`], with private data for the REP.
+    pub fn accept_request(
+        &mut self,
+        conn: ConnectionId,
+        private_data: &PrivateData,
+    ) -> Result<(), ConnError> {
+        private_data.check("REP", PrivateData::MAX_REP)?;
+        let state = self.conn(conn)?.state;
+        if state != ConnState::Requested {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "accept_request",
+                needs: "to be a request not yet answered",
+            });
+        }
+        if let Err(error) = self.setup_and_accept(conn, private_data.as_bytes()) {
+            self.close(conn, CloseReason::SetupFailed(error.clone()), false);
+            return Err(error.into());
+        }
+        Ok(())
+    }
+
+    /// Rejects a request reported as [`Event::Request`] (the peer sees
+    /// [`RejectReason::Consumer`] with `private_data`).
+    pub fn reject_request(
+        &mut self,
+        conn: ConnectionId,
+        private_data: &PrivateData,
+    ) -> Result<(), ConnError> {
+        private_data.check("REJ", PrivateData::MAX_REJ)?;
+        let entry = self.conn(conn)?;
+        if entry.state != ConnState::Requested {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "reject_request",
+                needs: "to be a request not yet answered",
+            });
+        }
+        let id = entry.id.clone();
+        let result = self.transport.reject(&id, private_data.as_bytes());
+        self.remove(conn);
+        result.map_err(Into::into)
+    }
+
+    /// Sends one message (a SEND of `data`) on an established connection. The buffer
+    /// is free again once its completion is read ([`ConnError::SendQueueFull`] until
+    /// then).
+    pub fn send(&mut self, conn: ConnectionId, data: &[u8]) -> Result<(), ConnError> {
+        let (transport, entry) = self.split(conn).ok_or(ConnError::UnknownConnection(conn))?;
+        if entry.state != ConnState::Established {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "send",
+                needs: "established",
+            });
+        }
+        let max = entry.caps.buffer_size as usize;
+        if data.len() > max {
+            return Err(ConnError::MessageTooLarge {
+                len: data.len(),
+                max,
+            });
+        }
+        let Some(buffers) = entry.buffers.as_ref() else {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "send",
+                needs: "buffers",
+            });
+        };
+        let slot = entry
+            .free_send
+            .pop()
+            .ok_or(ConnError::SendQueueFull(conn))?;
+        let result = transport.post_send(&entry.id, buffers, slot, data, u64::from(slot));
+        if result.is_err() {
+            entry.free_send.push(slot);
+        }
+        result.map_err(Into::into)
+    }
+
+    /// Disconnects (DREQ) and forgets the connection; [`Event::Closed`] with
+    /// [`CloseReason::Disconnected`] follows.
+    pub fn disconnect(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
+        self.conn(conn)?;
+        self.close(conn, CloseReason::Disconnected, true);
+        Ok(())
+    }
+
+    /// What the endpoint knows of `conn`.
+    pub fn info(&self, conn: ConnectionId) -> Result<ConnectionInfo<T::Addr>, ConnError> {
+        let entry = self.conn(conn)?;
+        Ok(ConnectionInfo {
+            role: entry.role,
+            state: entry.state,
+            qp: entry.qp,
+            established: entry.established,
+            listener: entry.listener,
+            local_addr: self.transport.local_addr(&entry.id),
+            peer_addr: self.transport.peer_addr(&entry.id),
+        })
+    }
+
+    /// The CM id of `conn`, for calls this API does not wrap.
+    pub fn cm_id(&self, conn: ConnectionId) -> Result<&T::Id, ConnError> {
+        Ok(&self.conn(conn)?.id)
+    }
+
+    // ----- driving ---------------------------------------------------------------
+
+    /// Handles everything ready now, without waiting, and returns the oldest queued
+    /// event, if any.
+    pub fn poll(&mut self) -> Result<Option<Event>, ConnError> {
+        self.process()?;
+        Ok(self.events.pop_front())
+    }
+
+    /// The next event, waiting at most `timeout` (`None`: as long as it takes);
+    /// `Ok(None)` when the timeout passed.
+    pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ConnError> {
+        match self.wait_for(timeout, |events| events.pop_front().map(Ok)) {
+            Ok(event) => Ok(Some(event)),
+            Err(ConnError::Timeout) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits for the next accepted connection to be established (on any listener) and
+    /// returns it; its [`Event::Established`] is consumed, other events stay queued.
+    /// Ends with [`ConnError::Timeout`], or [`ConnError::ListenerClosed`] when a
+    /// listener ends meanwhile (its device was removed).
+    pub fn accept(&mut self, timeout: Option<Duration>) -> Result<ConnectionId, ConnError> {
+        self.wait_for(timeout, take_accepted)
+    }
+
+    /// Waits for `conn` to be established (after [`Endpoint::connect`] or an accept)
+    /// and says how it got there. Ends with [`ConnError::Closed`] if it failed.
+    pub fn established(
+        &mut self,
+        conn: ConnectionId,
+        timeout: Option<Duration>,
+    ) -> Result<EstablishedVia, ConnError> {
+        if let Some(via) = self.slot(conn).and_then(|c| c.established) {
+            return Ok(via);
+        }
+        self.wait_for(timeout, |events| take_established(events, conn))
+    }
+
+    /// Waits for the next message on `conn`; other events stay queued. Ends with
+    /// [`ConnError::Closed`] if the connection closes first.
+    pub fn recv(
+        &mut self,
+        conn: ConnectionId,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u8>, ConnError> {
+        self.wait_for(timeout, |events| take_received(events, conn))
+    }
+
+    /// Handles everything ready, then hands the queue to `take` until it finds what it
+    /// looks for, waiting in the transport in between.
+    fn wait_for<R>(
+        &mut self,
+        timeout: Option<Duration>,
+        mut take: impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
+    ) -> Result<R, ConnError> {
+        let deadline = timeout.map(|t| self.transport.now().saturating_add(t));
+        loop {
+            self.process()?;
+            if let Some(found) = take(&mut self.events) {
+                return found;
+            }
+            let now = self.transport.now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(ConnError::Timeout);
+            }
+            let wait = [deadline, self.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(|d| d.saturating_sub(now));
+            match self.transport.wait(&self.devices, wait) {
+                Ok(_) => {}
+                // The simulation: nothing can ever happen. With a deadline that is a
+                // timeout; without one the wait would never end.
+                Err(cm_core::CmError::Busy { .. }) if deadline.is_some() => {
+                    return Err(ConnError::Timeout)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The earliest connect/establish deadline, for a caller that waits by itself.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.conn.as_ref())
+            .filter(|c| c.state != ConnState::Established)
+            .filter_map(|c| c.deadline)
+            .min()
+    }
+
+    /// Handles every ready source: asynchronous events first (a COMM_EST forwarded now
+    /// lets its ESTABLISHED come sooner), then completions (a receive on a connection
+    /// not yet established is the other trigger), then CM events, then deadlines.
+    pub fn process(&mut self) -> Result<(), ConnError> {
+        for index in 0..self.devices.len() {
+            while index < self.devices.len() {
+                let Some(event) = self.transport.next_async_event(&mut self.devices[index])? else {
+                    break;
+                };
+                self.on_async_event(index, event);
+            }
+        }
+        for index in 0..self.devices.len() {
+            while index < self.devices.len() {
+                let Some(token) = self.transport.next_cq_event(&mut self.devices[index])? else {
+                    break;
+                };
+                self.on_cq_event(ConnectionId(token));
+            }
+        }
+        while let Some(event) = self.transport.next_cm_event()? {
+            self.on_cm_event(event);
+        }
+        self.expire();
+        Ok(())
+    }
+
+    // ----- inputs ----------------------------------------------------------------
+
+    fn on_async_event(&mut self, device: usize, event: AsyncEvent) {
+        match self.pump.handle_async_event(event) {
+            PumpEvent::PassThrough(event) => self.on_device_event(device, event),
+            PumpEvent::Unrouted(event) => {
+                log::debug!("{event}: no connection owns it");
+            }
+            pumped => self.on_pumped(pumped),
+        }
+    }
+
+    fn on_device_event(&mut self, device: usize, event: AsyncEvent) {
+        match event.event_type {
+            AsyncEventType::QpFatal | AsyncEventType::QpReqErr | AsyncEventType::QpAccessErr => {
+                if let Some(&conn) = event.qp_num().and_then(|qp| self.by_qp.get(&qp)) {
+                    let detail = QpErrorDetail::AsyncEvent(event);
+                    self.close(conn, CloseReason::QpError { detail }, true);
+                    return;
+                }
+            }
+            AsyncEventType::DeviceFatal => {
+                let key = self.device_keys[device];
+                for conn in self.conns_on(key) {
+                    self.close(conn, CloseReason::DeviceFatal, false);
+                }
+            }
+            _ => {}
+        }
+        self.events.push_back(Event::Device(event));
+    }
+
+    fn on_pumped(&mut self, pumped: PumpEvent) {
+        let (qp, via) = match pumped {
+            PumpEvent::Forced { qp, trigger } => (qp, EstablishedVia::Notify(trigger)),
+            PumpEvent::AlreadyEstablished { qp, trigger } => {
+                (qp, EstablishedVia::RtuWonRace(trigger))
+            }
+            PumpEvent::NotifyFailed { qp, error, .. } => {
+                if let Some(&conn) = self.by_qp.get(&qp) {
+                    self.events
+                        .push_back(Event::NotifyFailed { conn, qp, error });
+                }
+                return;
+            }
+            PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => return,
+        };
+        if let Some(&conn) = self.by_qp.get(&qp) {
+            if let Some(entry) = self.slot_mut(conn) {
+                if entry.established.is_none() && entry.via.is_none() {
+                    entry.via = Some(via);
+                }
+            }
+        }
+    }
+
+    fn on_cq_event(&mut self, conn: ConnectionId) {
+        let Some(entry) = self.slot(conn) else {
+            return; // a connection closed since: its queues are gone
+        };
+        let id = entry.id.clone();
+        // Re-armed before polling, so a completion landing in between raises a new event.
+        for kind in [CqKind::Recv, CqKind::Send] {
+            if let Err(error) = self.transport.arm_cq(&id, kind) {
+                log::warn!("{conn}: re-arming the {kind:?} queue failed: {error}");
+            }
+        }
+        for kind in [CqKind::Recv, CqKind::Send] {
+            loop {
+                let mut batch = std::mem::take(&mut self.completions);
+                batch.clear();
+                let polled = self.transport.poll_cq(&id, kind, &mut batch, POLL_BATCH);
+                let n = match polled {
+                    Ok(n) => n,
+                    Err(error) => {
+                        log::warn!("{conn}: polling the {kind:?} queue failed: {error}");
+                        0
+                    }
+                };
+                for completion in batch.iter().copied() {
+                    self.on_completion(conn, completion);
+                }
+                self.completions = batch;
+                if n < POLL_BATCH || self.slot(conn).is_none() {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_completion(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+        if self.slot(conn).is_none() {
+            return; // closed by an earlier completion of the batch
+        }
+        if !completion.is_success() {
+            let detail = QpErrorDetail::Completion(completion.status);
+            self.close(conn, CloseReason::QpError { detail }, true);
+            return;
+        }
+        match completion.kind {
+            CqKind::Send => {
+                if let Some(entry) = self.slot_mut(conn) {
+                    entry.free_send.push(completion.wr_id as u32);
+                }
+            }
+            CqKind::Recv => self.on_received(conn, completion),
+        }
+    }
+
+    fn on_received(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+        // The trigger first: on a passive connection whose RTU is late, this receive is
+        // what forces the establish.
+        if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
+            self.on_pumped(pumped);
+        }
+        let slot = completion.wr_id as u32;
+        let Some((transport, entry)) = self.split(conn) else {
+            return;
+        };
+        let mut data = Vec::with_capacity(completion.byte_len as usize);
+        let read = match entry.buffers.as_ref() {
+            Some(buffers) => transport
+                .read_recv(
+                    &entry.id,
+                    buffers,
+                    slot,
+                    completion.byte_len as usize,
+                    &mut data,
+                )
+                .and_then(|()| transport.post_recv(&entry.id, buffers, slot, u64::from(slot))),
+            None => Ok(()),
+        };
+        if let Err(error) = read {
+            self.close(conn, CloseReason::SetupFailed(error), true);
+            return;
+        }
+        let Some(entry) = self.slot_mut(conn) else {
+            return;
+        };
+        if entry.state == ConnState::Established {
+            self.events.push_back(Event::Received { conn, data });
+        } else {
+            entry.held.push(data);
+        }
+    }
+
+    fn on_cm_event(&mut self, event: T::Event) {
+        let kind = event.event_type();
+        if kind == CmEventType::ConnectRequest {
+            self.on_connect_request(&event);
+            return;
+        }
+        let Some(id) = self.transport.event_id(&event) else {
+            return;
+        };
+        let owner = self.by_id.get(&self.transport.id_key(&id)).copied();
+        match owner {
+            Some(Owner::Listener(listener)) => self.on_listener_event(listener, kind),
+            Some(Owner::Conn(conn)) => self.on_conn_event(conn, &event),
+            None => log::debug!("{kind} for an id no longer owned"),
+        }
+    }
+
+    fn on_listener_event(&mut self, listener: ListenerId, kind: CmEventType) {
+        if kind == CmEventType::DeviceRemoval {
+            let Some(entry) = self.listeners[listener.0 as usize].take() else {
+                return;
+            };
+            self.by_id.remove(&self.transport.id_key(&entry.id));
+            let key = self.transport.device_key(&entry.id);
+            drop(entry);
+            if let Some(key) = key {
+                self.device_removed(key);
+            }
+            self.events.push_back(Event::ListenerClosed {
+                listener,
+                reason: CloseReason::DeviceRemoved,
+            });
+        }
+    }
+
+    fn on_connect_request(&mut self, event: &T::Event) {
+        let (Some(id), Some(listen_id)) = (
+            self.transport.event_id(event),
+            self.transport.event_listener(event),
+        ) else {
+            return;
+        };
+        let listener = match self.by_id.get(&self.transport.id_key(&listen_id)) {
+            Some(&Owner::Listener(listener)) => listener,
+            _ => {
+                // The listener is gone: refuse rather than leave the peer retrying.
+                let _ = self.transport.reject(&id, &[]);
+                return;
+            }
+        };
+        let Some(options) = self.listeners[listener.0 as usize]
+            .as_ref()
+            .map(|l| l.options.clone())
+        else {
+            return;
+        };
+        let conn = self.insert(Conn {
+            id,
+            role: Role::Passive,
+            state: ConnState::Requested,
+            listener: Some(listener),
+            device: None,
+            qp: None,
+            caps: options.caps,
+            buffers: None,
+            free_send: Vec::new(),
+            deadline: None,
+            via: None,
+            established: None,
+            held: Vec::new(),
+            request: PrivateData::empty(),
+            resolve_timeout: Duration::ZERO,
+            peer_private: PrivateData::from(event.private_data()),
+        });
+        if options.auto_accept {
+            if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
+                let id = self.slot(conn).map(|c| c.id.clone());
+                if let Some(id) = id {
+                    let _ = self.transport.reject(&id, &[]);
+                }
+                self.close(conn, CloseReason::SetupFailed(error), false);
+            }
+        } else {
+            self.events.push_back(Event::Request {
+                listener,
+                conn,
+                private_data: PrivateData::from(event.private_data()),
+            });
+        }
+    }
+
+    /// QP, buffers, posted receives and the pump registration, all before the REP
+    /// leaves: no trigger can arrive before the pump knows the QP.
+    fn setup_and_accept(
+        &mut self,
+        conn: ConnectionId,
+        private_data: &[u8],
+    ) -> Result<(), cm_core::CmError> {
+        self.setup_qp(conn, Role::Passive)?;
+        let entry = self.slot(conn).expect("set up above");
+        let id = entry.id.clone();
+        let timeout = entry
+            .listener
+            .and_then(|l| self.listeners.get(l.0 as usize))
+            .and_then(|l| l.as_ref())
+            .and_then(|l| l.options.establish_timeout);
+        self.transport.accept(&id, private_data)?;
+        let now = self.transport.now();
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.state = ConnState::Accepted;
+            entry.deadline = timeout.map(|t| now.saturating_add(t));
+        }
+        Ok(())
+    }
+
+    fn setup_qp(&mut self, conn: ConnectionId, role: Role) -> Result<(), cm_core::CmError> {
+        let id = self.slot(conn).expect("live connection").id.clone();
+        let (device_index, key) =
+            self.device_for(&id)?
+                .ok_or(cm_core::CmError::InvalidArgument {
+                    op: "create_qp",
+                    reason: "the id is not bound to a device",
+                })?;
+        let caps = self.slot(conn).expect("live connection").caps;
+        let qp = self
+            .transport
+            .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
+        let buffers = self.transport.register_buffers(&id, &caps)?;
+        for slot in 0..caps.recv_depth {
+            self.transport
+                .post_recv(&id, &buffers, slot, u64::from(slot))?;
+        }
+        if let Err(error) = self.pump.register(id.clone(), role) {
+            log::warn!("{qp}: {error}");
+        }
+        self.by_qp.insert(qp, conn);
+        let entry = self.slot_mut(conn).expect("live connection");
+        entry.device = Some(key);
+        entry.qp = Some(qp);
+        entry.buffers = Some(buffers);
+        entry.free_send = (0..caps.send_depth).rev().collect();
+        Ok(())
+    }
+
+    fn on_conn_event(&mut self, conn: ConnectionId, event: &T::Event) {
+        let status = event.status();
+        let result = match event.event_type() {
+            CmEventType::AddrResolved => {
+                let (id, timeout) = match self.slot(conn) {
+                    Some(c) => (c.id.clone(), c.resolve_timeout),
+                    None => return,
+                };
+                self.transport.resolve_route(&id, timeout)
+            }
+            CmEventType::RouteResolved => self.connect_resolved(conn),
+            CmEventType::Established => {
+                if let Some(qp) = self.slot(conn).and_then(|c| c.qp) {
+                    self.pump.on_cm_event(CmEventType::Established, Some(qp));
+                }
+                self.on_established(conn, event.private_data());
+                Ok(())
+            }
+            CmEventType::AddrError => {
+                self.close(conn, CloseReason::AddressError { status }, false);
+                Ok(())
+            }
+            CmEventType::RouteError => {
+                self.close(conn, CloseReason::RouteError { status }, false);
+                Ok(())
+            }
+            CmEventType::Unreachable => {
+                self.close(conn, CloseReason::Unreachable { status }, false);
+                Ok(())
+            }
+            CmEventType::ConnectError => {
+                self.close(conn, CloseReason::ConnectError { status }, false);
+                Ok(())
+            }
+            CmEventType::Rejected => {
+                let reason = CloseReason::Rejected {
+                    reason: RejectReason::from_status(status),
+                    private_data: PrivateData::from(event.private_data()),
+                };
+                self.close(conn, reason, false);
+                Ok(())
+            }
+            CmEventType::Disconnected => {
+                // Our DREP: the peer's teardown waits for it.
+                self.close(conn, CloseReason::Disconnected, true);
+                Ok(())
+            }
+            CmEventType::DeviceRemoval => {
+                let key = self.slot(conn).and_then(|c| c.device);
+                self.close(conn, CloseReason::DeviceRemoved, false);
+                if let Some(key) = key {
+                    self.device_removed(key);
+                }
+                Ok(())
+            }
+            other => {
+                log::debug!("{conn}: {other} ignored");
+                Ok(())
+            }
+        };
+        if let Err(error) = result {
+            self.close(conn, CloseReason::SetupFailed(error), false);
+        }
+    }
+
+    fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
+        self.setup_qp(conn, Role::Active)?;
+        let entry = self.slot_mut(conn).expect("set up above");
+        let request = std::mem::take(&mut entry.request);
+        let id = entry.id.clone();
+        self.transport.connect(&id, request.as_bytes())?;
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.state = ConnState::Connecting;
+        }
+        Ok(())
+    }
+
+    fn on_established(&mut self, conn: ConnectionId, private_data: &[u8]) {
+        let Some(entry) = self.slot_mut(conn) else {
+            return;
+        };
+        if entry.established.is_some() {
+            return; // exactly once, whatever the CM says twice
+        }
+        let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
+        entry.established = Some(via);
+        entry.state = ConnState::Established;
+        entry.deadline = None;
+        let role = entry.role;
+        let held = std::mem::take(&mut entry.held);
+        let private_data = match role {
+            Role::Passive => std::mem::take(&mut entry.peer_private),
+            Role::Active => PrivateData::from(private_data),
+        };
+        self.events.push_back(Event::Established {
+            conn,
+            role,
+            via,
+            private_data,
+        });
+        for data in held {
+            self.events.push_back(Event::Received { conn, data });
+        }
+    }
+
+    fn expire(&mut self) {
+        let Some(next) = self.next_deadline() else {
+            return;
+        };
+        let now = self.transport.now();
+        if next > now {
+            return;
+        }
+        let expired: Vec<ConnectionId> = self
+            .live()
+            .filter(|(_, c)| c.state != ConnState::Established)
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(conn, _)| conn)
+            .collect();
+        for conn in expired {
+            self.close(conn, CloseReason::TimedOut, false);
+        }
+    }
+
+    // ----- bookkeeping -----------------------------------------------------------
+
+    /// The reader of `id`'s device context, opened on first use.
+    fn device_for(
+        &mut self,
+        id: &T::Id,
+    ) -> Result<Option<(usize, T::DeviceKey)>, cm_core::CmError> {
+        let Some(key) = self.transport.device_key(id) else {
+            return Ok(None);
+        };
+        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+            return Ok(Some((index, key)));
+        }
+        let device = self.transport.open_device(id)?;
+        self.device_keys.push(key);
+        self.devices.push(device);
+        Ok(Some((self.devices.len() - 1, key)))
+    }
+
+    /// The device is going away: every connection and listener on it is torn down, and
+    /// its reader closed, so that nothing of ours keeps it open.
+    fn device_removed(&mut self, key: T::DeviceKey) {
+        for conn in self.conns_on(key) {
+            self.close(conn, CloseReason::DeviceRemoved, false);
+        }
+        for index in 0..self.listeners.len() {
+            let on_device = self.listeners[index]
+                .as_ref()
+                .is_some_and(|l| self.transport.device_key(&l.id) == Some(key));
+            if on_device {
+                if let Some(entry) = self.listeners[index].take() {
+                    self.by_id.remove(&self.transport.id_key(&entry.id));
+                }
+                self.events.push_back(Event::ListenerClosed {
+                    listener: ListenerId(index as u32),
+                    reason: CloseReason::DeviceRemoved,
+                });
+            }
+        }
+        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+            self.device_keys.swap_remove(index);
+            drop(self.devices.swap_remove(index));
+        }
+    }
+
+    fn conns_on(&self, key: T::DeviceKey) -> Vec<ConnectionId> {
+        self.live()
+            .filter(|(_, c)| c.device == Some(key))
+            .map(|(conn, _)| conn)
+            .collect()
+    }
+
+    fn live(&self) -> impl Iterator<Item = (ConnectionId, &Conn<T>)> {
+        self.slots.iter().enumerate().filter_map(|(index, slot)| {
+            slot.conn
+                .as_ref()
+                .map(|c| (ConnectionId::new(index as u32, slot.generation), c))
+        })
+    }
+
+    /// Ends `conn`: reports [`Event::Closed`] (unless the application never saw it),
+    /// unregisters it and drops the id, which destroys its QP, queues and memory.
+    fn close(&mut self, conn: ConnectionId, reason: CloseReason, disconnect: bool) {
+        let Some(entry) = self.remove(conn) else {
+            return;
+        };
+        if disconnect {
+            if let Err(error) = self.transport.disconnect(&entry.id) {
+                log::debug!("{conn}: disconnect: {error}");
+            }
+        }
+        let seen = entry.role == Role::Active
+            || entry.state == ConnState::Established
+            || entry
+                .listener
+                .and_then(|l| self.listeners.get(l.0 as usize))
+                .is_some_and(|l| l.as_ref().is_some_and(|l| !l.options.auto_accept));
+        if seen || !matches!(reason, CloseReason::SetupFailed(_)) {
+            self.events.push_back(Event::Closed { conn, reason });
+        }
+        drop(entry);
+    }
+
+    fn remove(&mut self, conn: ConnectionId) -> Option<Conn<T>> {
+        let slot = self.slots.get_mut(conn.index())?;
+        if slot.generation != conn.generation() {
+            return None;
+        }
+        let entry = slot.conn.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_slots.push(conn.index() as u32);
+        self.by_id.remove(&self.transport.id_key(&entry.id));
+        if let Some(qp) = entry.qp {
+            self.by_qp.remove(&qp);
+            drop(self.pump.unregister(qp));
+        }
+        // Messages held for a connection that never got established are dropped with it.
+        Some(entry)
+    }
+
+    fn insert(&mut self, conn: Conn<T>) -> ConnectionId {
+        let key = self.transport.id_key(&conn.id);
+        let index = match self.free_slots.pop() {
+            Some(index) => index as usize,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    conn: None,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let slot = &mut self.slots[index];
+        slot.conn = Some(conn);
+        let id = ConnectionId::new(index as u32, slot.generation);
+        self.by_id.insert(key, Owner::Conn(id));
+        id
+    }
+
+    fn slot(&self, conn: ConnectionId) -> Option<&Conn<T>> {
+        let slot = self.slots.get(conn.index())?;
+        (slot.generation == conn.generation())
+            .then_some(slot.conn.as_ref())
+            .flatten()
+    }
+
+    fn slot_mut(&mut self, conn: ConnectionId) -> Option<&mut Conn<T>> {
+        let slot = self.slots.get_mut(conn.index())?;
+        if slot.generation == conn.generation() {
+            slot.conn.as_mut()
+        } else {
+            None
+        }
+    }
+
+    /// The transport and a connection, borrowed together.
+    fn split(&mut self, conn: ConnectionId) -> Option<(&mut T, &mut Conn<T>)> {
+        let slot = self.slots.get_mut(conn.index())?;
+        if slot.generation != conn.generation() {
+            return None;
+        }
+        Some((&mut self.transport, slot.conn.as_mut()?))
+    }
+
+    fn conn(&self, conn: ConnectionId) -> Result<&Conn<T>, ConnError> {
+        self.slot(conn).ok_or(ConnError::UnknownConnection(conn))
+    }
+
+    fn conn_mut(&mut self, conn: ConnectionId) -> Result<&mut Conn<T>, ConnError> {
+        self.slot_mut(conn)
+            .ok_or(ConnError::UnknownConnection(conn))
+    }
+
+    fn listener(&self, listener: ListenerId) -> Result<&Listener<T>, ConnError> {
+        self.listeners
+            .get(listener.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or(ConnError::UnknownListener(listener))
+    }
+
+    /// For the async flavour: handles what is ready and looks for an event.
+    pub(crate) fn take_with<R>(
+        &mut self,
+        take: &mut impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
+    ) -> Option<Result<R, ConnError>> {
+        if let Err(error) = self.process() {
+            return Some(Err(error));
+        }
+        take(&mut self.events)
+    }
+
+    /// For the async flavour: the transport and the device readers.
+    pub(crate) fn parts(&self) -> (&T, &[T::Device]) {
+        (&self.transport, &self.devices)
+    }
+}
+
+/// Takes the first accepted connection's ESTABLISHED, or the first listener end.
+pub(crate) fn take_accepted(
+    events: &mut VecDeque<Event>,
+) -> Option<Result<ConnectionId, ConnError>> {
+    let position = events.iter().position(|e| {
+        matches!(
+            e,
+            Event::Established {
+                role: Role::Passive,
+                ..
+            } | Event::ListenerClosed { .. }
+        )
+    })?;
+    match events.remove(position)? {
+        Event::Established { conn, .. } => Some(Ok(conn)),
+        Event::ListenerClosed { listener, reason } => {
+            Some(Err(ConnError::ListenerClosed { listener, reason }))
+        }
+        _ => None,
+    }
+}
+
+/// Takes `conn`'s ESTABLISHED, or its end.
+pub(crate) fn take_established(
+    events: &mut VecDeque<Event>,
+    conn: ConnectionId,
+) -> Option<Result<EstablishedVia, ConnError>> {
+    let position = events.iter().position(|e| match e {
+        Event::Established { conn: c, .. } | Event::Closed { conn: c, .. } => *c == conn,
+        _ => false,
+    })?;
+    match events.remove(position)? {
+        Event::Established { via, .. } => Some(Ok(via)),
+        Event::Closed { conn, reason } => Some(Err(ConnError::Closed { conn, reason })),
+        _ => None,
+    }
+}
+
+/// Takes `conn`'s next message, or its end.
+pub(crate) fn take_received(
+    events: &mut VecDeque<Event>,
+    conn: ConnectionId,
+) -> Option<Result<Vec<u8>, ConnError>> {
+    let position = events.iter().position(|e| match e {
+        Event::Received { conn: c, .. } | Event::Closed { conn: c, .. } => *c == conn,
+        _ => false,
+    })?;
+    match events.remove(position)? {
+        Event::Received { data, .. } => Some(Ok(data)),
+        Event::Closed { conn, reason } => Some(Err(ConnError::Closed { conn, reason })),
+        _ => None,
+    }
+}

@@ -1,0 +1,377 @@
+//! The vocabulary of the connection API: handles, options, events and errors.
+
+use std::time::Duration;
+
+use cm_core::{AsyncEvent, CmError, NotifyError, QpNum, QueueCaps, RejectReason};
+
+use crate::{Role, Trigger};
+
+/// Names one connection of an [`Endpoint`](crate::Endpoint). A handle of a connection
+/// that is gone names nothing (every call on it answers [`ConnError::UnknownConnection`]),
+/// even when its slot is reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionId(pub(crate) u64);
+
+impl ConnectionId {
+    pub(crate) fn new(index: u32, generation: u32) -> Self {
+        ConnectionId(u64::from(generation) << 32 | u64::from(index))
+    }
+
+    pub(crate) fn index(self) -> usize {
+        (self.0 & u64::from(u32::MAX)) as usize
+    }
+
+    pub(crate) fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The completion-queue token of this connection.
+    pub(crate) fn token(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for ConnectionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "connection {}.{}", self.index(), self.generation())
+    }
+}
+
+/// Names one listener of an [`Endpoint`](crate::Endpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListenerId(pub(crate) u32);
+
+impl std::fmt::Display for ListenerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "listener {}", self.0)
+    }
+}
+
+/// Private data carried by a CM message, checked against the size the message allows
+/// (IB CM: REQ 56 bytes, REP 196, REJ 148).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct PrivateData(Vec<u8>);
+
+impl PrivateData {
+    /// Room in a REQ (`rdma_connect`).
+    pub const MAX_REQ: usize = 56;
+    /// Room in a REP (`rdma_accept`).
+    pub const MAX_REP: usize = 196;
+    /// Room in a REJ (`rdma_reject`).
+    pub const MAX_REJ: usize = 148;
+
+    /// No private data.
+    pub const fn empty() -> Self {
+        PrivateData(Vec::new())
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// How many bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Checks the data fits a message with room for `max` bytes.
+    pub(crate) fn check(&self, message: &'static str, max: usize) -> Result<(), ConnError> {
+        if self.0.len() > max {
+            Err(ConnError::PrivateDataTooLong {
+                message,
+                len: self.0.len(),
+                max,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl From<&[u8]> for PrivateData {
+    fn from(bytes: &[u8]) -> Self {
+        PrivateData(bytes.to_vec())
+    }
+}
+
+impl From<Vec<u8>> for PrivateData {
+    fn from(bytes: Vec<u8>) -> Self {
+        PrivateData(bytes)
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for PrivateData {
+    fn from(bytes: &[u8; N]) -> Self {
+        PrivateData(bytes.to_vec())
+    }
+}
+
+/// How a listener treats connection requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenOptions {
+    /// `rdma_listen` backlog.
+    pub backlog: u16,
+    /// Queue sizes of every accepted connection.
+    pub caps: QueueCaps,
+    /// `true`: every request is accepted at once with [`ListenOptions::private_data`];
+    /// `false`: each one is reported as [`Event::Request`] for
+    /// [`Endpoint::accept_request`](crate::Endpoint::accept_request) or
+    /// [`Endpoint::reject_request`](crate::Endpoint::reject_request).
+    pub auto_accept: bool,
+    /// Private data sent in every automatic REP.
+    pub private_data: PrivateData,
+    /// How long an accepted connection may take to become established before it is
+    /// closed with [`CloseReason::TimedOut`] (`None`: the CM's own REP retries decide,
+    /// ~69 s to UNREACHABLE).
+    pub establish_timeout: Option<Duration>,
+}
+
+impl Default for ListenOptions {
+    /// Backlog 64, default queues, automatic accept, no private data, no deadline.
+    fn default() -> Self {
+        ListenOptions {
+            backlog: 64,
+            caps: QueueCaps::default(),
+            auto_accept: true,
+            private_data: PrivateData::empty(),
+            establish_timeout: None,
+        }
+    }
+}
+
+/// How [`Endpoint::connect`](crate::Endpoint::connect) connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectOptions<A> {
+    /// The local address to resolve from (`None`: the routing table decides).
+    pub source: Option<A>,
+    /// Queue sizes of the connection.
+    pub caps: QueueCaps,
+    /// Private data sent in the REQ (at most [`PrivateData::MAX_REQ`] bytes).
+    pub private_data: PrivateData,
+    /// Address and route resolution timeout, each.
+    pub resolve_timeout: Duration,
+    /// How long the whole connect may take before it is closed with
+    /// [`CloseReason::TimedOut`] (`None`: the CM's own timeouts decide).
+    pub timeout: Option<Duration>,
+}
+
+impl<A> Default for ConnectOptions<A> {
+    /// No source address, default queues, no private data, 2 s resolution, no deadline.
+    fn default() -> Self {
+        ConnectOptions {
+            source: None,
+            caps: QueueCaps::default(),
+            private_data: PrivateData::empty(),
+            resolve_timeout: Duration::from_secs(2),
+            timeout: None,
+        }
+    }
+}
+
+/// How a connection became established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EstablishedVia {
+    /// The handshake completed on its own: the RTU arrived (passive side) or the REP
+    /// was answered (active side).
+    Handshake,
+    /// The RTU was late or lost: `rdma_notify` forced the establish, after `Trigger`.
+    Notify(Trigger),
+    /// `rdma_notify` was called after `Trigger` but the RTU had won the race (EISCONN,
+    /// harmless).
+    RtuWonRace(Trigger),
+}
+
+/// Why a connection (or a listener) ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Disconnected by the peer (DREQ) or by this side.
+    Disconnected,
+    /// The peer refused the connection.
+    Rejected {
+        /// The IB CM reason.
+        reason: RejectReason,
+        /// The peer's private data in the REJ.
+        private_data: PrivateData,
+    },
+    /// The peer never answered (REP or REQ retries exhausted); the status is the
+    /// event's negative errno (usually -ETIMEDOUT).
+    Unreachable {
+        /// The event's status.
+        status: i32,
+    },
+    /// Address resolution failed (status: negative errno).
+    AddressError {
+        /// The event's status.
+        status: i32,
+    },
+    /// Route resolution failed (status: negative errno).
+    RouteError {
+        /// The event's status.
+        status: i32,
+    },
+    /// The CM reported a connection error (status: negative errno).
+    ConnectError {
+        /// The event's status.
+        status: i32,
+    },
+    /// The RDMA device went away (RDMA_CM_EVENT_DEVICE_REMOVAL); everything on it is
+    /// torn down so that the kernel's removal completes.
+    DeviceRemoved,
+    /// The device reported a fatal error (IBV_EVENT_DEVICE_FATAL).
+    DeviceFatal,
+    /// The connection's QP went to the error state (an asynchronous QP error or a
+    /// failed work completion, e.g. retries exceeded because the peer is gone).
+    QpError {
+        /// What reported it: an asynchronous event, or a completion status.
+        detail: QpErrorDetail,
+    },
+    /// The connect or establish deadline passed.
+    TimedOut,
+    /// Setting the connection up failed (QP creation, memory registration, accept…).
+    SetupFailed(CmError),
+    /// The application rejected the request.
+    RejectedHere,
+}
+
+/// What reported a QP error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpErrorDetail {
+    /// An asynchronous event on the QP (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR).
+    AsyncEvent(AsyncEvent),
+    /// A work completion with this `ibv_wc_status`.
+    Completion(u32),
+}
+
+/// Something the endpoint reports, in the order it happened per connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A connection request to a listener with `auto_accept` off: answer it with
+    /// `accept_request` or `reject_request`.
+    Request {
+        /// The listener it came to.
+        listener: ListenerId,
+        /// The connection to answer.
+        conn: ConnectionId,
+        /// The REQ's private data.
+        private_data: PrivateData,
+    },
+    /// The connection is established: reported exactly once per connection, whichever
+    /// of RTU, COMM_EST and receive completion came first.
+    Established {
+        /// The connection.
+        conn: ConnectionId,
+        /// Passive (accepted) or active (connected).
+        role: Role,
+        /// How it got there.
+        via: EstablishedVia,
+        /// The peer's private data (the REQ's for a passive side, the REP's for an
+        /// active side).
+        private_data: PrivateData,
+    },
+    /// A message arrived. Messages that arrive before the connection is reported
+    /// established are held and reported right after [`Event::Established`].
+    Received {
+        /// The connection.
+        conn: ConnectionId,
+        /// The message.
+        data: Vec<u8>,
+    },
+    /// The connection ended; its handle names nothing any more.
+    Closed {
+        /// The connection.
+        conn: ConnectionId,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// The listener ended (its device was removed); its handle names nothing any more.
+    ListenerClosed {
+        /// The listener.
+        listener: ListenerId,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// A device event that belongs to no connection (port up/down, device fatal, GID
+    /// change…), for the application to see.
+    Device(AsyncEvent),
+    /// `rdma_notify` answered an error the notify path could not use (the connection
+    /// carries on; a later trigger retries if the error was transient).
+    NotifyFailed {
+        /// The connection.
+        conn: ConnectionId,
+        /// The QP.
+        qp: QpNum,
+        /// The kernel's answer.
+        error: NotifyError,
+    },
+}
+
+/// What went wrong in a call of the connection API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// A backend call failed (errno kept).
+    #[error(transparent)]
+    Cm(#[from] CmError),
+    /// The handle names no live connection.
+    #[error("{0:?} names no live connection")]
+    UnknownConnection(ConnectionId),
+    /// The handle names no live listener.
+    #[error("{0:?} names no live listener")]
+    UnknownListener(ListenerId),
+    /// The connection is not in a state that allows the call (e.g. send before
+    /// established, accept twice).
+    #[error("{conn}: {what} needs the connection {needs}")]
+    WrongState {
+        /// The connection.
+        conn: ConnectionId,
+        /// The call.
+        what: &'static str,
+        /// What it needs.
+        needs: &'static str,
+    },
+    /// Private data longer than the message has room for.
+    #[error("{len} bytes of private data do not fit a {message} (at most {max})")]
+    PrivateDataTooLong {
+        /// The CM message.
+        message: &'static str,
+        /// Bytes given.
+        len: usize,
+        /// Room in the message.
+        max: usize,
+    },
+    /// A message longer than the connection's buffers.
+    #[error("a {len}-byte message does not fit the {max}-byte buffers")]
+    MessageTooLarge {
+        /// Bytes given.
+        len: usize,
+        /// The buffer size.
+        max: usize,
+    },
+    /// Every send buffer is in flight: wait for events (sends complete) and retry.
+    #[error("{0}: every send buffer is in flight")]
+    SendQueueFull(ConnectionId),
+    /// The deadline passed before the awaited event.
+    #[error("timed out")]
+    Timeout,
+    /// A listener ended (its device went away) while [`Endpoint::accept`](crate::Endpoint::accept) waited.
+    #[error("{listener} closed: {reason:?}")]
+    ListenerClosed {
+        /// The listener.
+        listener: ListenerId,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// The connection ended while a call waited on it.
+    #[error("{conn} closed: {reason:?}")]
+    Closed {
+        /// The connection.
+        conn: ConnectionId,
+        /// Why.
+        reason: CloseReason,
+    },
+}

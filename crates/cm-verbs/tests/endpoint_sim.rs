@@ -1,0 +1,340 @@
+//! The connection API on the simulated fabric: the notify path needs no application
+//! code, each connection is reported established exactly once with how it got there,
+//! and nothing the peer sends is lost or reordered.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport};
+use cm_verbs::{
+    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
+    ListenOptions, PrivateData, RejectReason, Role, Trigger,
+};
+
+const PORT: u16 = 7471;
+const SECOND: Option<Duration> = Some(Duration::from_secs(1));
+
+type SimEndpoint = Endpoint<SimTransport>;
+
+/// A server node and a client node; the client endpoint is shared with the server's
+/// wait hook, which drives it (sending `messages` once established) while the server
+/// blocks.
+struct Pair {
+    fabric: SimFabric,
+    server: SimEndpoint,
+    client: Rc<RefCell<SimEndpoint>>,
+    client_events: Rc<RefCell<Vec<Event>>>,
+}
+
+fn pair(config: SimConfig, seed: u64, messages: &'static [&'static [u8]]) -> Pair {
+    let fabric = SimFabric::new(config, seed);
+    let (server_node, client_node) = (fabric.add_node(), fabric.add_node());
+    let client = Rc::new(RefCell::new(Endpoint::new(SimTransport::new(&client_node))));
+    let client_events = Rc::new(RefCell::new(Vec::new()));
+    let mut transport = SimTransport::new(&server_node);
+    let (driven, seen) = (Rc::clone(&client), Rc::clone(&client_events));
+    transport.on_step(move || {
+        let mut client = driven.borrow_mut();
+        while let Some(event) = client.poll().expect("client poll") {
+            if let Event::Established { conn, .. } = event {
+                for message in messages {
+                    client.send(conn, message).expect("client send");
+                }
+            }
+            seen.borrow_mut().push(event);
+        }
+    });
+    Pair {
+        fabric,
+        server: Endpoint::new(transport),
+        client,
+        client_events,
+    }
+}
+
+impl Pair {
+    fn connect(&self, count: usize, private_data: &[u8]) -> Vec<ConnectionId> {
+        let to = self.server.transport().addr(PORT);
+        (0..count)
+            .map(|_| {
+                self.client
+                    .borrow_mut()
+                    .connect(
+                        to,
+                        ConnectOptions {
+                            private_data: PrivateData::from(private_data),
+                            ..ConnectOptions::default()
+                        },
+                    )
+                    .expect("connect")
+            })
+            .collect()
+    }
+}
+
+fn soft_roce() -> SimConfig {
+    SimConfig {
+        comm_est: false,
+        ..SimConfig::default()
+    }
+}
+
+#[test]
+fn a_lost_rtu_is_rescued_by_the_receive_trigger_with_no_application_code() {
+    let mut pair = pair(soft_roce(), 1, &[b"first", b"second"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    let listener = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"hello");
+
+    let conn = pair
+        .server
+        .accept(SECOND)
+        .expect("accepted and established");
+    let info = pair.server.info(conn).unwrap();
+    assert_eq!(info.role, Role::Passive);
+    assert_eq!(info.listener, Some(listener));
+    assert_eq!(
+        info.established,
+        Some(EstablishedVia::Notify(Trigger::ReceiveCompletion))
+    );
+    // The message that forced the establish is delivered, in order, after it.
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"first");
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"second");
+    assert_eq!(pair.server.counters().forced, 1);
+    // Exactly one ESTABLISHED reached the server: nothing else is queued for it.
+    pair.fabric.advance(Duration::from_millis(10));
+    while let Some(event) = pair.server.poll().unwrap() {
+        assert!(!matches!(event, Event::Established { .. }), "{event:?}");
+    }
+}
+
+#[test]
+fn with_comm_est_the_async_event_forces_the_establish() {
+    let mut pair = pair(SimConfig::default(), 2, &[b"data"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    assert_eq!(
+        pair.server.info(conn).unwrap().established,
+        Some(EstablishedVia::Notify(Trigger::AsyncEvent(
+            cm_verbs::AsyncEventType::CommEst
+        )))
+    );
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"data");
+}
+
+#[test]
+fn without_loss_the_handshake_establishes_and_private_data_travels() {
+    let mut pair = pair(SimConfig::default(), 3, &[b"ping"]);
+    let options = ListenOptions {
+        private_data: PrivateData::from(b"welcome"),
+        ..ListenOptions::default()
+    };
+    pair.server
+        .listen(pair.server.transport().addr(PORT), options)
+        .unwrap();
+    pair.connect(1, b"hello");
+    let conn = pair.server.accept(SECOND).unwrap();
+    assert_eq!(
+        pair.server.info(conn).unwrap().established,
+        Some(EstablishedVia::Handshake)
+    );
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"ping");
+    pair.server.send(conn, b"pong").unwrap();
+    pair.fabric.advance(Duration::from_millis(1));
+    let mut client = pair.client.borrow_mut();
+    let mut got = Vec::new();
+    while let Some(event) = client.poll().unwrap() {
+        got.push(event);
+    }
+    let events = pair.client_events.borrow();
+    let established = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Established {
+                private_data, role, ..
+            } => Some((private_data.clone(), *role)),
+            _ => None,
+        })
+        .expect("client established");
+    assert_eq!(established, (PrivateData::from(b"welcome"), Role::Active));
+    assert!(
+        got.iter()
+            .any(|e| matches!(e, Event::Received { data, .. } if data == b"pong")),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn many_connections_each_established_exactly_once_at_full_rtu_loss() {
+    let mut pair = pair(soft_roce(), 4, &[b"x"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(50, b"");
+    let mut accepted = Vec::new();
+    for _ in 0..50 {
+        accepted.push(pair.server.accept(SECOND).unwrap());
+    }
+    accepted.sort();
+    accepted.dedup();
+    assert_eq!(accepted.len(), 50, "each connection reported once");
+    assert_eq!(pair.server.counters().forced, 50);
+    for conn in accepted {
+        assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"x");
+    }
+}
+
+#[test]
+fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
+    let mut pair = pair(SimConfig::default(), 5, &[]);
+    let options = ListenOptions {
+        auto_accept: false,
+        ..ListenOptions::default()
+    };
+    pair.server
+        .listen(pair.server.transport().addr(PORT), options)
+        .unwrap();
+    let client_conn = pair.connect(1, b"let me in")[0];
+    let request = loop {
+        match pair.server.next_event(SECOND).unwrap().expect("a request") {
+            Event::Request {
+                conn, private_data, ..
+            } => {
+                assert_eq!(private_data, PrivateData::from(b"let me in"));
+                break conn;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let too_long = PrivateData::from(vec![0u8; PrivateData::MAX_REJ + 1]);
+    assert!(matches!(
+        pair.server.reject_request(request, &too_long),
+        Err(ConnError::PrivateDataTooLong {
+            max: PrivateData::MAX_REJ,
+            ..
+        })
+    ));
+    pair.server
+        .reject_request(request, &PrivateData::from(b"full"))
+        .unwrap();
+    assert!(matches!(
+        pair.server.accept_request(request, &PrivateData::empty()),
+        Err(ConnError::UnknownConnection(_))
+    ));
+    let mut client = pair.client.borrow_mut();
+    match client.established(client_conn, SECOND) {
+        Err(ConnError::Closed {
+            reason:
+                CloseReason::Rejected {
+                    reason,
+                    private_data,
+                },
+            ..
+        }) => {
+            assert_eq!(reason, RejectReason::Consumer);
+            assert_eq!(private_data.as_bytes()[..4], *b"full");
+        }
+        other => panic!("expected a consumer reject, got {other:?}"),
+    }
+}
+
+#[test]
+fn connecting_to_a_port_nobody_listens_on_is_a_typed_reject() {
+    let pair = pair(SimConfig::default(), 6, &[]);
+    let conn = pair.connect(1, b"")[0];
+    let mut client = pair.client.borrow_mut();
+    match client.established(conn, SECOND) {
+        Err(ConnError::Closed { reason, .. }) => {
+            assert!(
+                matches!(
+                    reason,
+                    CloseReason::Rejected {
+                        reason: RejectReason::NoListener,
+                        ..
+                    } | CloseReason::Unreachable { .. }
+                ),
+                "{reason:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_accept_deadline_ends_in_a_typed_timeout_and_leaks_no_connection() {
+    let mut pair = pair(soft_roce(), 7, &[]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    let options = ListenOptions {
+        establish_timeout: Some(Duration::from_millis(100)),
+        ..ListenOptions::default()
+    };
+    pair.server
+        .listen(pair.server.transport().addr(PORT), options)
+        .unwrap();
+    pair.connect(1, b"");
+    // The client sends nothing, so nothing can rescue the connection.
+    assert_eq!(
+        pair.server.accept(Some(Duration::from_millis(50))),
+        Err(ConnError::Timeout)
+    );
+    let closed = pair.server.next_event(SECOND).unwrap();
+    assert!(
+        matches!(
+            closed,
+            Some(Event::Closed {
+                reason: CloseReason::TimedOut,
+                ..
+            })
+        ),
+        "{closed:?}"
+    );
+    assert_eq!(pair.server.connection_count(), 0);
+}
+
+#[test]
+fn sends_and_messages_are_checked() {
+    let mut pair = pair(SimConfig::default(), 8, &[]);
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    let big = vec![0u8; cm_verbs::QueueCaps::default().buffer_size as usize + 1];
+    assert!(matches!(
+        pair.server.send(conn, &big),
+        Err(ConnError::MessageTooLarge { .. })
+    ));
+    for _ in 0..cm_verbs::QueueCaps::default().send_depth {
+        pair.server.send(conn, b"m").unwrap();
+    }
+    assert_eq!(
+        pair.server.send(conn, b"m"),
+        Err(ConnError::SendQueueFull(conn))
+    );
+    // Completions free the buffers again.
+    pair.server.poll().unwrap();
+    pair.server.send(conn, b"m").unwrap();
+    let too_long = PrivateData::from(vec![1u8; PrivateData::MAX_REQ + 1]);
+    let to = pair.server.transport().addr(PORT);
+    let refused = pair.client.borrow_mut().connect(
+        to,
+        ConnectOptions {
+            private_data: too_long,
+            ..ConnectOptions::default()
+        },
+    );
+    assert!(matches!(refused, Err(ConnError::PrivateDataTooLong { .. })));
+}
