@@ -237,7 +237,7 @@ fn one_channel_serves_two_ids_and_tokens_tell_their_cqs_apart() {
         &server_channel,
         setup.addr_b,
         &QpCaps::default(),
-        1,
+        2,
         |id| id.create_qp_on(&QpCaps::default(), &channel, 3),
     );
     // A channel on the other device is refused.
