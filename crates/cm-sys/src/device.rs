@@ -47,6 +47,11 @@ impl AsyncEvents {
         AsyncEvents { context, _id: id }
     }
 
+    /// The device the events are about.
+    pub fn device_key(&self) -> crate::DeviceKey {
+        crate::cq::DeviceKey::of(self.context)
+    }
+
     fn fd(&self) -> RawFd {
         // SAFETY: the context is live while `_id` is; async_fd is set once at open.
         unsafe { (*self.context.as_ptr()).async_fd }

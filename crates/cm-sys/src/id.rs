@@ -14,6 +14,7 @@ use cm_core::{
 };
 
 use crate::channel::{ChannelInner, EventChannel};
+use crate::cq::{CompletionChannel, CqKind, DeviceKey, OwnedCq};
 use crate::device::AsyncEvents;
 use crate::ffi;
 use crate::verbs::{Completion, MemoryRegion, QpCaps, RegisteredMemory};
@@ -96,6 +97,9 @@ pub(crate) struct IdInner {
     events_out: AtomicUsize,
     /// Memory registered for the id's QP; deregistered after the QP is destroyed.
     regions: Mutex<Vec<RegisteredMemory>>,
+    /// The completion queues of [`CmId::create_qp_on`] (send, receive); destroyed after
+    /// the QP, before the memory.
+    cqs: Mutex<Vec<OwnedCq>>,
 }
 
 // SAFETY: librdmacm ids may be used from any thread. The user-space id fields librdmacm
@@ -167,6 +171,7 @@ impl IdInner {
                 qp_num: AtomicU32::new(NO_QP),
                 events_out: AtomicUsize::new(0),
                 regions: Mutex::new(Vec::new()),
+                cqs: Mutex::new(Vec::new()),
             }
         })
     }
@@ -183,6 +188,12 @@ impl Drop for IdInner {
                 ffi::rdma_destroy_qp(raw);
             }
         }
+        // The CQs of create_qp_on, their QP gone: each acknowledges its outstanding
+        // completion events and is destroyed.
+        self.cqs
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         let regions = self
             .regions
             .get_mut()
@@ -236,6 +247,18 @@ impl PartialEq for CmId {
 }
 
 impl Eq for CmId {}
+
+/// The result of a verbs call that returns its errno (positive, or negative as some
+/// providers do) instead of setting `errno`.
+fn verbs_result(op: &'static str, ret: i32) -> Result<(), CmError> {
+    match ret {
+        0 => Ok(()),
+        errno if errno > 0 => Err(CmError::from_errno(op, errno)),
+        // -1 says nothing about the cause; -errno does.
+        -1 | i32::MIN => Err(CmError::from_errno(op, libc::EIO)),
+        minus_errno => Err(CmError::from_errno(op, -minus_errno)),
+    }
+}
 
 fn check(op: &'static str, ret: i32) -> Result<(), CmError> {
     if ret == 0 {
@@ -470,17 +493,80 @@ impl CmId {
     /// completion queues librdmacm creates for it; every send is signalled.
     pub fn create_qp(&self, caps: &QpCaps) -> Result<QpNum, CmError> {
         let _ops = self.inner.lock_ops();
-        let id = self.inner.as_ptr();
-        // SAFETY: live id, read under the ops lock.
-        if unsafe { (*id).verbs.is_null() } {
+        self.device_context_locked("rdma_create_qp")?;
+        // SAFETY: NULL CQs: librdmacm creates them (and destroys them with the QP).
+        unsafe { self.create_qp_locked(caps, ptr::null_mut(), ptr::null_mut()) }
+    }
+
+    /// `rdma_create_qp` with an RC QP on the device's default protection domain and two
+    /// completion queues (send, receive) created on `channel`, both armed
+    /// (`ibv_req_notify_cq`): their completion events arrive on `channel` as `token`.
+    /// Every send is signalled. The id owns the CQs (destroyed after its QP).
+    ///
+    /// [`CmError::InvalidArgument`] if the id is not bound to a device yet, already has
+    /// a QP, the channel is on another device, or a queue depth does not fit a C `int`.
+    pub fn create_qp_on(
+        &self,
+        caps: &QpCaps,
+        channel: &CompletionChannel,
+        token: u64,
+    ) -> Result<QpNum, CmError> {
+        const OP: &str = "rdma_create_qp";
+        let _ops = self.inner.lock_ops();
+        let context = self.device_context_locked(OP)?;
+        if DeviceKey::of(context) != channel.device_key() {
             return Err(CmError::InvalidArgument {
-                op: "rdma_create_qp",
-                reason: "the id is not bound to a device yet",
+                op: OP,
+                reason: "the completion channel is on another device",
             });
         }
+        self.no_qp_yet(OP)?;
+        let depth = |wr: u32| {
+            i32::try_from(wr.max(1)).map_err(|_| CmError::InvalidArgument {
+                op: "ibv_create_cq",
+                reason: "queue depth larger than a C int",
+            })
+        };
+        let (send_depth, recv_depth) = (depth(caps.max_send_wr)?, depth(caps.max_recv_wr)?);
+        // SAFETY: the context is the id's live device context, the channel's (checked);
+        // the id keeps it open as long as the CQs (they are destroyed before the id).
+        let send = unsafe { OwnedCq::create(context, channel.core(), send_depth, token) }?;
+        // SAFETY: as above.
+        let recv = unsafe { OwnedCq::create(context, channel.core(), recv_depth, token) }?;
+        for cq in [&send, &recv] {
+            // SAFETY: live CQ created above, not shared yet.
+            let ret = unsafe { ffi::ibv_req_notify_cq(cq.as_ptr(), 0) };
+            verbs_result("ibv_req_notify_cq", ret)?;
+        }
+        // SAFETY: both CQs are live and stay so as long as the QP (kept in `cqs` below,
+        // destroyed after the QP).
+        let qp_num = unsafe { self.create_qp_locked(caps, send.as_ptr(), recv.as_ptr()) }?;
+        self.inner
+            .cqs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend([send, recv]);
+        Ok(qp_num)
+    }
+
+    /// The QP creation itself; the caller holds the ops lock and checked the device.
+    ///
+    /// # Safety
+    /// `send_cq`/`recv_cq` are both NULL (librdmacm creates CQs) or live CQs of the id's
+    /// device that outlive the QP.
+    unsafe fn create_qp_locked(
+        &self,
+        caps: &QpCaps,
+        send_cq: *mut ffi::ibv_cq,
+        recv_cq: *mut ffi::ibv_cq,
+    ) -> Result<QpNum, CmError> {
+        self.no_qp_yet("rdma_create_qp")?;
+        let id = self.inner.as_ptr();
         // SAFETY: ibv_qp_init_attr is integers and pointers; all zeroes is valid (NULL
         // CQs/SRQ: librdmacm creates the CQs).
         let mut attr: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = send_cq;
+        attr.recv_cq = recv_cq;
         attr.cap.max_send_wr = caps.max_send_wr;
         attr.cap.max_recv_wr = caps.max_recv_wr;
         attr.cap.max_send_sge = caps.max_send_sge;
@@ -489,13 +575,52 @@ impl CmId {
         attr.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 1;
         // SAFETY: live id bound to a device; `attr` valid for the call; NULL PD means the
-        // id's (the device's default) PD.
+        // id's (the device's default) PD; the CQs are as the caller guarantees.
         let ret = unsafe { ffi::rdma_create_qp(id, ptr::null_mut(), &mut attr) };
         check("rdma_create_qp", ret)?;
         // SAFETY: rdma_create_qp succeeded, so `id->qp` is the new live QP.
         let qp_num = unsafe { (*(*id).qp).qp_num };
         self.inner.qp_num.store(qp_num, Ordering::Release);
         Ok(QpNum(qp_num))
+    }
+
+    /// Refuses a second QP (librdmacm would overwrite `id->qp` and leak the first).
+    fn no_qp_yet(&self, op: &'static str) -> Result<(), CmError> {
+        if self.inner.qp_num.load(Ordering::Acquire) == NO_QP {
+            Ok(())
+        } else {
+            Err(CmError::InvalidArgument {
+                op,
+                reason: "the id already has a QP",
+            })
+        }
+    }
+
+    /// The id's device context (`id->verbs`); the caller holds the ops lock.
+    fn device_context_locked(
+        &self,
+        op: &'static str,
+    ) -> Result<NonNull<ffi::ibv_context>, CmError> {
+        // SAFETY: live id, read under the ops lock.
+        let verbs = unsafe { (*self.inner.as_ptr()).verbs };
+        NonNull::new(verbs).ok_or(CmError::InvalidArgument {
+            op,
+            reason: "the id is not bound to a device yet",
+        })
+    }
+
+    /// The id's device context, once bound to a device.
+    pub(crate) fn device_context(
+        &self,
+        op: &'static str,
+    ) -> Result<NonNull<ffi::ibv_context>, CmError> {
+        let _ops = self.inner.lock_ops();
+        self.device_context_locked(op)
+    }
+
+    /// The device the id is bound to; `None` before (a fresh id, not bound or resolved).
+    pub fn device_key(&self) -> Option<DeviceKey> {
+        self.device_context("device_key").ok().map(DeviceKey::of)
     }
 
     /// The id's QP number, once [`CmId::create_qp`] succeeded.
@@ -509,18 +634,10 @@ impl CmId {
     /// The asynchronous events of the id's device (`id->verbs`). Every id on the same
     /// device shares one stream; the returned source keeps this id alive.
     pub fn async_events(&self) -> Result<AsyncEvents, CmError> {
-        let _ops = self.inner.lock_ops();
-        // SAFETY: live id, read under the ops lock.
-        let verbs = unsafe { (*self.inner.as_ptr()).verbs };
-        match NonNull::new(verbs) {
-            // SAFETY: librdmacm keeps the device context open while an id is bound to
-            // it, and the source holds this id.
-            Some(context) => Ok(unsafe { AsyncEvents::new(context, Arc::clone(&self.inner)) }),
-            None => Err(CmError::InvalidArgument {
-                op: "async_events",
-                reason: "the id is not bound to a device yet",
-            }),
-        }
+        let context = self.device_context("async_events")?;
+        // SAFETY: librdmacm keeps the device context open while an id is bound to it, and
+        // the source holds this id.
+        Ok(unsafe { AsyncEvents::new(context, Arc::clone(&self.inner)) })
     }
 
     /// Registers `len` zeroed bytes with the device for local read/write, for this id's
@@ -674,24 +791,65 @@ impl CmId {
         })
     }
 
-    /// Polls the send completion queue (up to `max` completions, none: empty vector).
+    /// Polls the send completion queue: up to `max` completions (at most 64 per call;
+    /// `max` 0: an empty vector).
     pub fn poll_send_cq(&self, max: usize) -> Result<Vec<Completion>, CmError> {
-        let _ops = self.inner.lock_ops();
-        self.qp_ptr("ibv_poll_cq")?;
-        // SAFETY: live id with a QP (checked), so `send_cq` is librdmacm's live CQ.
-        let cq = unsafe { (*self.inner.as_ptr()).send_cq };
-        // SAFETY: `cq` is live while the QP is, and the ops lock excludes its destruction.
-        unsafe { crate::verbs::poll_cq(cq, max) }
+        let mut out = Vec::with_capacity(max.min(64));
+        self.poll_cq(CqKind::Send, &mut out, max.min(64))?;
+        Ok(out)
     }
 
-    /// Polls the receive completion queue (up to `max` completions).
+    /// Polls the receive completion queue: up to `max` completions (at most 64 per call).
     pub fn poll_recv_cq(&self, max: usize) -> Result<Vec<Completion>, CmError> {
+        let mut out = Vec::with_capacity(max.min(64));
+        self.poll_cq(CqKind::Recv, &mut out, max.min(64))?;
+        Ok(out)
+    }
+
+    /// Polls one of the QP's completion queues (`ibv_poll_cq`), appending up to `max`
+    /// completions to `out`; returns how many were appended (0: the queue is empty, or
+    /// `max` is 0). Nothing is allocated when `out` has room for them.
+    pub fn poll_cq(
+        &self,
+        which: CqKind,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Result<usize, CmError> {
         let _ops = self.inner.lock_ops();
-        self.qp_ptr("ibv_poll_cq")?;
-        // SAFETY: live id with a QP (checked), so `recv_cq` is librdmacm's live CQ.
-        let cq = unsafe { (*self.inner.as_ptr()).recv_cq };
-        // SAFETY: `cq` is live while the QP is, and the ops lock excludes its destruction.
-        unsafe { crate::verbs::poll_cq(cq, max) }
+        let cq = self.cq_ptr("ibv_poll_cq", which)?;
+        // SAFETY: the QP's live CQ; the ops lock excludes its destruction (only the
+        // last owner destroys it).
+        unsafe { crate::verbs::poll_cq_into(cq, out, max) }
+    }
+
+    /// Arms one of the QP's completion queues (`ibv_req_notify_cq(cq, 0)`): its next
+    /// completion raises one completion event on its channel. Only the CQs of
+    /// [`CmId::create_qp_on`] have a channel that reports it.
+    pub fn arm_cq(&self, which: CqKind) -> Result<(), CmError> {
+        let _ops = self.inner.lock_ops();
+        let cq = self.cq_ptr("ibv_req_notify_cq", which)?;
+        // SAFETY: the QP's live CQ, as in poll_cq.
+        let ret = unsafe { ffi::ibv_req_notify_cq(cq, 0) };
+        verbs_result("ibv_req_notify_cq", ret)
+    }
+
+    /// The QP's send or receive CQ; callers hold the ops lock.
+    fn cq_ptr(&self, op: &'static str, which: CqKind) -> Result<*mut ffi::ibv_cq, CmError> {
+        let qp = self.qp_ptr(op)?;
+        // SAFETY: live QP (qp_ptr); its CQ pointers are set at creation and never change.
+        let cq = unsafe {
+            match which {
+                CqKind::Send => (*qp).send_cq,
+                CqKind::Recv => (*qp).recv_cq,
+            }
+        };
+        if cq.is_null() {
+            return Err(CmError::InvalidArgument {
+                op,
+                reason: "the QP has no such completion queue",
+            });
+        }
+        Ok(cq)
     }
 
     /// The live QP; callers hold the ops lock.

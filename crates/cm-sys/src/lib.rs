@@ -77,6 +77,7 @@
 //! [`NotifyError`]: cm_core::NotifyError
 
 mod channel;
+mod cq;
 mod device;
 mod event;
 mod ffi;
@@ -87,6 +88,7 @@ mod tokio_fd;
 mod verbs;
 
 pub use channel::EventChannel;
+pub use cq::{CompletionChannel, CqKind, DeviceKey};
 pub use device::AsyncEvents;
 pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
@@ -120,5 +122,6 @@ mod tests {
         assert_send_sync::<EventChannel>();
         assert_send::<CmEvent>();
         assert_send::<AsyncEvents>();
+        assert_send_sync::<CompletionChannel>();
     }
 }

@@ -191,34 +191,63 @@ impl Completion {
     }
 }
 
-/// Polls up to `max` completions.
+/// `ibv_wc` entries polled per `ibv_poll_cq` call (on the stack).
+const POLL_CHUNK: usize = 16;
+
+/// Polls up to `max` completions from `cq`, appending them to `out`; returns how many.
 ///
 /// # Safety
 /// `cq` is a live completion queue, not destroyed during the call.
-pub(crate) unsafe fn poll_cq(cq: *mut ffi::ibv_cq, max: usize) -> Result<Vec<Completion>, CmError> {
+pub(crate) unsafe fn poll_cq_into(
+    cq: *mut ffi::ibv_cq,
+    out: &mut Vec<Completion>,
+    max: usize,
+) -> Result<usize, CmError> {
     if cq.is_null() {
         return Err(CmError::InvalidArgument {
             op: "ibv_poll_cq",
             reason: "no completion queue",
         });
     }
-    let max = max.clamp(1, 64);
     // SAFETY: ibv_wc is integers and a union of integers: all zeroes is valid.
-    let mut wcs: Vec<ffi::ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
-    // SAFETY: live CQ (caller); `wcs` has room for `max` entries.
-    let n = unsafe { ffi::ibv_poll_cq(cq, max as i32, wcs.as_mut_ptr()) };
-    if n < 0 {
-        return Err(CmError::from_errno("ibv_poll_cq", ffi::last_errno()));
+    let mut wcs: [ffi::ibv_wc; POLL_CHUNK] = unsafe { std::mem::zeroed() };
+    let mut total = 0;
+    while total < max {
+        let want = (max - total).min(POLL_CHUNK);
+        // SAFETY: live CQ (caller); `wcs` has room for `want` <= POLL_CHUNK entries.
+        let n = unsafe { ffi::ibv_poll_cq(cq, want as i32, wcs.as_mut_ptr()) };
+        // ibv_poll_cq sets no errno: a negative return is the error itself.
+        let n = usize::try_from(n).map_err(|_| poll_error(n))?;
+        out.extend(wcs.iter().take(n.min(want)).map(Completion::from_wc));
+        total += n.min(want);
+        if n < want {
+            break;
+        }
     }
-    Ok(wcs
-        .iter()
-        .take(n as usize)
-        .map(|wc| Completion {
+    Ok(total)
+}
+
+/// The error for a negative `ibv_poll_cq` return: `-errno` when the provider gives one,
+/// EIO for a bare -1.
+fn poll_error(ret: i32) -> CmError {
+    let errno = match ret.checked_neg() {
+        Some(errno) if errno > 1 => errno,
+        _ => libc::EIO,
+    };
+    CmError::Os {
+        op: "ibv_poll_cq",
+        errno: cm_core::Errno(errno),
+    }
+}
+
+impl Completion {
+    fn from_wc(wc: &ffi::ibv_wc) -> Completion {
+        Completion {
             wr_id: wc.wr_id,
             qp_num: QpNum(wc.qp_num),
             opcode: wc.opcode,
             status: wc.status,
             byte_len: wc.byte_len,
-        })
-        .collect())
+        }
+    }
 }
