@@ -61,6 +61,8 @@ mod event_loop;
 mod pump;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+#[cfg(feature = "rdma")]
+mod rdma_transport;
 
 pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint,

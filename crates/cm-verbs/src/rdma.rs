@@ -42,6 +42,8 @@ use cm_core::CmError;
 
 use crate::{Ready, Waiter};
 
+pub use crate::rdma_transport::{RdmaBuffers, RdmaDevice, RdmaTransport};
+
 /// Asks a [`PollWaiter`] (and so the [`EventLoop`](crate::EventLoop) it serves) to return.
 ///
 /// Cheap to clone and [`Send`]: hand a clone to a signal-handling or supervising thread.

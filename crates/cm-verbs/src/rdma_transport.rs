@@ -1,0 +1,319 @@
+//! [`RdmaTransport`]: the real backend (librdmacm and libibverbs through cm-sys) as a
+//! [`Transport`] for [`Endpoint`](crate::Endpoint).
+//!
+//! Every descriptor is non-blocking and waited on together in `poll(2)`: the CM event
+//! channel, and per device context its asynchronous event descriptor and one completion
+//! channel shared by the queues of every connection on the device. Completion events
+//! are acknowledged in batches by cm-sys; queues are re-armed before they are polled,
+//! so no completion is missed and none is polled on a timer.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use cm_core::{AsyncEvent, CmError, CqKind, QpNum, QueueCaps, Transport, WorkCompletion};
+use cm_sys::{
+    AsyncEvents, CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey, EventChannel,
+    MemoryRegion, QpCaps,
+};
+
+/// The reader of one device context: its asynchronous events and its completion
+/// channel, each read by this endpoint only.
+#[derive(Debug)]
+pub struct RdmaDevice {
+    events: AsyncEvents,
+    completions: CompletionChannel,
+}
+
+impl RdmaDevice {
+    /// The asynchronous event descriptor.
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.events.as_fd()
+    }
+
+    /// The completion channel's descriptor.
+    pub fn completion_fd(&self) -> BorrowedFd<'_> {
+        self.completions.as_fd()
+    }
+}
+
+/// A connection's registered buffer area: receive buffers, then send buffers.
+#[derive(Debug)]
+pub struct RdmaBuffers {
+    region: MemoryRegion,
+    caps: QueueCaps,
+}
+
+impl RdmaBuffers {
+    fn recv_range(&self, slot: u32, len: usize) -> std::ops::Range<usize> {
+        let start = slot as usize * self.caps.buffer_size as usize;
+        start..start + len
+    }
+
+    fn send_range(&self, slot: u32, len: usize) -> std::ops::Range<usize> {
+        let start =
+            (self.caps.recv_depth as usize + slot as usize) * self.caps.buffer_size as usize;
+        start..start + len
+    }
+}
+
+/// librdmacm and libibverbs as a [`Transport`]: one event channel of its own.
+#[derive(Debug)]
+pub struct RdmaTransport {
+    channel: EventChannel,
+    origin: Instant,
+    scratch: Vec<Completion>,
+}
+
+impl RdmaTransport {
+    /// A transport on a new event channel. With no RDMA device this is
+    /// [`CmError::NoDevice`].
+    pub fn new() -> Result<Self, CmError> {
+        let channel = EventChannel::new()?;
+        channel.set_nonblocking(true)?;
+        Ok(RdmaTransport {
+            channel,
+            origin: Instant::now(),
+            scratch: Vec::with_capacity(32),
+        })
+    }
+
+    /// The CM event channel's descriptor.
+    pub fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+}
+
+fn conn_params(private_data: &[u8]) -> ConnParams<'_> {
+    ConnParams {
+        private_data,
+        ..ConnParams::default()
+    }
+}
+
+fn sys_kind(kind: CqKind) -> cm_sys::CqKind {
+    match kind {
+        CqKind::Send => cm_sys::CqKind::Send,
+        CqKind::Recv => cm_sys::CqKind::Recv,
+    }
+}
+
+fn check_slot(op: &'static str, slot: u32, depth: u32) -> Result<(), CmError> {
+    if slot < depth {
+        Ok(())
+    } else {
+        Err(CmError::InvalidArgument {
+            op,
+            reason: "no such buffer slot",
+        })
+    }
+}
+
+impl Transport for RdmaTransport {
+    type Addr = SocketAddr;
+    type Id = CmId;
+    type Event = CmEvent;
+    type Device = RdmaDevice;
+    type DeviceKey = DeviceKey;
+    type Buffers = RdmaBuffers;
+
+    fn create_id(&mut self) -> Result<CmId, CmError> {
+        self.channel.create_id()
+    }
+
+    fn id_key(&self, id: &CmId) -> usize {
+        id.as_raw() as usize
+    }
+
+    fn next_cm_event(&mut self) -> Result<Option<CmEvent>, CmError> {
+        self.channel.try_next_event()
+    }
+
+    fn event_id(&self, event: &CmEvent) -> Option<CmId> {
+        event.id().cloned()
+    }
+
+    fn event_listener(&self, event: &CmEvent) -> Option<CmId> {
+        event.listener().cloned()
+    }
+
+    fn bind(&mut self, id: &CmId, addr: SocketAddr) -> Result<(), CmError> {
+        id.bind_addr(addr)
+    }
+
+    fn listen(&mut self, id: &CmId, backlog: u16) -> Result<(), CmError> {
+        id.listen(i32::from(backlog))
+    }
+
+    fn resolve_addr(
+        &mut self,
+        id: &CmId,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(), CmError> {
+        id.resolve_addr(src, dst, timeout)
+    }
+
+    fn resolve_route(&mut self, id: &CmId, timeout: Duration) -> Result<(), CmError> {
+        id.resolve_route(timeout)
+    }
+
+    fn connect(&mut self, id: &CmId, private_data: &[u8]) -> Result<(), CmError> {
+        id.connect(&conn_params(private_data))
+    }
+
+    fn accept(&mut self, id: &CmId, private_data: &[u8]) -> Result<(), CmError> {
+        id.accept(&conn_params(private_data))
+    }
+
+    fn reject(&mut self, id: &CmId, private_data: &[u8]) -> Result<(), CmError> {
+        id.reject(private_data)
+    }
+
+    fn disconnect(&mut self, id: &CmId) -> Result<(), CmError> {
+        id.disconnect()
+    }
+
+    fn local_addr(&self, id: &CmId) -> Option<SocketAddr> {
+        id.local_addr()
+    }
+
+    fn peer_addr(&self, id: &CmId) -> Option<SocketAddr> {
+        id.peer_addr()
+    }
+
+    fn device_key(&self, id: &CmId) -> Option<DeviceKey> {
+        id.device_key()
+    }
+
+    fn open_device(&mut self, id: &CmId) -> Result<RdmaDevice, CmError> {
+        let events = id.async_events()?;
+        events.set_nonblocking(true)?;
+        let completions = CompletionChannel::new(id)?;
+        Ok(RdmaDevice {
+            events,
+            completions,
+        })
+    }
+
+    fn next_async_event(&mut self, device: &mut RdmaDevice) -> Result<Option<AsyncEvent>, CmError> {
+        device.events.try_next_event()
+    }
+
+    fn next_cq_event(&mut self, device: &mut RdmaDevice) -> Result<Option<u64>, CmError> {
+        device.completions.try_next()
+    }
+
+    fn create_qp(
+        &mut self,
+        id: &CmId,
+        device: &RdmaDevice,
+        token: u64,
+        caps: &QueueCaps,
+    ) -> Result<QpNum, CmError> {
+        caps.validate()?;
+        let qp_caps = QpCaps {
+            max_send_wr: caps.send_depth,
+            max_recv_wr: caps.recv_depth,
+            ..QpCaps::default()
+        };
+        id.create_qp_on(&qp_caps, &device.completions, token)
+    }
+
+    fn register_buffers(&mut self, id: &CmId, caps: &QueueCaps) -> Result<RdmaBuffers, CmError> {
+        caps.validate()?;
+        let len = caps.area_len().ok_or(CmError::InvalidArgument {
+            op: "ibv_reg_mr",
+            reason: "buffer area larger than the address space",
+        })?;
+        Ok(RdmaBuffers {
+            region: id.register_memory(len)?,
+            caps: *caps,
+        })
+    }
+
+    fn post_recv(
+        &mut self,
+        id: &CmId,
+        buffers: &RdmaBuffers,
+        slot: u32,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        check_slot("ibv_post_recv", slot, buffers.caps.recv_depth)?;
+        let range = buffers.recv_range(slot, buffers.caps.buffer_size as usize);
+        id.post_recv(&buffers.region, range, wr_id)
+    }
+
+    fn post_send(
+        &mut self,
+        id: &CmId,
+        buffers: &RdmaBuffers,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        check_slot("ibv_post_send", slot, buffers.caps.send_depth)?;
+        if data.len() > buffers.caps.buffer_size as usize {
+            return Err(CmError::InvalidArgument {
+                op: "ibv_post_send",
+                reason: "the message does not fit the send buffer",
+            });
+        }
+        let range = buffers.send_range(slot, data.len());
+        id.write_memory(&buffers.region, range.start, data)?;
+        id.post_send(&buffers.region, range, wr_id)
+    }
+
+    fn read_recv(
+        &mut self,
+        id: &CmId,
+        buffers: &RdmaBuffers,
+        slot: u32,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CmError> {
+        check_slot("read_recv", slot, buffers.caps.recv_depth)?;
+        let len = len.min(buffers.caps.buffer_size as usize);
+        out.extend_from_slice(&id.read_memory(&buffers.region, buffers.recv_range(slot, len))?);
+        Ok(())
+    }
+
+    fn arm_cq(&mut self, id: &CmId, kind: CqKind) -> Result<(), CmError> {
+        id.arm_cq(sys_kind(kind))
+    }
+
+    fn poll_cq(
+        &mut self,
+        id: &CmId,
+        kind: CqKind,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, CmError> {
+        self.scratch.clear();
+        let n = id.poll_cq(sys_kind(kind), &mut self.scratch, max)?;
+        out.extend(self.scratch.iter().map(|c| WorkCompletion {
+            wr_id: c.wr_id,
+            qp: c.qp_num,
+            kind,
+            status: c.status,
+            byte_len: c.byte_len,
+        }));
+        Ok(n)
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    fn wait(&mut self, devices: &[RdmaDevice], timeout: Option<Duration>) -> Result<bool, CmError> {
+        let mut fds = Vec::with_capacity(1 + 2 * devices.len());
+        fds.push(self.channel.as_fd());
+        for device in devices {
+            fds.push(device.events.as_fd());
+            fds.push(device.completions.as_fd());
+        }
+        let ready = cm_sys::poll_readable(&fds, timeout)?;
+        Ok((0..fds.len()).any(|i| ready.is_ready(i)))
+    }
+}
