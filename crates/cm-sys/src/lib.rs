@@ -95,7 +95,7 @@ pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams};
 pub use poll::{poll_readable, ReadySet};
 #[cfg(feature = "tokio")]
-pub use tokio_fd::{async_device_events, async_event_channel};
+pub use tokio_fd::{async_device_events, async_event_channel, async_owned_fd};
 pub use verbs::{Completion, MemoryRegion, QpCaps};
 
 /// The real librdmacm/libibverbs backend, for code generic over [`cm_core::CmBackend`].

@@ -38,3 +38,13 @@ pub fn async_device_events(events: AsyncEvents) -> Result<AsyncFd<AsyncEvents>, 
     unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
         .map_err(|e| registration_error(e.into_parts().1))
 }
+
+/// A descriptor the caller owns (for example a duplicate of a completion channel's),
+/// registered for readability with the current tokio runtime. Non-blocking mode is the
+/// caller's business (it is shared with the original descriptor).
+pub fn async_owned_fd(fd: std::os::fd::OwnedFd) -> Result<AsyncFd<std::os::fd::OwnedFd>, CmError> {
+    // SAFETY: the AsyncFd owns the descriptor: it stays open and the same number until
+    // the AsyncFd is dropped (or gives it back with into_inner).
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+        .map_err(|e| registration_error(e.into_parts().1))
+}

@@ -22,6 +22,10 @@ mod figure;
 pub use figure::{Figure, FIGURE_PREFIX};
 
 use std::io::Write as _;
+mod nft;
+
+pub use nft::{rule_args, CmMadRule, MadAction, RTU_ATTRIBUTE};
+
 use std::net::IpAddr;
 use std::path::Path;
 

@@ -55,6 +55,8 @@ pub use cm_core::{
 pub use cm_sys as sys;
 
 #[cfg(feature = "tokio")]
+pub mod async_endpoint;
+#[cfg(feature = "tokio")]
 pub mod async_loop;
 mod endpoint;
 mod event_loop;

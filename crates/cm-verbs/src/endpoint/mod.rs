@@ -1053,11 +1053,6 @@ impl<T: Transport> Endpoint<T> {
         self.slot(conn).ok_or(ConnError::UnknownConnection(conn))
     }
 
-    fn conn_mut(&mut self, conn: ConnectionId) -> Result<&mut Conn<T>, ConnError> {
-        self.slot_mut(conn)
-            .ok_or(ConnError::UnknownConnection(conn))
-    }
-
     fn listener(&self, listener: ListenerId) -> Result<&Listener<T>, ConnError> {
         self.listeners
             .get(listener.0 as usize)

@@ -1,0 +1,151 @@
+//! The nftables rule device tests use to drop (or count) CM MADs on the wire.
+
+use std::net::IpAddr;
+
+use crate::report;
+
+/// The CM MAD attribute of the RTU (ReadyToUse).
+pub const RTU_ATTRIBUTE: u16 = 0x0014;
+
+/// What a [`CmMadRule`] does with the MADs it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MadAction {
+    /// Count them only.
+    Count,
+    /// Count and drop them.
+    Drop,
+}
+
+/// An nftables table whose INPUT hook chain counts (and maybe drops) every CM MAD of one
+/// attribute addressed to one IP. Never the OUTPUT hook: a local send failure makes
+/// soft-RoCE retry in a tight loop. The table is deleted on drop.
+#[derive(Debug)]
+pub struct CmMadRule {
+    nft: String,
+    table: String,
+}
+
+impl CmMadRule {
+    /// Installs the table `table` with one rule for `attribute` MADs to `to`, using the
+    /// nft executable `nft` (the VM names it in `CMNOTIFY_NFT`).
+    pub fn install(
+        nft: &str,
+        table: &str,
+        to: IpAddr,
+        attribute: u16,
+        action: MadAction,
+    ) -> Result<CmMadRule, String> {
+        let guard = CmMadRule {
+            nft: nft.to_owned(),
+            table: table.to_owned(),
+        };
+        // A table left by a killed run would make `add chain` fail: start clean.
+        let _ = std::process::Command::new(nft)
+            .args(["delete", "table", "inet", table])
+            .stderr(std::process::Stdio::null())
+            .status();
+        guard.run(&["add", "table", "inet", table])?;
+        guard.run(&[
+            "add",
+            "chain",
+            "inet",
+            table,
+            "input",
+            "{ type filter hook input priority 0; }",
+        ])?;
+        guard.run(
+            &rule_args(table, to, attribute, action)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )?;
+        Ok(guard)
+    }
+
+    /// The nft executable named by `CMNOTIFY_NFT`, if any.
+    pub fn nft_from_env() -> Option<String> {
+        std::env::var("CMNOTIFY_NFT").ok()
+    }
+
+    fn run(&self, args: &[&str]) -> Result<String, String> {
+        let output = std::process::Command::new(&self.nft)
+            .args(args)
+            .output()
+            .map_err(|e| format!("{} {args:?}: {e}", self.nft))?;
+        if !output.status.success() {
+            let line = format!(
+                "{} {args:?}: {}",
+                self.nft,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            report(&line);
+            return Err(line);
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// How many MADs the rule matched so far.
+    pub fn hits(&self) -> Result<u64, String> {
+        let listing = self.run(&["list", "table", "inet", &self.table])?;
+        parse_hits(&listing).ok_or_else(|| format!("no counter in the listing: {listing}"))
+    }
+}
+
+impl Drop for CmMadRule {
+    fn drop(&mut self) {
+        let _ = self.run(&["delete", "table", "inet", &self.table]);
+    }
+}
+
+/// The `nft add rule` arguments: RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY (QP1), MAD
+/// class CM, the attribute.
+pub fn rule_args(table: &str, to: IpAddr, attribute: u16, action: MadAction) -> Vec<String> {
+    let verdict = match action {
+        MadAction::Count => "",
+        MadAction::Drop => " drop",
+    };
+    let rule = format!(
+        "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 \
+         {attribute:#06x} counter{verdict}"
+    );
+    let mut args: Vec<String> = ["add", "rule", "inet", table, "input"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    args.extend(rule.split(' ').map(str::to_owned));
+    args
+}
+
+fn parse_hits(listing: &str) -> Option<u64> {
+    listing
+        .split("counter packets ")
+        .nth(1)
+        .and_then(|after| after.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_matches_the_cm_rtu_on_the_input_hook() {
+        let args = rule_args(
+            "t",
+            "10.77.1.1".parse().unwrap(),
+            RTU_ATTRIBUTE,
+            MadAction::Drop,
+        );
+        let line = args.join(" ");
+        assert_eq!(
+            line,
+            "add rule inet t input ip daddr 10.77.1.1 udp dport 4791 @th,64,8 0x64 \
+             @th,232,8 0x07 @th,352,16 0x0014 counter drop"
+        );
+        assert_eq!(
+            parse_hits("  ... counter packets 7 bytes 420 drop"),
+            Some(7)
+        );
+        assert_eq!(parse_hits("no counter"), None);
+    }
+}

@@ -1,0 +1,162 @@
+//! The connection API on tokio: [`AsyncEndpoint`] drives the same [`Endpoint`] as the
+//! blocking calls, with its descriptors (the CM channel, and per device context the
+//! asynchronous event descriptor and the completion channel) registered with the
+//! reactor instead of waited on in `poll(2)`.
+//!
+//! Cancellation-safe: every event lives in the endpoint until a call takes it, so a
+//! future dropped at an `.await` loses no event, and the connections it was waiting on
+//! stay owned by the endpoint (nothing leaks).
+//!
+//! ```no_run
+//! use cm_verbs::async_endpoint::AsyncEndpoint;
+//! use cm_verbs::rdma::RdmaTransport;
+//! use cm_verbs::ListenOptions;
+//!
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut server = AsyncEndpoint::new(RdmaTransport::new()?)?;
+//! server.endpoint().listen("10.77.1.1:7471".parse()?, ListenOptions::default())?;
+//! loop {
+//!     // Lost RTUs are rescued before `accept` returns: nothing to write for it.
+//!     let conn = server.accept().await?;
+//!     let message = server.recv(conn).await?;
+//!     server.endpoint().send(conn, &message)?;
+//! }
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::task::Poll;
+
+use cm_core::CmError;
+use tokio::io::unix::AsyncFd;
+
+use crate::endpoint::{take_accepted, take_established, take_received};
+use crate::rdma::RdmaTransport;
+use crate::{ConnError, ConnectionId, Endpoint, EstablishedVia, Event};
+
+/// An [`Endpoint`] over the real backend, driven by tokio.
+#[derive(Debug)]
+pub struct AsyncEndpoint {
+    endpoint: Endpoint<RdmaTransport>,
+    /// Duplicates of the endpoint's descriptors, registered with the reactor; rebuilt
+    /// (and the duplicates closed) as soon as the endpoint's set changes, so that a
+    /// removed device is not kept open by them.
+    watched: Vec<AsyncFd<OwnedFd>>,
+    fds: Vec<RawFd>,
+}
+
+fn readiness(error: std::io::Error) -> ConnError {
+    ConnError::Cm(CmError::from_errno(
+        "tokio readiness",
+        error.raw_os_error().unwrap_or(cm_core::errno::EINVAL),
+    ))
+}
+
+impl AsyncEndpoint {
+    /// An endpoint over `transport`; must be called within a tokio runtime with I/O
+    /// enabled.
+    pub fn new(transport: RdmaTransport) -> Result<Self, ConnError> {
+        let mut endpoint = AsyncEndpoint {
+            endpoint: Endpoint::new(transport),
+            watched: Vec::new(),
+            fds: Vec::new(),
+        };
+        endpoint.sync_fds()?;
+        Ok(endpoint)
+    }
+
+    /// The endpoint, for the calls that never wait (`listen`, `connect`, `send`,
+    /// `disconnect`, `info`, `counters`, …).
+    pub fn endpoint(&mut self) -> &mut Endpoint<RdmaTransport> {
+        &mut self.endpoint
+    }
+
+    /// The next event.
+    pub async fn next_event(&mut self) -> Result<Event, ConnError> {
+        self.wait_for(|events| events.pop_front().map(Ok)).await
+    }
+
+    /// The next accepted connection, once established (see [`Endpoint::accept`]).
+    pub async fn accept(&mut self) -> Result<ConnectionId, ConnError> {
+        self.wait_for(take_accepted).await
+    }
+
+    /// Waits for `conn` to be established (see [`Endpoint::established`]).
+    pub async fn established(&mut self, conn: ConnectionId) -> Result<EstablishedVia, ConnError> {
+        if let Ok(Some(via)) = self.endpoint.info(conn).map(|i| i.established) {
+            return Ok(via);
+        }
+        self.wait_for(|events| take_established(events, conn)).await
+    }
+
+    /// The next message on `conn` (see [`Endpoint::recv`]).
+    pub async fn recv(&mut self, conn: ConnectionId) -> Result<Vec<u8>, ConnError> {
+        self.wait_for(|events| take_received(events, conn)).await
+    }
+
+    /// Registers the endpoint's current descriptors if they changed (a device context
+    /// opened or removed).
+    fn sync_fds(&mut self) -> Result<(), ConnError> {
+        let (transport, devices) = self.endpoint.parts();
+        let mut borrowed = vec![transport.channel_fd()];
+        for device in devices {
+            borrowed.push(device.async_fd());
+            borrowed.push(device.completion_fd());
+        }
+        let fds: Vec<RawFd> = borrowed.iter().map(|fd| fd.as_raw_fd()).collect();
+        if fds == self.fds {
+            return Ok(());
+        }
+        self.watched.clear();
+        for fd in &borrowed {
+            let owned = fd.as_fd().try_clone_to_owned().map_err(readiness)?;
+            self.watched.push(cm_sys::async_owned_fd(owned)?);
+        }
+        self.fds = fds;
+        Ok(())
+    }
+
+    async fn wait_for<R>(
+        &mut self,
+        mut take: impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
+    ) -> Result<R, ConnError> {
+        loop {
+            if let Some(found) = self.endpoint.take_with(&mut take) {
+                self.sync_fds()?;
+                return found;
+            }
+            self.sync_fds()?;
+            let deadline = self.endpoint.next_deadline().map(|d| {
+                let left = d.saturating_sub(cm_core::Transport::now(self.endpoint.transport()));
+                tokio::time::Instant::now() + left
+            });
+            let watched = &self.watched;
+            // Readiness is cleared only here, just before the endpoint reads every
+            // source again, so no wake-up is lost between a read and the wait.
+            let ready = poll_fn(|cx| {
+                for fd in watched {
+                    match fd.poll_read_ready(cx) {
+                        Poll::Ready(Ok(mut guard)) => {
+                            guard.clear_ready();
+                            return Poll::Ready(Ok(()));
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => {}
+                    }
+                }
+                Poll::Pending
+            });
+            match deadline {
+                Some(deadline) => {
+                    tokio::select! {
+                        result = ready => result.map_err(readiness)?,
+                        () = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                None => ready.await.map_err(readiness)?,
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The connection API on the real kernel (soft-RoCE in the VM): a server written only
+//! against `Endpoint` rescues connections whose RTU nftables drops, with no application
+//! code on the notify path, and two listeners on one device share its one reader.
+//! Without a device each test records a skip.
+#![cfg(feature = "rdma")]
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_verbs::rdma::RdmaTransport;
+use cm_verbs::{ConnectOptions, Endpoint, EstablishedVia, Event, ListenOptions, Role};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+
+/// A client endpoint on its own thread: connects from `src` to every address, sends
+/// `hello` on each once established, waits for the echo, disconnects.
+fn echo_clients(src: IpAddr, to: Vec<SocketAddr>) -> std::thread::JoinHandle<Vec<EstablishedVia>> {
+    std::thread::spawn(move || {
+        let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
+        let options = || ConnectOptions {
+            source: Some(SocketAddr::new(src, 0)),
+            timeout: Some(Duration::from_secs(30)),
+            ..ConnectOptions::default()
+        };
+        let conns: Vec<_> = to
+            .iter()
+            .map(|dst| client.connect(*dst, options()).expect("connect"))
+            .collect();
+        let mut vias = Vec::new();
+        for &conn in &conns {
+            vias.push(client.established(conn, WAIT).expect("client established"));
+            client.send(conn, b"hello").expect("send");
+        }
+        for &conn in &conns {
+            assert_eq!(client.recv(conn, WAIT).expect("echo"), b"hello");
+            client.disconnect(conn).expect("disconnect");
+        }
+        vias
+    })
+}
+
+/// Accepts `n` connections, echoes one message on each, and returns how each was
+/// established.
+fn serve(server: &mut Endpoint<RdmaTransport>, n: usize) -> Vec<EstablishedVia> {
+    let mut vias = Vec::new();
+    for _ in 0..n {
+        let conn = server.accept(WAIT).expect("accept");
+        let info = server.info(conn).expect("info");
+        assert_eq!(info.role, Role::Passive);
+        vias.push(info.established.expect("established"));
+        let message = server.recv(conn, WAIT).expect("the client's message");
+        server.send(conn, &message).expect("echo");
+    }
+    vias
+}
+
+fn rescued(via: &EstablishedVia) -> bool {
+    matches!(via, EstablishedVia::Notify(_))
+}
+
+#[test]
+fn a_server_on_the_api_rescues_lost_rtus_with_no_application_code() {
+    const TEST: &str = "a_server_on_the_api_rescues_lost_rtus_with_no_application_code";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(nft) = CmMadRule::nft_from_env() else {
+        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    };
+    let rule = CmMadRule::install(
+        &nft,
+        "endpoint_rtu",
+        addrs.addr_a,
+        RTU_ATTRIBUTE,
+        MadAction::Drop,
+    )
+    .expect("install the RTU drop");
+    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let listen = SocketAddr::new(addrs.addr_a, 7511);
+    server
+        .listen(
+            listen,
+            ListenOptions {
+                establish_timeout: Some(Duration::from_secs(40)),
+                ..ListenOptions::default()
+            },
+        )
+        .expect("listen");
+    let client = echo_clients(addrs.addr_b, vec![listen; 3]);
+    let vias = serve(&mut server, 3);
+    let client_vias = client.join().expect("client thread");
+    let dropped = rule.hits().expect("rule counter");
+    report(&format!("endpoint: server established via {vias:?}, client via {client_vias:?}, RTUs dropped {dropped}"));
+    assert!(
+        dropped >= 3,
+        "every RTU was dropped on the wire ({dropped})"
+    );
+    assert!(
+        vias.iter().all(rescued),
+        "every connection rescued by notify: {vias:?}"
+    );
+    assert_eq!(server.counters().forced, 3);
+    // The clients disconnect: each connection closes exactly once, with nothing else
+    // reported established.
+    let mut closed = 0;
+    while closed < 3 {
+        match server
+            .next_event(WAIT)
+            .expect("event")
+            .expect("a close within the wait")
+        {
+            Event::Closed { .. } => closed += 1,
+            Event::Established { .. } => panic!("a second ESTABLISHED"),
+            _ => {}
+        }
+    }
+    assert_eq!(server.connection_count(), 0);
+}
+
+#[test]
+fn two_listeners_on_one_device_both_get_their_rescues() {
+    const TEST: &str = "two_listeners_on_one_device_both_get_their_rescues";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(nft) = CmMadRule::nft_from_env() else {
+        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    };
+    let _rule = CmMadRule::install(
+        &nft,
+        "endpoint_two",
+        addrs.addr_a,
+        RTU_ATTRIBUTE,
+        MadAction::Drop,
+    )
+    .expect("install the RTU drop");
+    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let first = SocketAddr::new(addrs.addr_a, 7512);
+    let second = SocketAddr::new(addrs.addr_a, 7513);
+    let one = server
+        .listen(first, ListenOptions::default())
+        .expect("listen");
+    let two = server
+        .listen(second, ListenOptions::default())
+        .expect("listen");
+    assert_eq!(server.device_count(), 1, "one reader for the one device");
+    let client = echo_clients(addrs.addr_b, vec![first, second]);
+    let mut listeners = Vec::new();
+    for _ in 0..2 {
+        let conn = server.accept(WAIT).expect("accept");
+        let info = server.info(conn).expect("info");
+        assert!(rescued(&info.established.expect("established")), "{info:?}");
+        listeners.push(info.listener.expect("a listener"));
+        let message = server.recv(conn, WAIT).expect("message");
+        server.send(conn, &message).expect("echo");
+    }
+    listeners.sort();
+    assert_eq!(
+        listeners,
+        vec![one, two],
+        "each listener got its connection rescued"
+    );
+    client.join().expect("client thread");
+}
