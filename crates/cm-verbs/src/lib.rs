@@ -1,6 +1,21 @@
-//! The notify pump and event loop: verbs asynchronous events forwarded to the RDMA CM
-//! automatically, so that every connection is reported ESTABLISHED exactly once even
-//! when the RTU is late or lost.
+//! RDMA connections whose notify path needs no application code. An [`Endpoint`] owns
+//! a CM event channel, one reader per device context and the notify pump: a COMM_EST,
+//! or a receive completing on an accepted connection whose RTU is late or lost, is
+//! forwarded with `rdma_notify` before the application hears of either, and each
+//! connection is reported established exactly once, with how it got there
+//! ([`EstablishedVia`]). It runs over any [`Transport`]: `rdma::RdmaTransport` (feature
+//! `rdma`) or cm-mock's simulated fabric; `async_endpoint::AsyncEndpoint` is the
+//! tokio flavour (feature `tokio`).
+//!
+//! # The server a user writes
+//!
+//! With the `rdma` feature (`examples/server.rs`; it runs on the real kernel in CI):
+//!
+#![cfg_attr(feature = "rdma", doc = "```no_run")]
+#![cfg_attr(feature = "rdma", doc = include_str!("../examples/server.rs"))]
+#![cfg_attr(feature = "rdma", doc = "```")]
+//!
+//! # Lower level
 //!
 //! - [`NotifyPump`] maps QP numbers to CM ids, forwards `IBV_EVENT_COMM_EST` with
 //!   `notify`, and treats a receive completion on a not-yet-established passive

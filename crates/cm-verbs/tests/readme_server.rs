@@ -1,0 +1,68 @@
+//! The server of the README and the crate docs (`examples/server.rs`), run as written on
+//! the real kernel (soft-RoCE in the VM) against a client whose RTUs nftables drops.
+//! Without a device it records a skip.
+#![cfg(feature = "rdma")]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cm_testkit::{addresses, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_verbs::rdma::RdmaTransport;
+use cm_verbs::{ConnectOptions, Endpoint};
+
+#[allow(dead_code)]
+mod example {
+    include!("../examples/server.rs");
+}
+
+#[test]
+fn the_readme_shows_the_example_as_it_is() {
+    let readme = include_str!("../README.md");
+    assert!(readme.contains(include_str!("../examples/server.rs")));
+    assert!(include_str!("../examples/server.rs").lines().count() <= 25);
+}
+
+#[test]
+fn the_readme_server_rescues_a_lost_rtu() {
+    const TEST: &str = "the_readme_server_rescues_a_lost_rtu";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(nft) = CmMadRule::nft_from_env() else {
+        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    };
+    let rule = CmMadRule::install(
+        &nft,
+        "readme_rtu",
+        addrs.addr_a,
+        RTU_ATTRIBUTE,
+        MadAction::Drop,
+    )
+    .expect("install the RTU drop");
+    let addr = SocketAddr::new(addrs.addr_a, 7515);
+    let server = std::thread::spawn(move || example::serve(addr, 1));
+    let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let wait = Some(Duration::from_secs(30));
+    // The server may not listen yet: retry a refused connect for a while.
+    let mut attempts = 0;
+    let conn = loop {
+        let options = ConnectOptions {
+            source: Some(SocketAddr::new(addrs.addr_b, 0)),
+            ..ConnectOptions::default()
+        };
+        let conn = client.connect(addr, options).expect("connect");
+        match client.established(conn, wait) {
+            Ok(_) => break conn,
+            Err(e) if attempts < 50 => {
+                attempts += 1;
+                eprintln!("connect attempt {attempts}: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    };
+    client.send(conn, b"readme").expect("send");
+    assert_eq!(client.recv(conn, wait).expect("echo"), b"readme");
+    server.join().expect("server thread").expect("serve");
+    assert!(rule.hits().expect("counter") >= 1, "the RTU was dropped");
+}
