@@ -256,6 +256,14 @@ mod tests {
     }
 
     #[test]
+    fn librdmacm_timeouts_saturate_instead_of_wrapping_or_panicking() {
+        assert_eq!(timeout_ms(Duration::MAX), c_int::MAX);
+        assert_eq!(timeout_ms(Duration::from_millis(u64::MAX)), c_int::MAX);
+        assert_eq!(timeout_ms(Duration::from_millis(2000)), 2000);
+        assert_eq!(timeout_ms(Duration::from_micros(999)), 0);
+    }
+
+    #[test]
     fn unset_sockaddr_decodes_to_none() {
         // SAFETY: all-zero sockaddr_storage is valid (family AF_UNSPEC).
         let storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
