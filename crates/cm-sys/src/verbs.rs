@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::ptr::NonNull;
 
-use cm_core::{CmError, QpNum};
+use cm_core::{CmError, QpNum, WcOpcode, WcStatus};
 
 use crate::ffi;
 
@@ -208,10 +208,10 @@ pub struct Completion {
     pub wr_id: u64,
     /// The QP the work request was on.
     pub qp_num: QpNum,
-    /// `enum ibv_wc_opcode` (SEND 0, … RECV 128).
-    pub opcode: u32,
-    /// `enum ibv_wc_status` (0 = success).
-    pub status: u32,
+    /// What completed (`enum ibv_wc_opcode`, decoded; only meaningful on success).
+    pub opcode: WcOpcode,
+    /// How it completed (`enum ibv_wc_status`, decoded).
+    pub status: WcStatus,
     /// Bytes received (receive completions).
     pub byte_len: u32,
 }
@@ -219,17 +219,17 @@ pub struct Completion {
 impl Completion {
     /// Whether the work request succeeded.
     pub fn is_success(&self) -> bool {
-        self.status == 0
+        self.status.is_success()
     }
 
     /// Whether this completes a receive.
     pub fn is_recv(&self) -> bool {
-        self.opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0
+        self.opcode.is_recv()
     }
 
     /// libibverbs' text for the status (`ibv_wc_status_str`).
     pub fn status_str(&self) -> &'static str {
-        ffi::wc_status_str(self.status)
+        self.status.as_str()
     }
 }
 
@@ -287,8 +287,8 @@ impl Completion {
         Completion {
             wr_id: wc.wr_id,
             qp_num: QpNum(wc.qp_num),
-            opcode: wc.opcode,
-            status: wc.status,
+            opcode: WcOpcode::from_raw(wc.opcode),
+            status: WcStatus::from_raw(wc.status),
             byte_len: wc.byte_len,
         }
     }
@@ -362,6 +362,47 @@ mod tests {
             Err(CmError::InvalidArgument { .. })
         ));
         // RegisteredMemory has no Drop: the dangling buffer is never freed.
+    }
+
+    #[test]
+    fn status_texts_are_libibverbs_own_for_every_number() {
+        for raw in (0..64).chain([0x7fff_ffff, u32::MAX]) {
+            assert_eq!(
+                WcStatus::from_raw(raw).to_string(),
+                ffi::wc_status_str(raw),
+                "status {raw}"
+            );
+        }
+    }
+
+    #[test]
+    fn completions_decode_the_opcodes_libibverbs_defines() {
+        use rdma_sys::ibv_wc_opcode as op;
+        for (raw, opcode) in [
+            (op::IBV_WC_SEND, WcOpcode::Send),
+            (op::IBV_WC_RDMA_WRITE, WcOpcode::RdmaWrite),
+            (op::IBV_WC_RDMA_READ, WcOpcode::RdmaRead),
+            (op::IBV_WC_COMP_SWAP, WcOpcode::CompSwap),
+            (op::IBV_WC_FETCH_ADD, WcOpcode::FetchAdd),
+            (op::IBV_WC_BIND_MW, WcOpcode::BindMw),
+            (op::IBV_WC_LOCAL_INV, WcOpcode::LocalInv),
+            (op::IBV_WC_TSO, WcOpcode::Tso),
+            (op::IBV_WC_RECV, WcOpcode::Recv),
+            (op::IBV_WC_RECV_RDMA_WITH_IMM, WcOpcode::RecvRdmaWithImm),
+            (op::IBV_WC_TM_ADD, WcOpcode::TmAdd),
+            (op::IBV_WC_TM_RECV, WcOpcode::TmRecv),
+            (op::IBV_WC_DRIVER3, WcOpcode::Driver3),
+        ] {
+            // SAFETY: ibv_wc is integers and a union of integers: all zeroes is valid.
+            let mut wc: ffi::ibv_wc = unsafe { std::mem::zeroed() };
+            wc.opcode = raw;
+            wc.status = 5;
+            let completion = Completion::from_wc(&wc);
+            assert_eq!(completion.opcode, opcode);
+            assert_eq!(completion.status, WcStatus::WrFlushErr);
+            assert!(!completion.is_success());
+            assert_eq!(completion.is_recv(), raw & op::IBV_WC_RECV != 0);
+        }
     }
 
     #[test]
