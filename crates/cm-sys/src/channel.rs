@@ -2,6 +2,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -10,22 +11,33 @@ use cm_core::{errno, CmError};
 use crate::event::{CmEvent, Decoded};
 use crate::ffi;
 use crate::id::CmId;
+use crate::poll::{wait_then_read, Attempt};
 
 /// The owned `rdma_event_channel`. Ids created on (or migrated to) a channel hold an
 /// `Arc` of it: closing the fd while an id lives on it would make the kernel destroy the
 /// id behind librdmacm's back and leave the id's later calls writing to a stale fd.
 pub(crate) struct ChannelInner {
     raw: NonNull<ffi::rdma_event_channel>,
-    /// Held shared while an event is read and bound to the owners of its ids, and
-    /// exclusively by [`CmId::migrate`]: reading an event is the only way a new handle
-    /// to an existing id can appear, and migration needs the id's only handle.
-    reading: RwLock<()>,
+    /// The lock over the user-space fields of every id on this channel.
+    ///
+    /// `rdma_get_cm_event` writes fields of the id an event is about (on ADDR_RESOLVED
+    /// and ROUTE_RESOLVED it queries the kernel into `route`, `verbs`, `pd`, `port_num`;
+    /// on CONNECT_RESPONSE/REJECTED it works on `qp`), so reading an event and decoding
+    /// it hold this lock exclusively, while every id call that passes the id to
+    /// librdmacm or reads its fields holds it shared (with the id's `ops` lock). It is
+    /// also what [`CmId::migrate`] holds exclusively: reading an event is the only way a
+    /// new handle to an existing id can appear, and migration needs the id's only
+    /// handle. `notify` takes no lock: it reads only `id->channel` (see `IdInner`).
+    fields: RwLock<()>,
+    /// Whether `O_NONBLOCK` is set on the descriptor, as this crate set it (the
+    /// descriptor is the channel's own): saves an `fcntl` per read.
+    nonblocking: AtomicBool,
 }
 
 // SAFETY: the channel is a heap struct holding an fd, written only by
 // rdma_create_event_channel and freed only in Drop. Every operation on it is a
-// read/write/poll/fcntl on the fd, which the kernel serializes; librdmacm keeps no other
-// per-channel state.
+// read/write/poll/fcntl on the fd, which the kernel serializes; what reading an event
+// writes into ids is guarded by `fields`.
 unsafe impl Send for ChannelInner {}
 // SAFETY: see Send: shared use is concurrent system calls on one fd.
 unsafe impl Sync for ChannelInner {}
@@ -35,19 +47,16 @@ impl ChannelInner {
         self.raw.as_ptr()
     }
 
-    /// Shared: an event is being read on this channel.
-    fn start_reading(&self) -> RwLockReadGuard<'_, ()> {
-        self.reading.read().unwrap_or_else(PoisonError::into_inner)
+    /// Shared: the fields of the channel's ids are not being written by an event read.
+    pub(crate) fn fields_shared(&self) -> RwLockReadGuard<'_, ()> {
+        self.fields.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Exclusive: no thread is reading an event on this channel until the guard goes;
-    /// `None` if one is now (a blocking read may last, so this never waits).
-    pub(crate) fn try_exclude_readers(&self) -> Option<RwLockWriteGuard<'_, ()>> {
-        match self.reading.try_write() {
-            Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+    /// Exclusive: no event is read and no id call runs on this channel until the guard
+    /// goes. Never held across a wait: a read takes it only once the descriptor polled
+    /// readable.
+    pub(crate) fn fields_exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.fields.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn fd(&self) -> RawFd {
@@ -104,7 +113,9 @@ impl EventChannel {
             Some(raw) => Ok(EventChannel {
                 inner: Arc::new(ChannelInner {
                     raw,
-                    reading: RwLock::new(()),
+                    fields: RwLock::new(()),
+                    // librdmacm opens the channel blocking.
+                    nonblocking: AtomicBool::new(false),
                 }),
             }),
             None => Err(channel_creation_error(ffi::last_errno())),
@@ -116,14 +127,22 @@ impl EventChannel {
     }
 
     /// Sets (`true`) or clears `O_NONBLOCK` on the channel's descriptor.
+    ///
+    /// The mode is remembered (no `fcntl` per read): change it only through this method,
+    /// not with `fcntl` on the raw descriptor.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<(), CmError> {
+        // Under the lock, so that no read runs with a mode other than the one recorded.
+        let _fields = self.inner.fields_exclusive();
         ffi::set_nonblocking(self.inner.fd(), nonblocking)
-            .map_err(|e| CmError::from_errno("fcntl(F_SETFL)", e))
+            .map_err(|e| CmError::from_errno("fcntl(F_SETFL)", e))?;
+        self.inner.nonblocking.store(nonblocking, Ordering::Release);
+        Ok(())
     }
 
-    /// Whether `O_NONBLOCK` is set on the channel's descriptor.
+    /// Whether `O_NONBLOCK` is set on the channel's descriptor (as last set by
+    /// [`EventChannel::set_nonblocking`]).
     pub fn is_nonblocking(&self) -> Result<bool, CmError> {
-        ffi::is_nonblocking(self.inner.fd()).map_err(|e| CmError::from_errno("fcntl(F_GETFL)", e))
+        Ok(self.inner.nonblocking.load(Ordering::Acquire))
     }
 
     /// `rdma_create_id(channel, …, RDMA_PS_TCP)`: a new reliable-connected id whose events
@@ -162,14 +181,12 @@ impl EventChannel {
 
     /// The next event if one is pending, without waiting: `Ok(None)` when the channel is
     /// empty.
-    ///
-    /// On a blocking channel this polls the descriptor first; if another thread reads
-    /// the same channel concurrently, prefer non-blocking mode.
     pub fn try_next_event(&self) -> Result<Option<CmEvent>, CmError> {
         self.next_event_timeout_inner(Some(Duration::ZERO))
     }
 
-    /// The next event, waiting at most `timeout`; `Ok(None)` if none came.
+    /// The next event, waiting at most `timeout` (`Duration::MAX`: as long as it takes);
+    /// `Ok(None)` if none came.
     pub fn next_event_timeout(&self, timeout: Duration) -> Result<Option<CmEvent>, CmError> {
         self.next_event_timeout_inner(Some(timeout))
     }
@@ -178,48 +195,57 @@ impl EventChannel {
         &self,
         timeout: Option<Duration>,
     ) -> Result<Option<CmEvent>, CmError> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        loop {
-            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-            let readable = ffi::wait_readable(self.inner.fd(), left)
-                .map_err(|e| CmError::from_errno("poll", e))?;
-            if !readable {
-                return Ok(None);
-            }
-            match self.read_one()? {
-                Some(Decoded::Event(event)) => return Ok(Some(event)),
-                // The event was for an id being destroyed right now: it is acked; look
-                // for the next one.
-                Some(Decoded::Skipped) => continue,
-                // Readable but nothing for us (another reader was faster).
-                None if timeout == Some(Duration::ZERO) => return Ok(None),
-                None => continue,
-            }
-        }
+        wait_then_read(self.inner.fd(), timeout, "poll", || self.read_one())
     }
 
-    /// Reads one event once the fd polled readable. `None` when the read found nothing
-    /// (non-blocking mode only; in blocking mode the read waits, which a prior poll keeps
-    /// short).
-    fn read_one(&self) -> Result<Option<Decoded>, CmError> {
-        let _reading = self.inner.start_reading();
-        let mut raw = ptr::null_mut();
-        // SAFETY: the channel is live; `raw` receives an event owned by us until acked.
-        let ret = unsafe { ffi::rdma_get_cm_event(self.inner.as_ptr(), &mut raw) };
-        if ret != 0 {
-            let errno = ffi::last_errno();
-            if errno == libc::EAGAIN || errno == libc::EINTR {
-                return Ok(None);
+    /// Reads one event once the fd polled readable, holding the channel's `fields` lock
+    /// across `rdma_get_cm_event` and the decoding.
+    ///
+    /// Under the lock no other reader can take the pending event, so on a blocking
+    /// descriptor a readable one does not wait: the descriptor is polled again under the
+    /// lock first. (librdmacm itself can, rarely, consume an event and read the next one
+    /// within one call, for a connection request it fails to set up or a DISCONNECTED
+    /// after a failed connect: on a blocking channel that waits with the lock held, and
+    /// the channel's ids' calls wait with it. A non-blocking channel never waits.)
+    fn read_one(&self) -> Result<Attempt<CmEvent>, CmError> {
+        let decoded = {
+            let _fields = self.inner.fields_exclusive();
+            if !self.inner.nonblocking.load(Ordering::Acquire)
+                && !ffi::wait_readable(self.inner.fd(), Some(Duration::ZERO))
+                    .map_err(|e| CmError::from_errno("poll", e))?
+            {
+                // Another reader took the event between our poll and the lock.
+                return Ok(Attempt::Nothing);
             }
-            return Err(CmError::from_errno("rdma_get_cm_event", errno));
-        }
-        let raw = NonNull::new(raw).ok_or(CmError::Os {
-            op: "rdma_get_cm_event",
-            errno: cm_core::Errno(errno::ENODATA),
-        })?;
-        // SAFETY: `raw` is an event just returned by rdma_get_cm_event on this channel,
-        // not acked, owned by nobody else.
-        Ok(Some(unsafe { CmEvent::from_raw(raw, &self.inner) }))
+            let mut raw = ptr::null_mut();
+            // SAFETY: the channel is live; `raw` receives an event owned by us until
+            // acked. The fields lock is held exclusively: what librdmacm writes into the
+            // event's id races no other id call.
+            let ret = unsafe { ffi::rdma_get_cm_event(self.inner.as_ptr(), &mut raw) };
+            if ret != 0 {
+                let errno = ffi::last_errno();
+                if errno == libc::EAGAIN || errno == libc::EINTR {
+                    return Ok(Attempt::Nothing);
+                }
+                return Err(CmError::from_errno("rdma_get_cm_event", errno));
+            }
+            let raw = NonNull::new(raw).ok_or(CmError::Os {
+                op: "rdma_get_cm_event",
+                errno: cm_core::Errno(errno::ENODATA),
+            })?;
+            // SAFETY: `raw` is an event just returned by rdma_get_cm_event on this
+            // channel, not acked, owned by nobody else.
+            unsafe { CmEvent::from_raw(raw, &self.inner) }
+        };
+        Ok(match decoded {
+            Decoded::Event(event) => Attempt::Got(event),
+            Decoded::Skipped(event) => {
+                // Acknowledged (and a new id it carries destroyed) after the lock is
+                // released: destroying an id takes the lock shared.
+                drop(event);
+                Attempt::Skipped
+            }
+        })
     }
 }
 

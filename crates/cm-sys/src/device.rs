@@ -2,6 +2,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use cm_core::{AsyncEvent, CmError, EventObject};
 
 use crate::ffi::{self, RawAsyncEvent};
 use crate::id::IdInner;
+use crate::poll::{wait_then_read, Attempt};
 
 /// The asynchronous event stream of the device an id is bound to (`id->verbs`), from
 /// [`crate::CmId::async_events`].
@@ -21,9 +23,17 @@ use crate::id::IdInner;
 /// [`AsyncEventType::Unknown`](cm_core::AsyncEventType::Unknown) or their cm-core value,
 /// never as undefined behaviour.
 ///
-/// All sources of one device share its `async_fd`, and so its blocking mode.
+/// All sources of one device share its `async_fd`, and so its blocking mode. Each
+/// source remembers the mode (read once when it is made, then as it sets it) instead of
+/// asking the kernel on every read: set the mode through the sources, the same for every
+/// source of a device (event loops switch it on once, as the tokio registration does).
+/// A source that believes the descriptor blocking polls before it reads; one that
+/// believes it non-blocking reads straight away, so if something else clears
+/// `O_NONBLOCK` behind its back its [`AsyncEvents::try_next_event`] can wait.
 pub struct AsyncEvents {
     context: NonNull<ffi::ibv_context>,
+    /// The descriptor's `O_NONBLOCK`, as this source last saw or set it.
+    nonblocking: AtomicBool,
     /// Keeps the device context open: librdmacm releases it with its last id.
     _id: Arc<IdInner>,
 }
@@ -43,8 +53,19 @@ impl std::fmt::Debug for AsyncEvents {
 impl AsyncEvents {
     /// # Safety
     /// `context` is the live device context of `id`, open at least as long as `id` is.
-    pub(crate) unsafe fn new(context: NonNull<ffi::ibv_context>, id: Arc<IdInner>) -> Self {
-        AsyncEvents { context, _id: id }
+    pub(crate) unsafe fn new(
+        context: NonNull<ffi::ibv_context>,
+        id: Arc<IdInner>,
+    ) -> Result<Self, CmError> {
+        let events = AsyncEvents {
+            context,
+            nonblocking: AtomicBool::new(false),
+            _id: id,
+        };
+        let nonblocking = ffi::is_nonblocking(events.fd())
+            .map_err(|e| CmError::from_errno("fcntl(F_GETFL)", e))?;
+        events.nonblocking.store(nonblocking, Ordering::Release);
+        Ok(events)
     }
 
     /// The device the events are about.
@@ -60,12 +81,15 @@ impl AsyncEvents {
     /// Sets (`true`) or clears `O_NONBLOCK` on the device's `async_fd`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<(), CmError> {
         ffi::set_nonblocking(self.fd(), nonblocking)
-            .map_err(|e| CmError::from_errno("fcntl(F_SETFL)", e))
+            .map_err(|e| CmError::from_errno("fcntl(F_SETFL)", e))?;
+        self.nonblocking.store(nonblocking, Ordering::Release);
+        Ok(())
     }
 
-    /// Whether `O_NONBLOCK` is set on the device's `async_fd`.
+    /// Whether `O_NONBLOCK` is set on the device's `async_fd`, as this source last saw
+    /// or set it (see the type's documentation).
     pub fn is_nonblocking(&self) -> Result<bool, CmError> {
-        ffi::is_nonblocking(self.fd()).map_err(|e| CmError::from_errno("fcntl(F_GETFL)", e))
+        Ok(self.nonblocking.load(Ordering::Acquire))
     }
 
     /// The next event, waiting as long as it takes.
@@ -80,14 +104,17 @@ impl AsyncEvents {
     /// The next event if one is pending (`Ok(None)`: none; EAGAIN on a non-blocking
     /// descriptor).
     pub fn try_next_event(&self) -> Result<Option<AsyncEvent>, CmError> {
-        if self.is_nonblocking()? {
+        if self.nonblocking.load(Ordering::Acquire) {
             // Straight to the read: EAGAIN is the answer when empty.
-            return self.read_one();
+            return Ok(match self.read_one()? {
+                Attempt::Got(event) => Some(event),
+                Attempt::Nothing | Attempt::Skipped => None,
+            });
         }
         self.next_event_timeout_inner(Some(Duration::ZERO))
     }
 
-    /// The next event, waiting at most `timeout`.
+    /// The next event, waiting at most `timeout` (`Duration::MAX`: as long as it takes).
     pub fn next_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent>, CmError> {
         self.next_event_timeout_inner(Some(timeout))
     }
@@ -96,22 +123,11 @@ impl AsyncEvents {
         &self,
         timeout: Option<Duration>,
     ) -> Result<Option<AsyncEvent>, CmError> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        loop {
-            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-            if !ffi::wait_readable(self.fd(), left).map_err(|e| CmError::from_errno("poll", e))? {
-                return Ok(None);
-            }
-            match self.read_one()? {
-                Some(event) => return Ok(Some(event)),
-                None if timeout == Some(Duration::ZERO) => return Ok(None),
-                None => continue,
-            }
-        }
+        wait_then_read(self.fd(), timeout, "poll", || self.read_one())
     }
 
     /// One `ibv_get_async_event` + copy + `ibv_ack_async_event`; `None` on EAGAIN.
-    fn read_one(&self) -> Result<Option<AsyncEvent>, CmError> {
+    fn read_one(&self) -> Result<Attempt<AsyncEvent>, CmError> {
         let mut raw = RawAsyncEvent::zeroed();
         // SAFETY: live context; `raw` has the layout of struct ibv_async_event with the
         // type as a u32, so any number the kernel reports is a valid value.
@@ -119,7 +135,7 @@ impl AsyncEvents {
         if ret != 0 {
             let errno = ffi::last_errno();
             if errno == libc::EAGAIN || errno == libc::EINTR {
-                return Ok(None);
+                return Ok(Attempt::Nothing);
             }
             return Err(CmError::from_errno("ibv_get_async_event", errno));
         }
@@ -128,7 +144,7 @@ impl AsyncEvents {
         let event = unsafe { decode(&raw) };
         // SAFETY: acknowledges the event read above, exactly once, after the copy.
         unsafe { ffi::ibv_ack_async_event(raw.as_c_ptr()) };
-        Ok(Some(event))
+        Ok(Attempt::Got(event))
     }
 }
 

@@ -34,8 +34,9 @@ unsafe impl Send for CmEvent {}
 pub(crate) enum Decoded {
     /// An event for the application.
     Event(CmEvent),
-    /// An event about an id being destroyed by another thread; already acknowledged.
-    Skipped,
+    /// An event about an id being destroyed by another thread: to be dropped (which
+    /// acknowledges it) once the channel's lock is released.
+    Skipped(CmEvent),
 }
 
 impl std::fmt::Debug for CmEvent {
@@ -92,11 +93,9 @@ impl CmEvent {
                     return Decoded::Event(event);
                 }
                 // The listener's last owner is destroying it and waits for this event:
-                // acknowledge it, then destroy the new id (the kernel rejects the REQ).
-                None => {
-                    drop(event);
-                    return Decoded::Skipped;
-                }
+                // the caller acknowledges it, then destroys the new id (the kernel
+                // rejects the REQ).
+                None => return Decoded::Skipped(event),
             }
         }
         // SAFETY: `event->id` is alive until this event is acknowledged.
@@ -107,11 +106,9 @@ impl CmEvent {
                 Decoded::Event(event)
             }
             // The id's last owner is destroying it right now (rdma_destroy_id waits for
-            // this very event): acknowledge it so that the destroy can finish.
-            None if !raw_id.is_null() => {
-                drop(event);
-                Decoded::Skipped
-            }
+            // this very event): the caller acknowledges it so that the destroy can
+            // finish.
+            None if !raw_id.is_null() => Decoded::Skipped(event),
             None => Decoded::Event(event),
         }
     }

@@ -15,19 +15,17 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-pub(crate) use rdma_sys::{
-    ibv_access_flags, ibv_qp_type, ibv_wc_opcode, ibv_wr_opcode, rdma_port_space,
-};
+pub(crate) use rdma_sys::{ibv_access_flags, ibv_qp_type, ibv_wr_opcode, rdma_port_space};
 pub(crate) use rdma_sys::{
     ibv_ack_async_event, ibv_ack_cq_events, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_create_comp_channel, ibv_create_cq, ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq,
     ibv_get_async_event, ibv_get_cq_event, ibv_mr, ibv_poll_cq, ibv_post_recv, ibv_post_send,
     ibv_qp, ibv_qp_init_attr, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_wr, ibv_sge,
-    ibv_srq, ibv_wc, ibv_wc_status_str, ibv_wq, rdma_accept, rdma_ack_cm_event, rdma_bind_addr,
-    rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_event_channel,
-    rdma_create_id, rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp,
-    rdma_disconnect, rdma_event_channel, rdma_event_str, rdma_get_cm_event, rdma_listen,
-    rdma_migrate_id, rdma_reject, rdma_resolve_addr, rdma_resolve_route,
+    ibv_srq, ibv_wc, ibv_wq, rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_cm_event,
+    rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_event_channel, rdma_create_id,
+    rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp, rdma_disconnect,
+    rdma_event_channel, rdma_event_str, rdma_get_cm_event, rdma_listen, rdma_migrate_id,
+    rdma_reject, rdma_resolve_addr, rdma_resolve_route,
 };
 
 /// `union` member of [`RawAsyncEvent`]: `element` of `struct ibv_async_event`.
@@ -105,11 +103,13 @@ pub fn librdmacm_event_str(raw: u32) -> &'static str {
     text.to_str().unwrap_or("UNKNOWN EVENT")
 }
 
-/// The text libibverbs gives for a work completion status.
+/// The text libibverbs gives for a work completion status (cm-core's `WcStatus` is
+/// checked against it).
+#[cfg(test)]
 pub(crate) fn wc_status_str(status: u32) -> &'static str {
     // SAFETY: ibv_wc_status_str takes the status as a plain integer (rdma-sys generates
     // it as a constant module), bounds-checks it and returns a static string.
-    let text = unsafe { CStr::from_ptr(ibv_wc_status_str(status)) };
+    let text = unsafe { CStr::from_ptr(rdma_sys::ibv_wc_status_str(status)) };
     text.to_str().unwrap_or("unknown")
 }
 
@@ -253,6 +253,14 @@ mod tests {
                 unsafe { socket_addr_from_raw((&storage as *const libc::sockaddr_storage).cast()) };
             assert_eq!(back, Some(addr));
         }
+    }
+
+    #[test]
+    fn librdmacm_timeouts_saturate_instead_of_wrapping_or_panicking() {
+        assert_eq!(timeout_ms(Duration::MAX), c_int::MAX);
+        assert_eq!(timeout_ms(Duration::from_millis(u64::MAX)), c_int::MAX);
+        assert_eq!(timeout_ms(Duration::from_millis(2000)), 2000);
+        assert_eq!(timeout_ms(Duration::from_micros(999)), 0);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLockReadGuard, Weak};
 use std::time::Duration;
 
 use cm_core::{
@@ -88,7 +88,8 @@ pub(crate) struct IdInner {
     /// changed only by [`CmId::migrate`].
     channel: Mutex<Arc<ChannelInner>>,
     /// Serializes the calls that change librdmacm's user-space id state (bind, resolve,
-    /// connect, accept, QP creation, posting, polling). `notify` does not take it.
+    /// connect, accept, QP creation, posting, polling); each also holds the channel's
+    /// `fields` lock shared (see [`OpsGuard`]). `notify` takes neither.
     ops: Mutex<()>,
     /// QP number, or [`NO_QP`]; cached so that `qp_num` never reads `id->qp` while
     /// another thread creates the QP.
@@ -102,14 +103,38 @@ pub(crate) struct IdInner {
     cqs: Mutex<Vec<OwnedCq>>,
 }
 
-// SAFETY: librdmacm ids may be used from any thread. The user-space id fields librdmacm
-// changes are guarded here: `ops` serializes every call that writes them; `notify`, the
-// one call that takes no lock, reads only `id->channel`, which changes only in
-// `CmId::migrate`, and that runs only with the id's sole handle borrowed mutably while
-// no thread reads its channels (so no `notify` can run meanwhile); the cached QP number
-// is atomic. The kernel serializes the commands themselves.
+/// The id's `ops` lock and its channel, held by every id call that passes the id to
+/// librdmacm or reads its fields.
+struct OpsGuard<'a> {
+    _ops: MutexGuard<'a, ()>,
+    channel: Arc<ChannelInner>,
+}
+
+impl OpsGuard<'_> {
+    /// The channel's `fields` lock, shared: no event read on the channel writes into any
+    /// of its ids until the guard goes.
+    fn fields(&self) -> RwLockReadGuard<'_, ()> {
+        self.channel.fields_shared()
+    }
+}
+
+// SAFETY: librdmacm ids may be used from any thread. The user-space fields of the id are
+// written in two places, both guarded:
+// - by the id's own calls (bind, resolve, QP creation, ...): each holds `ops`, which
+//   serializes them, and the channel's `fields` lock shared;
+// - by `rdma_get_cm_event` on the id's channel (address and route queries into `route`,
+//   `verbs`, `pd`, `port_num`; the QP on connection responses and rejections): a read and
+//   its decoding hold that channel's `fields` lock exclusively, so they never overlap an
+//   id call (every one holds it shared: `local_addr`, `peer_addr`, `device_key`,
+//   `create_qp`, `async_events`, `register_memory` included), nor the id's destruction
+//   (which holds it shared too).
+// `notify`, the one call that takes no lock, reads only `id->channel`, which changes only
+// in `CmId::migrate`, and that runs with the id's sole handle borrowed mutably and both
+// channels' `fields` locks held exclusively (so no `notify` can run, and no event read
+// can hand out a handle, meanwhile); the cached QP number is atomic. The kernel
+// serializes the commands themselves.
 unsafe impl Send for IdInner {}
-// SAFETY: see Send; every `&self` method takes the lock its C call needs.
+// SAFETY: see Send; every `&self` method takes the locks its C call needs.
 unsafe impl Sync for IdInner {}
 
 impl IdInner {
@@ -117,8 +142,13 @@ impl IdInner {
         self.raw.as_ptr()
     }
 
-    fn lock_ops(&self) -> MutexGuard<'_, ()> {
-        self.ops.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The ops lock, with the id's current channel whose `fields` lock the caller takes
+    /// shared ([`OpsGuard::fields`]) before touching the id.
+    fn lock_ops(&self) -> OpsGuard<'_> {
+        let ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
+        // Under the ops lock: `migrate`, the only writer of `channel`, holds it too.
+        let channel = Arc::clone(&self.channel.lock().unwrap_or_else(PoisonError::into_inner));
+        OpsGuard { _ops: ops, channel }
     }
 
     pub(crate) fn event_read(&self) {
@@ -180,6 +210,16 @@ impl IdInner {
 impl Drop for IdInner {
     fn drop(&mut self) {
         let raw = self.raw.as_ptr();
+        // No event read on the channel may write into the id while it is torn down. Never
+        // dropped under that lock: an event read drops what it cannot hand out only after
+        // releasing it. rdma_destroy_id below waits only for events already read, which
+        // are acknowledged without this lock.
+        let channel = Arc::clone(
+            self.channel
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let _fields = channel.fields_shared();
         // SAFETY: last owner: no other thread uses the id. Order matters: the QP first
         // (it references the memory regions and the CQs), then the regions (they
         // reference the device's PD, which the id keeps), then the id.
@@ -200,7 +240,9 @@ impl Drop for IdInner {
             .unwrap_or_else(PoisonError::into_inner);
         for region in regions.drain(..) {
             // SAFETY: the QP that could use the region is destroyed; nothing else holds it.
-            unsafe { region.deregister() };
+            // A failed deregistration leaks the buffer (the device may still reach it);
+            // a drop has nobody to report it to.
+            let _ = unsafe { region.deregister() };
         }
         // SAFETY: reading our own context pointer of the live id.
         let context = unsafe { (*raw).context }.cast_const().cast::<IdInner>();
@@ -292,7 +334,8 @@ impl CmId {
     /// `rdma_bind_addr`: binds to a local address (port 0 picks one); an address of an
     /// RDMA device's netdev also binds the id to that device.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let mut storage = ffi::sockaddr_from(&addr);
         // SAFETY: live id; `storage` is a valid sockaddr for the call's duration.
         let ret = unsafe {
@@ -312,7 +355,8 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let mut src_storage = src.as_ref().map(ffi::sockaddr_from);
         let mut dst_storage = ffi::sockaddr_from(&dst);
         let src_ptr = src_storage.as_mut().map_or(ptr::null_mut(), |s| {
@@ -332,7 +376,8 @@ impl CmId {
 
     /// `rdma_resolve_route`: ROUTE_RESOLVED or ROUTE_ERROR follows.
     pub fn resolve_route(&self, timeout: Duration) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id.
         let ret = unsafe { ffi::rdma_resolve_route(self.inner.as_ptr(), ffi::timeout_ms(timeout)) };
         check("rdma_resolve_route", ret)
@@ -340,7 +385,8 @@ impl CmId {
 
     /// `rdma_listen`: CONNECT_REQUEST events (each with a new id) follow.
     pub fn listen(&self, backlog: i32) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id.
         let ret = unsafe { ffi::rdma_listen(self.inner.as_ptr(), backlog) };
         check("rdma_listen", ret)
@@ -350,7 +396,8 @@ impl CmId {
     /// RTR/RTS, RTU sent) and reports ESTABLISHED.
     pub fn connect(&self, params: &ConnParams<'_>) -> Result<(), CmError> {
         let mut raw = params.to_raw("rdma_connect")?;
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id; `raw` and its private data outlive the call.
         let ret = unsafe { ffi::rdma_connect(self.inner.as_ptr(), &mut raw) };
         check("rdma_connect", ret)
@@ -360,7 +407,8 @@ impl CmId {
     /// the REP (IB CM state REP_SENT until the RTU or a notify).
     pub fn accept(&self, params: &ConnParams<'_>) -> Result<(), CmError> {
         let mut raw = params.to_raw("rdma_accept")?;
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id; `raw` and its private data outlive the call.
         let ret = unsafe { ffi::rdma_accept(self.inner.as_ptr(), &mut raw) };
         check("rdma_accept", ret)
@@ -377,7 +425,8 @@ impl CmId {
         } else {
             private_data.as_ptr().cast()
         };
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id; `data` is valid for `len` bytes during the call.
         let ret = unsafe { ffi::rdma_reject(self.inner.as_ptr(), data, len) };
         check("rdma_reject", ret)
@@ -386,7 +435,8 @@ impl CmId {
     /// `rdma_disconnect`. Call it also on receiving DISCONNECTED: the peer's teardown
     /// waits for this side's DREP.
     pub fn disconnect(&self) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id.
         let ret = unsafe { ffi::rdma_disconnect(self.inner.as_ptr()) };
         check("rdma_disconnect", ret)
@@ -421,13 +471,15 @@ impl CmId {
     /// Needs the id to itself, so that [`CmId::notify`] can go without a lock: refused
     /// with [`CmError::UnackedEvents`] while an event of the id is unacknowledged
     /// (librdmacm would wait for it, possibly forever), and with [`CmError::Busy`] while
-    /// another handle exists (a clone, one held by a notify pump: unregister it first) or
-    /// while another thread is reading an event on the current or the new channel (a
-    /// blocking read in progress; migrate from the reading thread, as after a
-    /// CONNECT_REQUEST, or when it is idle).
+    /// another handle exists (a clone, one held by a notify pump: unregister it first).
+    /// Waits for an event being decoded on either channel.
     pub fn migrate(&mut self, channel: &EventChannel) -> Result<(), CmError> {
         const OP: &str = "rdma_migrate_id";
-        let _ops = self.inner.lock_ops();
+        let _ops = self
+            .inner
+            .ops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let unacked = self.inner.events_out.load(Ordering::Acquire);
         if unacked > 0 {
             return Err(CmError::UnackedEvents { op: OP, unacked });
@@ -437,17 +489,20 @@ impl CmId {
             .channel
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let reading = || CmError::Busy {
-            op: OP,
-            reason: "another thread is reading an event on the id's channel",
-        };
-        // No handle can appear while no event is read on either channel: checked after.
         let old = Arc::clone(&current);
-        let _old_readers = old.try_exclude_readers().ok_or_else(reading)?;
-        let _new_readers = if Arc::ptr_eq(&old, channel.inner()) {
-            None
+        let new = channel.inner();
+        // No event is read on either channel meanwhile, so no handle can appear (checked
+        // after). Both locks are taken in address order: two migrations between the same
+        // two channels in opposite directions cannot deadlock. A read holds its lock only
+        // once an event is there, so this waits for one decoding at most.
+        let (_first, _second) = if Arc::ptr_eq(&old, new) {
+            (old.fields_exclusive(), None)
+        } else if Arc::as_ptr(&old) < Arc::as_ptr(new) {
+            let first = old.fields_exclusive();
+            (first, Some(new.fields_exclusive()))
         } else {
-            Some(channel.inner().try_exclude_readers().ok_or_else(reading)?)
+            let first = new.fields_exclusive();
+            (first, Some(old.fields_exclusive()))
         };
         if Arc::strong_count(&self.inner) > 1 {
             return Err(CmError::Busy {
@@ -456,10 +511,11 @@ impl CmId {
             });
         }
         // SAFETY: live id and channel; this is the id's only handle, borrowed mutably,
-        // and no event is being read, so nothing else uses the id meanwhile.
-        let ret = unsafe { ffi::rdma_migrate_id(self.inner.as_ptr(), channel.inner().as_ptr()) };
+        // and no event is being read on either channel, so nothing else uses the id
+        // meanwhile.
+        let ret = unsafe { ffi::rdma_migrate_id(self.inner.as_ptr(), new.as_ptr()) };
         check(OP, ret)?;
-        *current = Arc::clone(channel.inner());
+        *current = Arc::clone(new);
         Ok(())
     }
 
@@ -470,7 +526,8 @@ impl CmId {
 
     /// The local address (`rdma_get_local_addr`), once bound or resolved.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id; the route's source address is a sockaddr_storage-sized union.
         unsafe {
             let id = self.inner.as_ptr();
@@ -480,7 +537,8 @@ impl CmId {
 
     /// The peer address (`rdma_get_peer_addr`), once resolved or connected.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id; the route's destination address is a sockaddr_storage-sized
         // union.
         unsafe {
@@ -492,7 +550,8 @@ impl CmId {
     /// `rdma_create_qp` with an RC QP on the device's default protection domain and
     /// completion queues librdmacm creates for it; every send is signalled.
     pub fn create_qp(&self, caps: &QpCaps) -> Result<QpNum, CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         self.device_context_locked("rdma_create_qp")?;
         // SAFETY: NULL CQs: librdmacm creates them (and destroys them with the QP).
         unsafe { self.create_qp_locked(caps, ptr::null_mut(), ptr::null_mut()) }
@@ -512,7 +571,8 @@ impl CmId {
         token: u64,
     ) -> Result<QpNum, CmError> {
         const OP: &str = "rdma_create_qp";
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let context = self.device_context_locked(OP)?;
         if DeviceKey::of(context) != channel.device_key() {
             return Err(CmError::InvalidArgument {
@@ -614,7 +674,8 @@ impl CmId {
         &self,
         op: &'static str,
     ) -> Result<NonNull<ffi::ibv_context>, CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         self.device_context_locked(op)
     }
 
@@ -637,13 +698,14 @@ impl CmId {
         let context = self.device_context("async_events")?;
         // SAFETY: librdmacm keeps the device context open while an id is bound to it, and
         // the source holds this id.
-        Ok(unsafe { AsyncEvents::new(context, Arc::clone(&self.inner)) })
+        unsafe { AsyncEvents::new(context, Arc::clone(&self.inner)) }
     }
 
     /// Registers `len` zeroed bytes with the device for local read/write, for this id's
     /// QP. The memory lives as long as the id (after its QP is destroyed).
     pub fn register_memory(&self, len: usize) -> Result<MemoryRegion, CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         // SAFETY: live id, read under the ops lock.
         let pd = unsafe { (*self.inner.as_ptr()).pd };
         if pd.is_null() {
@@ -737,10 +799,11 @@ impl CmId {
         range: Range<usize>,
         wr_id: u64,
     ) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let qp = self.qp_ptr("ibv_post_send")?;
         self.with_region("ibv_post_send", region, &range, |memory| {
-            let mut sge = memory.sge(range.clone());
+            let mut sge = memory.sge("ibv_post_send", range.clone())?;
             // SAFETY: ibv_send_wr is integers, pointers and unions of those: all zeroes
             // is valid.
             let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -769,10 +832,11 @@ impl CmId {
         range: Range<usize>,
         wr_id: u64,
     ) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let qp = self.qp_ptr("ibv_post_recv")?;
         self.with_region("ibv_post_recv", region, &range, |memory| {
-            let mut sge = memory.sge(range.clone());
+            let mut sge = memory.sge("ibv_post_recv", range.clone())?;
             let mut wr = ffi::ibv_recv_wr {
                 wr_id,
                 next: ptr::null_mut(),
@@ -815,7 +879,8 @@ impl CmId {
         out: &mut Vec<Completion>,
         max: usize,
     ) -> Result<usize, CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let cq = self.cq_ptr("ibv_poll_cq", which)?;
         // SAFETY: the QP's live CQ; the ops lock excludes its destruction (only the
         // last owner destroys it).
@@ -826,7 +891,8 @@ impl CmId {
     /// completion raises one completion event on its channel. Only the CQs of
     /// [`CmId::create_qp_on`] have a channel that reports it.
     pub fn arm_cq(&self, which: CqKind) -> Result<(), CmError> {
-        let _ops = self.inner.lock_ops();
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
         let cq = self.cq_ptr("ibv_req_notify_cq", which)?;
         // SAFETY: the QP's live CQ, as in poll_cq.
         let ret = unsafe { ffi::ibv_req_notify_cq(cq, 0) };

@@ -2,7 +2,7 @@
 //! event channel, a device's asynchronous events and a wake-up descriptor together.
 
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use cm_core::CmError;
@@ -105,7 +105,7 @@ pub(crate) fn poll_fds(
     timeout: Option<Duration>,
 ) -> Result<usize, i32> {
     let count = libc::nfds_t::try_from(pollfds.len()).map_err(|_| libc::EINVAL)?;
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let deadline = deadline_after(timeout);
     loop {
         let timeout_ms: c_int = match deadline {
             None => -1,
@@ -126,6 +126,52 @@ pub(crate) fn poll_fds(
                     return Err(errno);
                 }
             }
+        }
+    }
+}
+
+/// The instant `timeout` from now; `None` (wait forever) for no timeout and for one so
+/// long that the instant is not representable (e.g. `Duration::MAX`).
+pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// What one read attempt of [`wait_then_read`] found.
+pub(crate) enum Attempt<T> {
+    /// Something for the caller.
+    Got(T),
+    /// Nothing to read (EAGAIN, or another reader was faster).
+    Nothing,
+    /// Something read and disposed of (an event about an id being destroyed): look for
+    /// the next one.
+    Skipped,
+}
+
+/// Waits until `fd` is readable (at most `timeout`; `None`: as long as it takes) and
+/// reads with `read` until it gets something or the time is up. `Some(Duration::ZERO)`
+/// never waits: one look, and `Ok(None)` if nothing was there.
+pub(crate) fn wait_then_read<T>(
+    fd: RawFd,
+    timeout: Option<Duration>,
+    op: &'static str,
+    mut read: impl FnMut() -> Result<Attempt<T>, CmError>,
+) -> Result<Option<T>, CmError> {
+    let once = timeout == Some(Duration::ZERO);
+    let deadline = deadline_after(timeout);
+    loop {
+        let left = match (timeout, deadline) {
+            (Some(_), Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
+            // No timeout, or one too long to represent: wait forever.
+            _ => None,
+        };
+        if !ffi::wait_readable(fd, left).map_err(|e| CmError::from_errno(op, e))? {
+            return Ok(None);
+        }
+        match read()? {
+            Attempt::Got(value) => return Ok(Some(value)),
+            Attempt::Skipped => continue,
+            Attempt::Nothing if once => return Ok(None),
+            Attempt::Nothing => continue,
         }
     }
 }
@@ -177,6 +223,46 @@ mod tests {
         let ready = poll_readable(&[reader.as_fd()], Some(Duration::from_millis(5))).unwrap();
         assert!(ready.is_empty());
         assert!(poll_readable(&[], Some(Duration::ZERO)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_longest_timeouts_wait_like_no_timeout_instead_of_panicking() {
+        let (mut writer, reader) = UnixStream::pair().unwrap();
+        writer.write_all(b"x").unwrap();
+        for timeout in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let ready = poll_readable(&[reader.as_fd()], Some(timeout)).unwrap();
+            assert!(ready.is_ready(0));
+        }
+        assert_eq!(deadline_after(Some(Duration::MAX)), None);
+        assert_eq!(deadline_after(None), None);
+        assert!(deadline_after(Some(Duration::ZERO)).is_some());
+    }
+
+    #[test]
+    fn wait_then_read_looks_once_for_a_zero_timeout_and_skips_disposed_reads() {
+        let (mut writer, reader) = UnixStream::pair().unwrap();
+        let fd = reader.as_raw_fd();
+        let mut calls = 0;
+        let got: Option<u8> = wait_then_read(fd, Some(Duration::ZERO), "poll", || {
+            calls += 1;
+            Ok(Attempt::Nothing)
+        })
+        .unwrap();
+        assert_eq!((got, calls), (None, 0), "nothing readable: no read");
+        writer.write_all(b"x").unwrap();
+        let got = wait_then_read(fd, Some(Duration::ZERO), "poll", || {
+            calls += 1;
+            Ok(Attempt::<u8>::Nothing)
+        })
+        .unwrap();
+        assert_eq!((got, calls), (None, 1), "one look");
+        let mut attempts = vec![Attempt::Got(7u8), Attempt::Skipped, Attempt::Skipped];
+        let got = wait_then_read(fd, Some(Duration::MAX), "poll", || {
+            Ok(attempts.pop().unwrap())
+        })
+        .unwrap();
+        assert_eq!(got, Some(7));
+        assert!(attempts.is_empty());
     }
 
     #[test]

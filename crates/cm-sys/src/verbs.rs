@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::ptr::NonNull;
 
-use cm_core::{CmError, QpNum};
+use cm_core::{CmError, QpNum, WcOpcode, WcStatus};
 
 use crate::ffi;
 
@@ -70,12 +70,7 @@ impl RegisteredMemory {
     /// # Safety
     /// `pd` is a live protection domain that outlives the returned value.
     pub(crate) unsafe fn register(pd: *mut rdma_sys::ibv_pd, len: usize) -> Result<Self, CmError> {
-        // At least one byte so that the pointer is a real allocation.
-        let boxed: Box<[u8]> = vec![0u8; len.max(1)].into_boxed_slice();
-        let buffer = NonNull::new(Box::into_raw(boxed).cast::<u8>()).ok_or(CmError::Os {
-            op: "ibv_reg_mr",
-            errno: cm_core::Errno(libc::ENOMEM),
-        })?;
+        let buffer = allocate_zeroed(len)?;
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
         // SAFETY: `pd` is live (caller); the buffer is a live allocation of `len.max(1)`
         // bytes that stays allocated until `deregister`.
@@ -84,8 +79,8 @@ impl RegisteredMemory {
             Some(mr) => Ok(RegisteredMemory { mr, buffer, len }),
             None => {
                 let errno = ffi::last_errno();
-                // SAFETY: the buffer came from Box::into_raw of a slice of this length
-                // and was not registered.
+                // SAFETY: the buffer came from allocate_zeroed(len) and was not
+                // registered.
                 drop(unsafe { Self::reclaim(buffer, len) });
                 Err(CmError::from_errno("ibv_reg_mr", errno))
             }
@@ -93,7 +88,8 @@ impl RegisteredMemory {
     }
 
     /// # Safety
-    /// `buffer` came from `Box::into_raw` of a `[u8]` of `len.max(1)` bytes, not freed.
+    /// `buffer` came from [`allocate_zeroed`]`(len)` (the layout of a `Box<[u8]>` of
+    /// `len.max(1)` bytes), not freed.
     unsafe fn reclaim(buffer: NonNull<u8>, len: usize) -> Box<[u8]> {
         let slice = std::ptr::slice_from_raw_parts_mut(buffer.as_ptr(), len.max(1));
         // SAFETY: forwarded from the caller.
@@ -102,14 +98,36 @@ impl RegisteredMemory {
 
     /// Deregisters and frees.
     ///
+    /// If `ibv_dereg_mr` fails the registration may still be in place and the device
+    /// may still access the memory: the buffer is then leaked, never freed, and the
+    /// error returned.
+    ///
     /// # Safety
     /// No QP can use the memory any more (its QP is destroyed).
-    pub(crate) unsafe fn deregister(self) {
+    pub(crate) unsafe fn deregister(self) -> Result<(), CmError> {
         // SAFETY: the MR is live and no work request can reference it (caller).
-        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        let ret = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        // SAFETY: forwarded: allocated in `register` with this length.
+        unsafe { self.release_after(ret) }
+    }
+
+    /// Frees the buffer if `dereg_ret` (what `ibv_dereg_mr` returned: 0 or an errno)
+    /// says the registration is gone; otherwise leaks it and reports the errno.
+    ///
+    /// # Safety
+    /// The buffer is this value's, allocated in `register`, not freed.
+    unsafe fn release_after(self, dereg_ret: i32) -> Result<(), CmError> {
+        if dereg_ret != 0 {
+            // The MR may still map the buffer: it stays allocated for good.
+            return Err(CmError::from_errno(
+                "ibv_dereg_mr",
+                if dereg_ret > 0 { dereg_ret } else { libc::EIO },
+            ));
+        }
         // SAFETY: allocated in `register` with this length; the device no longer
         // accesses it.
         drop(unsafe { Self::reclaim(self.buffer, self.len) });
+        Ok(())
     }
 
     /// The usable length in bytes.
@@ -118,14 +136,24 @@ impl RegisteredMemory {
     }
 
     /// The scatter/gather entry for `range` (checked by the caller to be in bounds).
-    pub(crate) fn sge(&self, range: Range<usize>) -> ffi::ibv_sge {
+    /// An SGE carries at most `u32::MAX` bytes: a longer range is refused (truncating
+    /// it would send or receive less than asked).
+    pub(crate) fn sge(
+        &self,
+        op: &'static str,
+        range: Range<usize>,
+    ) -> Result<ffi::ibv_sge, CmError> {
+        let length = u32::try_from(range.len()).map_err(|_| CmError::InvalidArgument {
+            op,
+            reason: "a scatter/gather entry carries at most 4 GiB - 1 bytes",
+        })?;
         // SAFETY: the MR is live while `self` is; lkey is set at registration.
         let lkey = unsafe { (*self.mr.as_ptr()).lkey };
-        ffi::ibv_sge {
+        Ok(ffi::ibv_sge {
             addr: self.buffer.as_ptr() as u64 + range.start as u64,
-            length: u32::try_from(range.len()).unwrap_or(u32::MAX),
+            length,
             lkey,
-        }
+        })
     }
 
     /// Copies `data` in at `offset` (bounds checked by the caller).
@@ -159,6 +187,20 @@ impl RegisteredMemory {
     }
 }
 
+/// Allocates `len.max(1)` zeroed bytes (at least one, so that the pointer is a real
+/// allocation), as a `Box<[u8]>` of that length would; a length no allocation can have is
+/// ENOMEM, not an abort.
+fn allocate_zeroed(len: usize) -> Result<NonNull<u8>, CmError> {
+    let no_memory = CmError::Os {
+        op: "ibv_reg_mr",
+        errno: cm_core::Errno(libc::ENOMEM),
+    };
+    let layout = std::alloc::Layout::array::<u8>(len.max(1)).map_err(|_| no_memory.clone())?;
+    // SAFETY: the layout has a non-zero size.
+    let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
+    NonNull::new(buffer).ok_or(no_memory)
+}
+
 /// One work completion (`struct ibv_wc`), copied out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Completion {
@@ -166,10 +208,10 @@ pub struct Completion {
     pub wr_id: u64,
     /// The QP the work request was on.
     pub qp_num: QpNum,
-    /// `enum ibv_wc_opcode` (SEND 0, … RECV 128).
-    pub opcode: u32,
-    /// `enum ibv_wc_status` (0 = success).
-    pub status: u32,
+    /// What completed (`enum ibv_wc_opcode`, decoded; only meaningful on success).
+    pub opcode: WcOpcode,
+    /// How it completed (`enum ibv_wc_status`, decoded).
+    pub status: WcStatus,
     /// Bytes received (receive completions).
     pub byte_len: u32,
 }
@@ -177,17 +219,17 @@ pub struct Completion {
 impl Completion {
     /// Whether the work request succeeded.
     pub fn is_success(&self) -> bool {
-        self.status == 0
+        self.status.is_success()
     }
 
     /// Whether this completes a receive.
     pub fn is_recv(&self) -> bool {
-        self.opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0
+        self.opcode.is_recv()
     }
 
     /// libibverbs' text for the status (`ibv_wc_status_str`).
     pub fn status_str(&self) -> &'static str {
-        ffi::wc_status_str(self.status)
+        self.status.as_str()
     }
 }
 
@@ -245,9 +287,128 @@ impl Completion {
         Completion {
             wr_id: wc.wr_id,
             qp_num: QpNum(wc.qp_num),
-            opcode: wc.opcode,
-            status: wc.status,
+            opcode: WcOpcode::from_raw(wc.opcode),
+            status: WcStatus::from_raw(wc.status),
             byte_len: wc.byte_len,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_no_allocation_can_have_are_enomem_not_an_abort() {
+        for len in [usize::MAX, isize::MAX as usize + 1, usize::MAX / 2 + 7] {
+            match allocate_zeroed(len) {
+                Err(CmError::Os { errno, .. }) => assert_eq!(errno.0, libc::ENOMEM),
+                other => panic!("{len}: {other:?}"),
+            }
+        }
+        let buffer = allocate_zeroed(0).expect("one byte");
+        // SAFETY: allocate_zeroed(0) gives one zeroed byte; reclaimed as such below.
+        assert_eq!(unsafe { *buffer.as_ptr() }, 0);
+        // SAFETY: a fake registration wrapping the real buffer; the MR pointer is never
+        // dereferenced by release_after.
+        let memory = RegisteredMemory {
+            mr: NonNull::dangling(),
+            buffer,
+            len: 0,
+        };
+        // SAFETY: the buffer is the value's, from allocate_zeroed(0).
+        assert_eq!(unsafe { memory.release_after(0) }, Ok(()));
+    }
+
+    #[test]
+    fn a_failed_deregistration_is_reported_and_keeps_the_buffer() {
+        let buffer = allocate_zeroed(8).expect("8 bytes");
+        // SAFETY: as above: the MR is never dereferenced.
+        let memory = RegisteredMemory {
+            mr: NonNull::dangling(),
+            buffer,
+            len: 8,
+        };
+        // SAFETY: the buffer is the value's. On failure it must stay allocated: reading
+        // it afterwards is sound only because it is leaked, not freed.
+        let result = unsafe { memory.release_after(libc::EBUSY) };
+        assert_eq!(result.map_err(|e| e.errno()), Err(libc::EBUSY));
+        // SAFETY: the buffer was leaked by the failed release, so it is still allocated.
+        assert_eq!(unsafe { *buffer.as_ptr() }, 0);
+        // SAFETY: still ours; freed here as register would have.
+        drop(unsafe { RegisteredMemory::reclaim(buffer, 8) });
+        // A negative return has no errno to keep: EIO.
+        let memory = RegisteredMemory {
+            mr: NonNull::dangling(),
+            buffer: allocate_zeroed(1).expect("1 byte"),
+            len: 1,
+        };
+        // SAFETY: the buffer is the value's; leaked on failure (1 byte, in a test).
+        let result = unsafe { memory.release_after(-1) };
+        assert_eq!(result.map_err(|e| e.errno()), Err(libc::EIO));
+    }
+
+    #[test]
+    fn a_range_longer_than_an_sge_carries_is_refused_not_truncated() {
+        // A fake region: the length check comes before anything is dereferenced.
+        let memory = RegisteredMemory {
+            mr: NonNull::dangling(),
+            buffer: NonNull::dangling(),
+            len: usize::MAX,
+        };
+        let too_long = 0..u32::MAX as usize + 1;
+        assert!(matches!(
+            memory.sge("ibv_post_send", too_long),
+            Err(CmError::InvalidArgument { .. })
+        ));
+        // RegisteredMemory has no Drop: the dangling buffer is never freed.
+    }
+
+    #[test]
+    fn status_texts_are_libibverbs_own_for_every_number() {
+        for raw in (0..64).chain([0x7fff_ffff, u32::MAX]) {
+            assert_eq!(
+                WcStatus::from_raw(raw).to_string(),
+                ffi::wc_status_str(raw),
+                "status {raw}"
+            );
+        }
+    }
+
+    #[test]
+    fn completions_decode_the_opcodes_libibverbs_defines() {
+        use rdma_sys::ibv_wc_opcode as op;
+        for (raw, opcode) in [
+            (op::IBV_WC_SEND, WcOpcode::Send),
+            (op::IBV_WC_RDMA_WRITE, WcOpcode::RdmaWrite),
+            (op::IBV_WC_RDMA_READ, WcOpcode::RdmaRead),
+            (op::IBV_WC_COMP_SWAP, WcOpcode::CompSwap),
+            (op::IBV_WC_FETCH_ADD, WcOpcode::FetchAdd),
+            (op::IBV_WC_BIND_MW, WcOpcode::BindMw),
+            (op::IBV_WC_LOCAL_INV, WcOpcode::LocalInv),
+            (op::IBV_WC_TSO, WcOpcode::Tso),
+            (op::IBV_WC_RECV, WcOpcode::Recv),
+            (op::IBV_WC_RECV_RDMA_WITH_IMM, WcOpcode::RecvRdmaWithImm),
+            (op::IBV_WC_TM_ADD, WcOpcode::TmAdd),
+            (op::IBV_WC_TM_RECV, WcOpcode::TmRecv),
+            (op::IBV_WC_DRIVER3, WcOpcode::Driver3),
+        ] {
+            // SAFETY: ibv_wc is integers and a union of integers: all zeroes is valid.
+            let mut wc: ffi::ibv_wc = unsafe { std::mem::zeroed() };
+            wc.opcode = raw;
+            wc.status = 5;
+            let completion = Completion::from_wc(&wc);
+            assert_eq!(completion.opcode, opcode);
+            assert_eq!(completion.status, WcStatus::WrFlushErr);
+            assert!(!completion.is_success());
+            assert_eq!(completion.is_recv(), raw & op::IBV_WC_RECV != 0);
+        }
+    }
+
+    #[test]
+    fn a_negative_poll_return_is_its_own_errno_and_a_bare_minus_one_is_eio() {
+        assert_eq!(poll_error(-libc::EINVAL).errno(), libc::EINVAL);
+        assert_eq!(poll_error(-1).errno(), libc::EIO);
+        assert_eq!(poll_error(i32::MIN).errno(), libc::EIO);
     }
 }

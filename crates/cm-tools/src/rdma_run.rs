@@ -978,7 +978,7 @@ impl Session {
     /// Whether a failed completion is work flushed by teardown.
     fn flushed(&self, index: usize, completion: &Completion) -> bool {
         let conn = &self.conns[index];
-        completion.status == WC_FLUSH_ERR && (conn.disconnect_called || conn.disconnected)
+        completion.status.as_raw() == WC_FLUSH_ERR && (conn.disconnect_called || conn.disconnected)
     }
 
     fn on_receive(
@@ -1120,7 +1120,7 @@ impl ConnError {
     fn completion(what: &'static str, completion: &Completion) -> Self {
         ConnError::Completion {
             what,
-            status: completion.status,
+            status: completion.status.as_raw(),
             text: completion.status_str(),
         }
     }
