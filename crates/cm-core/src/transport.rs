@@ -11,7 +11,7 @@ use core::fmt::Debug;
 use core::hash::Hash;
 use core::time::Duration;
 
-use crate::{AsyncEvent, CmError, CmEvent, CmId, QpNum};
+use crate::{AsyncEvent, CmError, CmEvent, CmId, QpNum, WcStatus};
 
 /// Which of a connection's two completion queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,8 +31,8 @@ pub struct WorkCompletion {
     pub qp: QpNum,
     /// Which queue it completed on.
     pub kind: CqKind,
-    /// `enum ibv_wc_status` as libibverbs reported it (0: success).
-    pub status: u32,
+    /// How it ended.
+    pub status: WcStatus,
     /// Bytes received (receive completions).
     pub byte_len: u32,
 }
@@ -40,18 +40,15 @@ pub struct WorkCompletion {
 impl WorkCompletion {
     /// Whether the work request succeeded.
     pub const fn is_success(&self) -> bool {
-        self.status == 0
+        self.status.is_success()
     }
 
     /// Whether the QP was flushed (`IBV_WC_WR_FLUSH_ERR`): the connection went to the
     /// error state and this request never ran.
     pub const fn is_flush(&self) -> bool {
-        self.status == WC_WR_FLUSH_ERR
+        matches!(self.status, WcStatus::WrFlushErr)
     }
 }
-
-/// `IBV_WC_WR_FLUSH_ERR`.
-const WC_WR_FLUSH_ERR: u32 = 5;
 
 /// Sizes of a connection's queues and buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -11,9 +11,8 @@ use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnectOptions, Endpoint};
 
 #[allow(dead_code)]
-mod example {
-    include!("../examples/server.rs");
-}
+#[path = "../examples/server.rs"]
+mod example;
 
 #[test]
 fn the_readme_shows_the_example_as_it_is() {

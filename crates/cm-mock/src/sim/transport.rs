@@ -146,7 +146,7 @@ impl SimTransport {
                 wr_id,
                 qp,
                 kind: CqKind::Recv,
-                status: 0,
+                status: cm_core::WcStatus::Success,
                 byte_len,
             });
             landed = true;
@@ -336,7 +336,7 @@ impl Transport for SimTransport {
             wr_id,
             qp,
             kind: CqKind::Send,
-            status: 0,
+            status: cm_core::WcStatus::Success,
             byte_len: 0,
         });
         let token = queues.token;

@@ -244,8 +244,8 @@ pub enum CloseReason {
 pub enum QpErrorDetail {
     /// An asynchronous event on the QP (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR).
     AsyncEvent(AsyncEvent),
-    /// A work completion with this `ibv_wc_status`.
-    Completion(u32),
+    /// A work completion that ended with this status.
+    Completion(cm_core::WcStatus),
 }
 
 /// Something the endpoint reports, in the order it happened per connection.
