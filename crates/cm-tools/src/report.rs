@@ -120,7 +120,7 @@ impl From<&SimReport> for SimJson {
             failed: r.failed(),
             unreachable: r.unreachable(),
             invariant_violations: r.invariant_violations(),
-            notify_errors: r.pump.rejected,
+            notify_errors: r.pump.notify_failed,
             comm_est_ignored: r.comm_est_ignored,
             rtus_sent: r.fabric.sent_of(cm_mock::sim::MsgKind::Rtu),
             messages_dropped: r.fabric.dropped,
@@ -193,8 +193,8 @@ pub fn human(r: &SimReport) -> String {
             r.comm_est_ignored
         );
     }
-    if r.pump.rejected > 0 {
-        let _ = writeln!(out, "  notify refused       {:>8}", r.pump.rejected);
+    if r.pump.notify_failed > 0 {
+        let _ = writeln!(out, "  notify refused       {:>8}", r.pump.notify_failed);
     }
     let t = &r.trigger_to_established;
     if t.count > 0 {

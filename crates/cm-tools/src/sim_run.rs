@@ -417,8 +417,12 @@ impl World {
                     self.conn_of_qp.insert(qp, conn);
                 }
                 if config.pump {
-                    pump.register(id.clone(), Role::Passive)
-                        .expect("a new QP number is unique");
+                    let registration = pump
+                        .register(id.clone(), Role::Passive)
+                        .expect("an accepted id has a QP");
+                    if let Some(replayed) = registration.replayed {
+                        self.pump_event(replayed, fabric);
+                    }
                 }
                 self.passive_ids.push(id);
             }
@@ -473,8 +477,10 @@ impl World {
             PumpEvent::Unrouted(e) if e.event_type == cm_core::AsyncEventType::CommEst => {
                 self.comm_est_ignored += 1;
             }
-            PumpEvent::NotifyFailed { .. } | PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {
-            }
+            PumpEvent::NotifyFailed { .. }
+            | PumpEvent::PathMigrated { .. }
+            | PumpEvent::Unrouted(_)
+            | PumpEvent::PassThrough(_) => {}
         }
     }
 
