@@ -371,7 +371,11 @@ impl<I: CmId> NotifyPump<I> {
     }
 
     /// Removes the id registered for `qp` (on disconnect or before destroying it) and
-    /// gives it back. Triggers kept for other, unregistered QPs are left alone.
+    /// gives it back. Early triggers kept for other, unregistered QPs are left alone.
+    ///
+    /// Report no receive completion of `qp` after unregistering it (flushed work
+    /// requests included): it would be kept as an early trigger of the next QP to get
+    /// that number.
     pub fn unregister(&mut self, qp: QpNum) -> Option<I> {
         let removed = self.entries.remove(&qp).map(|e| e.id);
         if removed.is_some() {
