@@ -407,7 +407,7 @@ pub fn human(r: &RealReport) -> String {
         let _ = writeln!(
             out,
             "pump: forced {}, EISCONN {}, refused {}, receive triggers {}, unrouted {}, passed through {}",
-            p.forced, p.already_established, p.notify_failed, p.receive_triggers, p.unrouted, p.passed_through
+            p.forced, p.already_established, p.rejected, p.receive_triggers, p.unrouted, p.passed_through
         );
     }
     for failure in &r.failures {
