@@ -164,7 +164,7 @@ fn with_pump(passive_addr: IpAddr, active_addr: IpAddr) {
         (
             counters.forced,
             counters.receive_triggers,
-            counters.rejected
+            counters.notify_failed
         ),
         (1, 1, 0),
         "{counters:?}"

@@ -7,6 +7,19 @@ use clap::{Parser, ValueEnum};
 use cm_tools::report::{emit, human, SimJson};
 use cm_tools::sim_run::{run_with_progress, SimRun};
 
+/// The exit statuses, printed by `--help` (and listed in the README).
+const EXIT_CODES: &str = "\
+Exit status:
+  0  every connection was established
+  1  some connection failed (or the output could not be written, or an invariant broke)
+  2  usage error (bad flag or value, a flag the chosen backend would ignore, a backend
+     this build lacks)";
+
+/// Defaults of the flags that are options so that a flag given to a backend that would
+/// ignore it can be refused.
+const DEFAULT_RTU_LOSS: f64 = 1.0;
+const DEFAULT_SEED: u64 = 1;
+
 /// Which CM to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
@@ -19,7 +32,16 @@ enum Backend {
 /// Shows the RDMA CM notify path at work: connections whose RTU is lost are rescued by
 /// forwarding COMM_EST (or a receive completion) with rdma_notify.
 #[derive(Debug, Parser)]
-#[command(name = "cmnotify", version, about, long_about = None)]
+// Negative numbers are values (refused by their parser with a message naming the flag),
+// not unknown short flags.
+#[command(
+    name = "cmnotify",
+    version,
+    about,
+    long_about = None,
+    after_help = EXIT_CODES,
+    allow_negative_numbers = true
+)]
 struct Cli {
     /// Which CM to run on.
     #[arg(long, value_enum, default_value = "sim")]
@@ -29,11 +51,13 @@ struct Cli {
     #[arg(short = 'c', long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     connections: u32,
 
-    /// (sim) Probability that an RTU is lost: a fraction (0.1) or a percentage (10%).
-    #[arg(long, default_value = "100%", value_parser = parse_probability)]
-    rtu_loss: f64,
+    /// (sim) Probability that an RTU is lost: a fraction (0.1) or a percentage (10%)
+    /// [default: 100%].
+    #[arg(long, value_parser = parse_probability)]
+    rtu_loss: Option<f64>,
 
-    /// (sim) Also drop every RTU of this connection (0-based; repeatable).
+    /// (sim) Also drop every RTU of this connection (0-based; repeatable, a connection
+    /// given twice counts once).
     #[arg(long, value_name = "CONN")]
     drop_rtu_of: Vec<u32>,
 
@@ -49,11 +73,12 @@ struct Cli {
     #[arg(long)]
     soft_roce: bool,
 
-    /// (sim) Seed of every random decision (same seed, same run).
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// (sim) Seed of every random decision (same seed, same run) [default: 1].
+    #[arg(long)]
+    seed: Option<u64>,
 
-    /// (sim) Print the timeline of one connection (messages, states, events).
+    /// (sim) Print the timeline of one connection (messages, states, events); with
+    /// --json, as the document's "trace" array.
     #[arg(long, value_name = "CONN")]
     trace: Option<u32>,
 
@@ -73,9 +98,9 @@ struct Cli {
     #[arg(short = 'a', long, value_name = "ADDR")]
     address: Option<std::net::IpAddr>,
 
-    /// (rdma) Port.
-    #[arg(short = 'p', long, default_value_t = 7471)]
-    port: u16,
+    /// (rdma) Port [default: 7471].
+    #[arg(short = 'p', long)]
+    port: Option<u16>,
 
     /// (rdma) Messages per connection this side sends first (0 to 16). Client: sent once
     /// established, then it waits for as many and disconnects (default 1; 0 = connect,
@@ -85,9 +110,10 @@ struct Cli {
     #[arg(short = 'C', long, value_parser = clap::value_parser!(u32).range(0..=16))]
     messages: Option<u32>,
 
-    /// (rdma) Bytes per message sent first (1 to 4096; ucmatose's default is 100).
-    #[arg(short = 'S', long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=4096))]
-    size: u16,
+    /// (rdma) Bytes per message sent first (1 to 4096; ucmatose's default is 100)
+    /// [default: 100].
+    #[arg(short = 'S', long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    size: Option<u16>,
 }
 
 fn parse_probability(text: &str) -> Result<f64, String> {
@@ -99,7 +125,8 @@ fn parse_probability(text: &str) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{text}` is not a number"))?;
-    let p = value / scale;
+    // `+ 0.0` turns -0 into 0: "-0" and "-0%" are no loss, printed as "0%".
+    let p = value / scale + 0.0;
     if (0.0..=1.0).contains(&p) {
         Ok(p)
     } else {
@@ -108,19 +135,21 @@ fn parse_probability(text: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
             if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
                 e.exit();
             }
-            let rendered = e.render().to_string();
-            let line = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("cmnotify: {}", line.trim_start_matches("error: "));
+            // clap's whole message: its tips (e.g. "to pass '-5' as a value, use
+            // '-- -5'") and the usage line are part of the answer.
+            eprint!("{}", e.render());
             return ExitCode::from(2);
         }
     };
+    cli.drop_rtu_of.sort_unstable();
+    cli.drop_rtu_of.dedup();
     if let Err(message) = validate(&cli) {
         eprintln!("cmnotify: {message}");
         return ExitCode::from(2);
@@ -131,17 +160,36 @@ fn main() -> ExitCode {
     }
 }
 
+/// Refuses what the chosen backend cannot do or would silently ignore; a backend this
+/// build lacks is said first.
 fn validate(cli: &Cli) -> Result<(), String> {
+    if cli.backend == Backend::Rdma && !cfg!(feature = "rdma") {
+        return Err(
+            "--backend rdma: this build has no real RDMA backend; rebuild with \
+                    `--features rdma` (needs librdmacm and libibverbs)"
+                .into(),
+        );
+    }
+    flags_fit_backend(cli)
+}
+
+/// Refuses a flag the chosen backend would ignore, and values out of range.
+fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
     let sim_only = [
         (cli.trace.is_some(), "--trace"),
         (!cli.drop_rtu_of.is_empty(), "--drop-rtu-of"),
         (cli.soft_roce, "--soft-roce"),
+        (cli.rtu_loss.is_some(), "--rtu-loss"),
+        (cli.seed.is_some(), "--seed"),
+        (cli.no_data, "--no-data"),
     ];
     let rdma_only = [
         (cli.server, "--server"),
         (cli.bind.is_some(), "--bind"),
         (cli.address.is_some(), "--address"),
         (cli.messages.is_some(), "--messages"),
+        (cli.port.is_some(), "--port"),
+        (cli.size.is_some(), "--size"),
     ];
     match cli.backend {
         Backend::Sim => {
@@ -174,14 +222,15 @@ fn validate(cli: &Cli) -> Result<(), String> {
 }
 
 fn run_sim(cli: &Cli) -> ExitCode {
+    let seed = cli.seed.unwrap_or(DEFAULT_SEED);
     let config = SimRun {
         connections: cli.connections,
-        rtu_loss: cli.rtu_loss,
+        rtu_loss: cli.rtu_loss.unwrap_or(DEFAULT_RTU_LOSS),
         drop_rtu_of: cli.drop_rtu_of.clone(),
         send_data: !cli.no_data,
         pump: !cli.no_pump,
         soft_roce: cli.soft_roce,
-        seed: cli.seed,
+        seed,
         trace_conn: cli.trace,
         ..SimRun::default()
     };
@@ -203,15 +252,16 @@ fn run_sim(cli: &Cli) -> ExitCode {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    // A closed stdout (EPIPE) is not an error worth a line: `emit` is quiet about it.
     if let Err(message) = emit(cli.json, &SimJson::from(&report), || human(&report)) {
         eprintln!("cmnotify: {message}");
         return ExitCode::FAILURE;
     }
     if report.invariant_violations() > 0 || report.teardown_failures > 0 {
-        eprintln!(
-            "cmnotify: exactly-once or teardown invariant broken (seed {})",
-            cli.seed
-        );
+        eprintln!("cmnotify: exactly-once or teardown invariant broken (seed {seed})");
+        return ExitCode::FAILURE;
+    }
+    if report.failed() > 0 {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
@@ -219,24 +269,70 @@ fn run_sim(cli: &Cli) -> ExitCode {
 
 #[cfg(not(feature = "rdma"))]
 fn run_rdma(_cli: &Cli) -> ExitCode {
-    eprintln!(
-        "cmnotify: this build has no real RDMA backend; rebuild with `--features rdma` \
-         (needs librdmacm and libibverbs)"
-    );
+    // `validate` refuses --backend rdma in this build before anything runs.
+    eprintln!("cmnotify: this build has no real RDMA backend; rebuild with `--features rdma`");
     ExitCode::from(2)
 }
 
 #[cfg(feature = "rdma")]
 fn run_rdma(cli: &Cli) -> ExitCode {
+    const DEFAULT_PORT: u16 = 7471;
+    const DEFAULT_SIZE: u16 = 100;
     cm_tools::rdma_run::main(&cm_tools::rdma_run::RealRun {
         server: cli.server,
         bind: cli.bind,
         address: cli.address,
-        port: cli.port,
+        port: cli.port.unwrap_or(DEFAULT_PORT),
         connections: cli.connections,
         pump: !cli.no_pump,
         json: cli.json,
         messages: cli.messages,
-        message_size: usize::from(cli.size),
+        message_size: usize::from(cli.size.unwrap_or(DEFAULT_SIZE)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("cmnotify").chain(args.iter().copied()))
+            .expect("valid syntax")
+    }
+
+    #[test]
+    fn flags_a_backend_would_ignore_are_refused() {
+        for (args, flag) in [
+            (&["-p", "9000"][..], "--port"),
+            (&["-S", "10"][..], "--size"),
+            (
+                &["--backend", "rdma", "-s", "--rtu-loss", "0"][..],
+                "--rtu-loss",
+            ),
+            (&["--backend", "rdma", "-s", "--seed", "3"][..], "--seed"),
+            (
+                &["--backend", "rdma", "-a", "10.0.0.1", "--no-data"][..],
+                "--no-data",
+            ),
+        ] {
+            let refusal = flags_fit_backend(&parse(args)).expect_err(flag);
+            assert!(refusal.starts_with(flag), "{args:?}: {refusal}");
+        }
+        assert_eq!(
+            flags_fit_backend(&parse(&["--seed", "3", "--no-data"])),
+            Ok(())
+        );
+        assert_eq!(
+            flags_fit_backend(&parse(&["--backend", "rdma", "-s", "-p", "9"])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn minus_zero_is_no_loss() {
+        for text in ["-0", "-0%", "-0.0", "0"] {
+            let p = parse_probability(text).unwrap();
+            assert!(p == 0.0 && p.is_sign_positive(), "{text}: {p}");
+        }
+    }
 }

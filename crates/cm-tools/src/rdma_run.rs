@@ -320,7 +320,7 @@ impl From<PumpCounters> for PumpJson {
         PumpJson {
             forced: c.forced,
             already_established: c.already_established,
-            rejected: c.rejected,
+            rejected: c.notify_failed,
             receive_triggers: c.receive_triggers,
             unrouted: c.unrouted,
             passed_through: c.passed_through,
@@ -669,7 +669,7 @@ impl Session {
             // Counted by the pump; an event for the application (QP_FATAL, PORT_ERR…)
             // is also worth a line.
             PumpEvent::PassThrough(event) => log_line(&format!("asynchronous event: {event}")),
-            PumpEvent::Unrouted(_) => {}
+            PumpEvent::PathMigrated { .. } | PumpEvent::Unrouted(_) => {}
         }
     }
 

@@ -1,6 +1,7 @@
 //! What `cmnotify` prints: a short human summary, or stable JSON.
 
 use std::fmt::Write as _;
+use std::io;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -40,13 +41,20 @@ pub struct SimJson {
     pub unreachable: usize,
     /// Connections breaking "exactly one ESTABLISHED per side or a failure" (always 0).
     pub invariant_violations: usize,
-    /// notify calls refused.
+    /// notify calls that answered an error (the pump's `notify_failed`).
+    pub notify_failed: u64,
+    /// Of `notify_failed`, the transient ones (the connection stayed pending and the next
+    /// trigger retried).
+    pub notify_failed_retriable: u64,
+    /// The same figure as `notify_failed`, under its first name (kept for readers of
+    /// older documents).
     pub notify_errors: u64,
     /// COMM_EST events nobody forwarded.
     pub comm_est_ignored: u64,
-    /// RTUs sent and lost.
+    /// RTUs the client sent, whether delivered or lost.
     pub rtus_sent: u64,
-    /// RTUs lost to the fault model.
+    /// Messages of any kind lost to the fault model (with cmnotify's flags only RTUs
+    /// are faulted, so these are the RTUs lost).
     pub messages_dropped: u64,
     /// RTUs that arrived after a forced establish (counted and dropped).
     pub late_rtus: u64,
@@ -56,6 +64,10 @@ pub struct SimJson {
     pub virtual_seconds: f64,
     /// Ids that could not be destroyed at teardown (always 0).
     pub teardown_failures: u64,
+    /// With `--trace N`: the timeline of connection N, one line per entry (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Vec<String>>,
 }
 
 /// Percentiles in microseconds.
@@ -72,20 +84,32 @@ pub struct LatencyJson {
 }
 
 /// Prints `value` as one pretty JSON document when `json` is set, else the `human` text.
-/// `Err` carries the one-line message for an encoding failure.
+/// A closed stdout (EPIPE: the reader went away, as `| head` does) is not an error.
+/// `Err` carries the one-line message for an encoding or any other write failure (a
+/// full disk); nothing panics.
 pub fn emit(
     json: bool,
     value: &impl Serialize,
     human: impl FnOnce() -> String,
 ) -> Result<(), String> {
-    if json {
-        let text =
+    let text = if json {
+        let mut text =
             serde_json::to_string_pretty(value).map_err(|e| format!("cannot encode JSON: {e}"))?;
-        println!("{text}");
+        text.push('\n');
+        text
     } else {
-        print!("{}", human());
+        human()
+    };
+    write_quietly(&mut io::stdout().lock(), text.as_bytes())
+}
+
+/// Writes and flushes `bytes`; EPIPE is success, any other error one line of text.
+fn write_quietly(out: &mut impl io::Write, bytes: &[u8]) -> Result<(), String> {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(format!("cannot write the output: {e}")),
     }
-    Ok(())
 }
 
 fn micros(d: Duration) -> f64 {
@@ -120,7 +144,9 @@ impl From<&SimReport> for SimJson {
             failed: r.failed(),
             unreachable: r.unreachable(),
             invariant_violations: r.invariant_violations(),
-            notify_errors: r.pump.rejected,
+            notify_failed: r.pump.notify_failed,
+            notify_failed_retriable: r.pump.notify_failed_retriable,
+            notify_errors: r.pump.notify_failed,
             comm_est_ignored: r.comm_est_ignored,
             rtus_sent: r.fabric.sent_of(cm_mock::sim::MsgKind::Rtu),
             messages_dropped: r.fabric.dropped,
@@ -128,6 +154,10 @@ impl From<&SimReport> for SimJson {
             trigger_to_established_us: r.trigger_to_established.into(),
             virtual_seconds: r.virtual_time.as_secs_f64(),
             teardown_failures: r.teardown_failures,
+            trace: r
+                .trace
+                .as_ref()
+                .map(|trace| trace.lines().map(str::to_owned).collect()),
         }
     }
 }
@@ -193,8 +223,12 @@ pub fn human(r: &SimReport) -> String {
             r.comm_est_ignored
         );
     }
-    if r.pump.rejected > 0 {
-        let _ = writeln!(out, "  notify refused       {:>8}", r.pump.rejected);
+    if r.pump.notify_failed > 0 {
+        let _ = writeln!(
+            out,
+            "  notify failed        {:>8}   (retriable: {})",
+            r.pump.notify_failed, r.pump.notify_failed_retriable
+        );
     }
     let t = &r.trigger_to_established;
     if t.count > 0 {
@@ -223,4 +257,35 @@ pub fn human(r: &SimReport) -> String {
         out.push_str(trace);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer failing every write with `kind`.
+    struct Failing(io::ErrorKind);
+
+    impl io::Write for Failing {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(self.0.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Err(self.0.into())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_is_quiet_and_other_write_errors_are_one_line() {
+        assert_eq!(
+            write_quietly(&mut Failing(io::ErrorKind::BrokenPipe), b"x"),
+            Ok(())
+        );
+        let full = write_quietly(&mut Failing(io::ErrorKind::StorageFull), b"x").unwrap_err();
+        assert!(full.starts_with("cannot write the output: "), "{full}");
+        assert_eq!(full.lines().count(), 1);
+        let mut fine = Vec::new();
+        assert_eq!(write_quietly(&mut fine, b"ok\n"), Ok(()));
+        assert_eq!(fine, b"ok\n");
+    }
 }

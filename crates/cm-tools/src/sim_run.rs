@@ -7,7 +7,7 @@ use std::time::Duration;
 use cm_core::{CmEvent, CmEventSource, CmEventType, CmId, QpNum};
 use cm_mock::sim::{
     ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimFabric, SimStats,
-    TraceEvent,
+    TraceEntry, TraceEvent,
 };
 use cm_verbs::{Control, EventLoop, LoopEvent, NotifyPump, PumpCounters, PumpEvent, Ready, Role};
 
@@ -17,6 +17,10 @@ use crate::stats::LatencySummary;
 const PORT: u16 = 7471;
 /// Bytes of the SEND the client posts once its side is established.
 const PAYLOAD: u32 = 64;
+/// With a traced connection, the fabric's trace (which records every connection) is
+/// drained and filtered every this many steps, so that memory follows one connection,
+/// not the whole run.
+const TRACE_DRAIN_STEPS: u64 = 1024;
 
 /// What to simulate.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,7 +29,8 @@ pub struct SimRun {
     pub connections: u32,
     /// Probability that each RTU is lost.
     pub rtu_loss: f64,
-    /// Connections (0-based) whose every RTU is dropped, in addition to `rtu_loss`.
+    /// Connections (0-based) whose every RTU is dropped, in addition to `rtu_loss`. A
+    /// connection listed twice counts once (the report's copy is sorted and deduplicated).
     pub drop_rtu_of: Vec<u32>,
     /// Whether the client sends data as soon as its side is established (the data that
     /// raises COMM_EST on the server when the RTU is late or lost).
@@ -124,6 +129,12 @@ pub struct SimReport {
     pub teardown_failures: u64,
     /// The timeline of the traced connection.
     pub trace: Option<String>,
+    /// Trace entries the fabric recorded, every connection's (0 without a traced
+    /// connection).
+    pub trace_entries_recorded: u64,
+    /// The most trace entries held at once before being filtered down to the traced
+    /// connection's: bounded by the drain interval, not by the number of connections.
+    pub trace_entries_held_max: usize,
 }
 
 impl SimReport {
@@ -174,6 +185,13 @@ pub fn run(config: &SimRun) -> SimReport {
 /// [`run`], calling `progress` now and then with how many connections have settled
 /// (server side established or failed).
 pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> SimReport {
+    let mut drop_rtu_of = config.drop_rtu_of.clone();
+    drop_rtu_of.sort_unstable();
+    drop_rtu_of.dedup();
+    let config = &SimRun {
+        drop_rtu_of,
+        ..config.clone()
+    };
     let mut sim_config = if config.soft_roce {
         SimConfig::soft_roce()
     } else {
@@ -214,6 +232,13 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         active_ids: Vec::with_capacity(config.connections as usize),
         comm_est_ignored: 0,
         settled: 0,
+        trace: config.trace_conn.map(|conn| TraceKeeper {
+            conn: ConnId(conn),
+            qp: None,
+            kept: Vec::new(),
+            recorded: 0,
+            held_max: 0,
+        }),
     };
     for _ in 0..config.connections {
         let id = client_channel.create_id();
@@ -250,6 +275,9 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         if steps % 4096 == 0 {
             progress(world.settled);
         }
+        if steps % TRACE_DRAIN_STEPS == 0 {
+            world.drain_trace(&fabric);
+        }
         if !fabric.step() {
             break;
         }
@@ -261,18 +289,15 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         teardown_failures = world.teardown(&fabric, &mut client_channel, &mut server_loop);
     }
     let (_, _, pump) = server_loop.into_parts();
-    let trace = config.trace_conn.and_then(|conn| {
-        let conn = ConnId(conn);
-        let passive_qp = world.conn_of_qp.qp_of(conn);
-        fabric.trace().map(|trace| {
-            trace
-                .entries
-                .iter()
-                .filter(|e| concerns(&e.event, conn, passive_qp))
-                .map(|e| format!("{e}\n"))
-                .collect()
-        })
-    });
+    world.drain_trace(&fabric);
+    let (trace, trace_entries_recorded, trace_entries_held_max) = match world.trace.take() {
+        Some(keeper) => (
+            Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
+            keeper.recorded,
+            keeper.held_max,
+        ),
+        None => (None, 0, 0),
+    };
     SimReport {
         run: config.clone(),
         outcomes: world.outcomes,
@@ -283,6 +308,36 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         fabric: fabric.stats(),
         teardown_failures,
         trace,
+        trace_entries_recorded,
+        trace_entries_held_max,
+    }
+}
+
+/// The timeline of one connection, kept while the run goes.
+struct TraceKeeper {
+    conn: ConnId,
+    /// The connection's server QP, once accepted.
+    qp: Option<QpNum>,
+    kept: Vec<TraceEntry>,
+    recorded: u64,
+    held_max: usize,
+}
+
+impl TraceKeeper {
+    /// Takes what the fabric recorded since the last call and keeps this connection's.
+    fn drain(&mut self, fabric: &SimFabric) {
+        let Some(trace) = fabric.take_trace() else {
+            return;
+        };
+        self.recorded += trace.entries.len() as u64;
+        self.held_max = self.held_max.max(trace.entries.len());
+        let (conn, qp) = (self.conn, self.qp);
+        self.kept.extend(
+            trace
+                .entries
+                .into_iter()
+                .filter(|e| concerns(&e.event, conn, qp)),
+        );
     }
 }
 
@@ -323,12 +378,6 @@ impl ConnOfQp {
     fn get(&self, qp: QpNum) -> Option<ConnId> {
         self.conns.get(qp.0 as usize).copied().flatten()
     }
-
-    /// The QP of `conn` (the first, should there be several).
-    fn qp_of(&self, conn: ConnId) -> Option<QpNum> {
-        let index = self.conns.iter().position(|c| *c == Some(conn))?;
-        Some(QpNum(index as u32))
-    }
 }
 
 struct World {
@@ -341,9 +390,16 @@ struct World {
     active_ids: Vec<SimCmId>,
     comm_est_ignored: u64,
     settled: usize,
+    trace: Option<TraceKeeper>,
 }
 
 impl World {
+    fn drain_trace(&mut self, fabric: &SimFabric) {
+        if let Some(keeper) = &mut self.trace {
+            keeper.drain(fabric);
+        }
+    }
+
     fn outcome(&mut self, conn: Option<ConnId>) -> Option<&mut ConnOutcome> {
         self.outcomes.get_mut(conn?.0 as usize)
     }
@@ -415,10 +471,17 @@ impl World {
                 id.accept(b"").expect("a fresh request can be accepted");
                 if let Some(conn) = conn {
                     self.conn_of_qp.insert(qp, conn);
+                    if let Some(keeper) = self.trace.as_mut().filter(|k| k.conn == conn) {
+                        keeper.qp.get_or_insert(qp);
+                    }
                 }
                 if config.pump {
-                    pump.register(id.clone(), Role::Passive)
-                        .expect("a new QP number is unique");
+                    let registration = pump
+                        .register(id.clone(), Role::Passive)
+                        .expect("an accepted id has a QP");
+                    if let Some(replayed) = registration.replayed {
+                        self.pump_event(replayed, fabric);
+                    }
                 }
                 self.passive_ids.push(id);
             }
@@ -473,8 +536,10 @@ impl World {
             PumpEvent::Unrouted(e) if e.event_type == cm_core::AsyncEventType::CommEst => {
                 self.comm_est_ignored += 1;
             }
-            PumpEvent::NotifyFailed { .. } | PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {
-            }
+            PumpEvent::NotifyFailed { .. }
+            | PumpEvent::PathMigrated { .. }
+            | PumpEvent::Unrouted(_)
+            | PumpEvent::PassThrough(_) => {}
         }
     }
 
@@ -489,7 +554,12 @@ impl World {
         for id in &self.active_ids {
             let _ = id.disconnect();
         }
+        let mut steps = 0u64;
         loop {
+            steps += 1;
+            if steps % TRACE_DRAIN_STEPS == 0 {
+                self.drain_trace(fabric);
+            }
             while let Some(event) = client_channel.try_next_event().expect("simulated channel") {
                 if event.event_type() == CmEventType::Disconnected {
                     let _ = event.id().disconnect();
@@ -536,5 +606,41 @@ impl World {
             }
         }
         failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_holds_one_connection_not_the_whole_run() {
+        let report = run(&SimRun {
+            connections: 3000,
+            trace_conn: Some(2999),
+            ..SimRun::default()
+        });
+        let trace = report.trace.expect("a trace");
+        assert!(trace.contains("conn2999 RTU dropped"), "{trace}");
+        assert!(!trace.contains("conn0 "), "{trace}");
+        // The fabric records every connection; what is held at once is drained and
+        // filtered as the run goes, so it is a small part of what was recorded.
+        let (held, recorded) = (
+            report.trace_entries_held_max as u64,
+            report.trace_entries_recorded,
+        );
+        assert!(held > 0 && held * 8 < recorded, "held {held} of {recorded}");
+    }
+
+    #[test]
+    fn a_connection_listed_twice_gets_one_rule() {
+        let report = run(&SimRun {
+            connections: 4,
+            rtu_loss: 0.0,
+            drop_rtu_of: vec![2, 1, 2, 2],
+            ..SimRun::default()
+        });
+        assert_eq!(report.run.drop_rtu_of, [1, 2]);
+        assert_eq!(report.forced(), 2);
     }
 }

@@ -206,7 +206,7 @@ fn message_cell(fault: Fault, pump: bool) -> Cell {
         }
         cell.forced += report.forced() as u32;
         cell.raced += report.raced() as u32;
-        cell.notify_refused += report.pump.rejected as u32;
+        cell.notify_refused += report.pump.notify_failed as u32;
         if report.teardown_failures != 0 {
             cell.violations.push(format!(
                 "seed {seed}: {} ids could not be destroyed",
@@ -391,7 +391,8 @@ impl Driver {
                         .push(format!("notify failed unexpectedly: {error}"));
                 }
             }
-            PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {}
+            PumpEvent::PathMigrated { .. } | PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {
+            }
         }
     }
 

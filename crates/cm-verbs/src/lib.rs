@@ -86,4 +86,7 @@ pub use endpoint::{
     EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
 pub use event_loop::{Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
-pub use pump::{NotifyPump, Progress, PumpCounters, PumpEvent, RegisterError, Role, Trigger};
+pub use pump::{
+    notify_failure_is_final, NotifyPump, Progress, PumpCounters, PumpEvent, RegisterError,
+    Registration, Role, Trigger, EARLY_TRIGGERS,
+};

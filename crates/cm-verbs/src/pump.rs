@@ -6,9 +6,18 @@ use std::collections::hash_map::Entry as Slot;
 use rustc_hash::FxHashMap;
 
 use cm_core::{
-    AsyncEvent, AsyncEventSource, AsyncEventType, CmError, CmEventType, CmId, NotifyError,
-    NotifyOutcome, QpNum, Route, RoutingPolicy,
+    errno, AsyncEvent, AsyncEventSource, AsyncEventType, CmError, CmEventType, CmId, NotifyError,
+    QpNum, Route, RoutingPolicy,
 };
+
+/// How many early triggers (CM-bound events, and receive completions, for QPs not yet
+/// registered) the pump keeps of each kind, for replay at [`NotifyPump::register`]. The
+/// oldest is evicted (and counted) when a newer one does not fit.
+pub const EARLY_TRIGGERS: usize = 64;
+
+/// The table is not shrunk below this many slots (a small table is not worth the
+/// reallocations of shrinking it).
+const SHRINK_FLOOR: usize = 64;
 
 /// Which side of the connection an id is: only the passive side is ever forced to
 /// ESTABLISHED by a receive completion (the active side sends the RTU itself).
@@ -23,13 +32,15 @@ pub enum Role {
 /// What a registered connection is known to be, as far as the pump can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Progress {
-    /// Accepted or connecting; not yet known to be established.
+    /// Accepted or connecting; not yet known to be established. A notify that failed
+    /// with a retriable error (see [`notify_failure_is_final`]) leaves the connection
+    /// here: the next trigger tries again.
     Pending,
     /// Established: an ESTABLISHED event was seen, or notify returned 0 or EISCONN.
     Established,
-    /// notify was refused (the connection failed or moved on): receive completions no
-    /// longer trigger notify for it.
-    Refused,
+    /// notify failed with an errno that means the connection moved on (EINVAL, ENOENT,
+    /// ENXIO, ENODEV): receive completions no longer trigger notify for it.
+    NotifyFailed,
 }
 
 /// Which trigger made the pump call notify.
@@ -46,7 +57,7 @@ pub enum Trigger {
 /// it allocates nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PumpEvent {
-    /// notify returned 0: the CM forced the connection to ESTABLISHED; one
+    /// notify(COMM_EST) returned 0: the CM forced the connection to ESTABLISHED; one
     /// `RDMA_CM_EVENT_ESTABLISHED` follows on the id's channel.
     Forced {
         /// The connection's QP.
@@ -54,14 +65,23 @@ pub enum PumpEvent {
         /// What triggered the notify.
         trigger: Trigger,
     },
-    /// notify answered EISCONN: the RTU won the race. Harmless.
+    /// notify(COMM_EST) answered EISCONN: the RTU won the race. Harmless.
     AlreadyEstablished {
         /// The connection's QP.
         qp: QpNum,
         /// What triggered the notify.
         trigger: Trigger,
     },
-    /// notify was refused; the error keeps the errno.
+    /// notify(PATH_MIG) succeeded (only with
+    /// [`RoutingPolicy::forward_path_mig`]): the CM switched the connection to its
+    /// alternate path. Says nothing about establishment; no CM event follows.
+    PathMigrated {
+        /// The connection's QP.
+        qp: QpNum,
+    },
+    /// notify answered an error; the error keeps the errno. When
+    /// [`notify_failure_is_final`] says no, the connection stays pending and the next
+    /// trigger retries.
     NotifyFailed {
         /// The connection's QP.
         qp: QpNum,
@@ -70,7 +90,9 @@ pub enum PumpEvent {
         /// The kernel's answer.
         error: NotifyError,
     },
-    /// A CM-bound event (e.g. COMM_EST) for a QP no id is registered for.
+    /// A CM-bound event (e.g. COMM_EST) for a QP no id is registered for. A COMM_EST is
+    /// kept (the most recent [`EARLY_TRIGGERS`]) and replayed when an id registers for
+    /// the QP.
     Unrouted(AsyncEvent),
     /// An event that belongs to the application (QP_FATAL, CQ_ERR, PORT_ERR, …).
     PassThrough(AsyncEvent),
@@ -83,22 +105,51 @@ impl PumpEvent {
     }
 }
 
+/// Whether a failed notify means the connection moved on for good (`EINVAL`: the id is
+/// no longer in a state that takes the event; `ENOENT`, `ENXIO`: the id is unknown or
+/// being destroyed; `ENODEV`: the device is going away). Every other errno (`ENOMEM`,
+/// `ENODATA`, …) is transient: the pump keeps the connection pending and retries on
+/// the next trigger.
+pub const fn notify_failure_is_final(error: &NotifyError) -> bool {
+    matches!(
+        error.errno(),
+        errno::EINVAL | errno::ENOENT | errno::ENXIO | errno::ENODEV
+    )
+}
+
 /// Running totals of what the pump did, readable at any time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PumpCounters {
-    /// notify returned 0 (connection forced to ESTABLISHED).
+    /// notify(COMM_EST) returned 0 (connection forced to ESTABLISHED).
     pub forced: u64,
-    /// notify returned EISCONN (the RTU won the race).
+    /// notify(COMM_EST) returned EISCONN (the RTU won the race).
     pub already_established: u64,
-    /// notify returned an error.
-    pub rejected: u64,
+    /// notify(PATH_MIG) succeeded.
+    pub path_migrated: u64,
+    /// notify answered an error (every [`PumpEvent::NotifyFailed`]).
+    pub notify_failed: u64,
+    /// Of `notify_failed`, the transient ones: the connection stayed pending and the next
+    /// trigger retries.
+    pub notify_failed_retriable: u64,
     /// CM-bound events for unregistered QPs.
     pub unrouted: u64,
     /// Events passed through to the application.
     pub passed_through: u64,
     /// Receive completions seen for registered, pending connections (each one led to
-    /// exactly one notify).
+    /// exactly one notify), replayed early ones included.
     pub receive_triggers: u64,
+    /// Early triggers (COMM_EST or receive completion for an unregistered QP) kept for
+    /// replay.
+    pub early_kept: u64,
+    /// Early triggers replayed at registration (each one led to exactly one notify).
+    pub early_replayed: u64,
+    /// Early triggers evicted because [`EARLY_TRIGGERS`] newer ones were kept.
+    pub early_evicted: u64,
+    /// Registrations that replaced a stale entry of the same QP number (the kernel reuses
+    /// a number only once the old QP is destroyed).
+    pub stale_replaced: u64,
+    /// Entries dropped because their id no longer owns the QP number an event named.
+    pub stale_dropped: u64,
 }
 
 /// Why a registration was refused.
@@ -107,9 +158,19 @@ pub enum RegisterError {
     /// The id has no QP yet (create it before accept/connect).
     #[error("the id has no QP: create the QP before registering it with the pump")]
     NoQp,
-    /// Another id is already registered for this QP number.
-    #[error("{0} is already registered")]
-    Duplicate(QpNum),
+}
+
+/// What [`NotifyPump::register`] did besides registering the id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration<I> {
+    /// The id registered before under the same QP number, handed back: the kernel reuses
+    /// a QP number only once the old QP is destroyed, so that entry was stale (its owner
+    /// forgot to unregister it).
+    pub replaced: Option<I>,
+    /// What replaying an early trigger did: a COMM_EST (or, for a passive id, a receive
+    /// completion) seen on this QP before it was registered leads to exactly one
+    /// notify now, reported here like any other pump event.
+    pub replayed: Option<PumpEvent>,
 }
 
 struct Entry<I> {
@@ -118,12 +179,79 @@ struct Entry<I> {
     progress: Progress,
 }
 
+/// One early trigger: the QP it named and when it came (the pump's own sequence).
+#[derive(Debug, Clone, Copy)]
+struct Early {
+    qp: QpNum,
+    seq: u64,
+}
+
+/// A fixed set of the most recent early triggers of one kind, one per QP. Inline: keeping
+/// one allocates nothing.
+struct EarlyTriggers {
+    slots: [Option<Early>; EARLY_TRIGGERS],
+}
+
+impl EarlyTriggers {
+    const fn new() -> Self {
+        EarlyTriggers {
+            slots: [None; EARLY_TRIGGERS],
+        }
+    }
+
+    /// Remembers a trigger on `qp` (once per QP: the oldest is kept). Returns whether an
+    /// older trigger of another QP was evicted to make room.
+    fn keep(&mut self, qp: QpNum, seq: u64) -> bool {
+        let mut free = None;
+        let mut oldest: Option<(usize, u64)> = None;
+        for (index, slot) in self.slots.iter().enumerate() {
+            match slot {
+                Some(early) if early.qp == qp => return false,
+                Some(early) => {
+                    if oldest.is_none_or(|(_, seq)| early.seq < seq) {
+                        oldest = Some((index, early.seq));
+                    }
+                }
+                None => {
+                    free.get_or_insert(index);
+                }
+            }
+        }
+        let (index, evicted) = match (free, oldest) {
+            (Some(index), _) => (index, false),
+            (None, Some((index, _))) => (index, true),
+            (None, None) => return false, // no slots at all: cannot happen
+        };
+        self.slots[index] = Some(Early { qp, seq });
+        evicted
+    }
+
+    /// Takes the trigger kept for `qp`, giving its sequence number.
+    fn take(&mut self, qp: QpNum) -> Option<u64> {
+        self.slots
+            .iter_mut()
+            .find(|slot| slot.is_some_and(|early| early.qp == qp))
+            .and_then(Option::take)
+            .map(|early| early.seq)
+    }
+
+    fn len(&self) -> usize {
+        self.slots.iter().filter(|slot| slot.is_some()).count()
+    }
+}
+
 /// Forwards COMM_EST (and, opt-in, PATH_MIG) to the CM id that owns the QP, and turns
 /// receive completions on not-yet-established passive connections into the same
 /// forced establish.
 ///
 /// Generic over the backend's id type: the same pump runs on the real backend and on
 /// the simulated fabric. Lookups are O(1) and handling an event allocates nothing.
+///
+/// A trigger that arrives before its QP is registered (COMM_EST, or a receive
+/// completion) is kept (the most recent [`EARLY_TRIGGERS`] of each kind) and replayed
+/// by [`NotifyPump::register`]. A QP number the kernel reused never reaches the old id:
+/// registering replaces the stale entry, and an event whose entry's id no longer owns
+/// that QP drops the entry and is treated as early.
 ///
 /// ```
 /// use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyError, NotifyOutcome, QpNum};
@@ -150,6 +278,11 @@ pub struct NotifyPump<I> {
     // QP numbers come from the kernel, not from peers: a fast non-keyed hash is safe here
     // and halves the cost of the lookup every event pays.
     entries: FxHashMap<QpNum, Entry<I>>,
+    /// The capacity asked for at construction: the table never shrinks below it.
+    reserved: usize,
+    early_comm_est: EarlyTriggers,
+    early_receive: EarlyTriggers,
+    early_seq: u64,
     policy: RoutingPolicy,
     counters: PumpCounters,
 }
@@ -167,10 +300,15 @@ impl<I: CmId> NotifyPump<I> {
     }
 
     /// A pump with a routing policy and room for `capacity` connections (registering
-    /// beyond it still works; it only grows the table).
+    /// beyond it still works; it only grows the table, which shrinks back towards
+    /// `capacity` as connections are unregistered).
     pub fn with_policy(policy: RoutingPolicy, capacity: usize) -> Self {
         NotifyPump {
             entries: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
+            reserved: capacity,
+            early_comm_est: EarlyTriggers::new(),
+            early_receive: EarlyTriggers::new(),
+            early_seq: 0,
             policy,
             counters: PumpCounters::default(),
         }
@@ -183,25 +321,67 @@ impl<I: CmId> NotifyPump<I> {
 
     /// Registers `id` under its QP number: call it right after accept (passive) or
     /// connect (active).
-    pub fn register(&mut self, id: I, role: Role) -> Result<(), RegisterError> {
+    ///
+    /// An entry already registered under the same number is stale (the kernel reuses a
+    /// QP number only once the old QP is destroyed): it is replaced and its id handed
+    /// back in [`Registration::replaced`]. A trigger kept for this QP before it was
+    /// registered is replayed now: exactly one notify, reported in
+    /// [`Registration::replayed`].
+    pub fn register(&mut self, id: I, role: Role) -> Result<Registration<I>, RegisterError> {
         let qp = id.qp_num().ok_or(RegisterError::NoQp)?;
-        match self.entries.entry(qp) {
-            Slot::Occupied(_) => Err(RegisterError::Duplicate(qp)),
-            Slot::Vacant(slot) => {
-                slot.insert(Entry {
-                    id,
-                    role,
-                    progress: Progress::Pending,
-                });
-                Ok(())
+        let fresh = Entry {
+            id,
+            role,
+            progress: Progress::Pending,
+        };
+        let (entry, replaced) = match self.entries.entry(qp) {
+            Slot::Occupied(slot) => {
+                self.counters.stale_replaced += 1;
+                log::debug!("{qp}: registered again; the stale entry is replaced");
+                let slot = slot.into_mut();
+                let stale = std::mem::replace(slot, fresh);
+                (slot, Some(stale.id))
             }
-        }
+            Slot::Vacant(slot) => (slot.insert(fresh), None),
+        };
+        let comm_est = self.early_comm_est.take(qp);
+        let receive = self.early_receive.take(qp);
+        let receive = receive.filter(|_| role == Role::Passive);
+        let trigger = match (comm_est, receive) {
+            (Some(c), Some(r)) if r < c => Some(Trigger::ReceiveCompletion),
+            (Some(_), _) => Some(Trigger::AsyncEvent(AsyncEventType::CommEst)),
+            (None, Some(_)) => Some(Trigger::ReceiveCompletion),
+            (None, None) => None,
+        };
+        let replayed = trigger.map(|trigger| {
+            self.counters.early_replayed += 1;
+            if trigger == Trigger::ReceiveCompletion {
+                self.counters.receive_triggers += 1;
+            }
+            log::debug!("{qp}: replaying an early {trigger:?}");
+            Self::notify(
+                &mut self.counters,
+                entry,
+                qp,
+                AsyncEventType::CommEst,
+                trigger,
+            )
+        });
+        Ok(Registration { replaced, replayed })
     }
 
     /// Removes the id registered for `qp` (on disconnect or before destroying it) and
-    /// gives it back.
+    /// gives it back. Early triggers kept for other, unregistered QPs are left alone.
+    ///
+    /// Report no receive completion of `qp` after unregistering it (flushed work
+    /// requests included): it would be kept as an early trigger of the next QP to get
+    /// that number.
     pub fn unregister(&mut self, qp: QpNum) -> Option<I> {
-        self.entries.remove(&qp).map(|e| e.id)
+        let removed = self.entries.remove(&qp).map(|e| e.id);
+        if removed.is_some() {
+            self.shrink_if_sparse();
+        }
+        removed
     }
 
     /// How many connections are registered.
@@ -212,6 +392,19 @@ impl<I: CmId> NotifyPump<I> {
     /// Whether no connection is registered.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// How many connections the table holds without growing. It grows with
+    /// registrations and shrinks back (never below the capacity asked for at
+    /// construction) once at most a quarter of it is used, so it stays within a small
+    /// multiple of the largest of [`NotifyPump::len`] and that capacity.
+    pub fn capacity(&self) -> usize {
+        self.entries.capacity()
+    }
+
+    /// How many early triggers (of both kinds) are kept for replay.
+    pub fn early_triggers(&self) -> usize {
+        self.early_comm_est.len() + self.early_receive.len()
     }
 
     /// What the pump knows of the connection on `qp`.
@@ -231,28 +424,56 @@ impl<I: CmId> NotifyPump<I> {
                 self.counters.passed_through += 1;
                 PumpEvent::PassThrough(event)
             }
-            Route::Notify { qp, event: kind } => match self.entries.get_mut(&qp) {
-                Some(entry) => Self::notify(
-                    &mut self.counters,
-                    entry,
-                    qp,
-                    kind,
-                    Trigger::AsyncEvent(kind),
-                ),
-                None => {
-                    self.counters.unrouted += 1;
-                    log::debug!("{event}: no id registered for it");
-                    PumpEvent::Unrouted(event)
+            Route::Notify { qp, event: kind } => {
+                match self.entries.get_mut(&qp) {
+                    Some(entry) if entry.id.qp_num() == Some(qp) => {
+                        return Self::notify(
+                            &mut self.counters,
+                            entry,
+                            qp,
+                            kind,
+                            Trigger::AsyncEvent(kind),
+                        );
+                    }
+                    Some(_) => self.drop_stale(qp),
+                    None => {}
                 }
-            },
+                self.counters.unrouted += 1;
+                if kind == AsyncEventType::CommEst {
+                    let seq = self.next_seq();
+                    self.counters.early_kept += 1;
+                    if self.early_comm_est.keep(qp, seq) {
+                        self.counters.early_evicted += 1;
+                    }
+                    log::debug!("{event}: no id registered for it yet; kept for replay");
+                } else {
+                    log::debug!("{event}: no id registered for it");
+                }
+                PumpEvent::Unrouted(event)
+            }
         }
     }
 
     /// The second trigger: a receive completed on `qp`. When `qp` is a registered
     /// passive connection not yet known to be established, the CM is notified exactly as
-    /// for COMM_EST; otherwise this costs one table lookup and returns `None`.
+    /// for COMM_EST; when no id is registered for `qp`, the completion is kept (the most
+    /// recent [`EARLY_TRIGGERS`]) and replayed at registration; otherwise this costs one
+    /// table lookup and returns `None`.
     pub fn on_receive_completion(&mut self, qp: QpNum) -> Option<PumpEvent> {
-        let entry = self.entries.get_mut(&qp)?;
+        let entry = match self.entries.get_mut(&qp) {
+            Some(entry) if entry.id.qp_num() == Some(qp) => entry,
+            stale_or_none => {
+                if stale_or_none.is_some() {
+                    self.drop_stale(qp);
+                }
+                let seq = self.next_seq();
+                self.counters.early_kept += 1;
+                if self.early_receive.keep(qp, seq) {
+                    self.counters.early_evicted += 1;
+                }
+                return None;
+            }
+        };
         if entry.role != Role::Passive || entry.progress != Progress::Pending {
             return None;
         }
@@ -302,6 +523,30 @@ impl<I: CmId> NotifyPump<I> {
         Ok(handled)
     }
 
+    /// Drops the entry of `qp`, whose id reports another QP (or none: its QP was
+    /// destroyed): the number was reused, and no trigger of the new QP may reach the
+    /// old id.
+    fn drop_stale(&mut self, qp: QpNum) {
+        self.counters.stale_dropped += 1;
+        log::debug!("{qp}: the registered id no longer owns this QP; entry dropped");
+        self.unregister(qp);
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.early_seq += 1;
+        self.early_seq
+    }
+
+    /// Gives memory back once at most a quarter of the table is used (amortised: each
+    /// shrink halves the room at least, and follows as many unregistrations).
+    fn shrink_if_sparse(&mut self) {
+        let capacity = self.entries.capacity();
+        let len = self.entries.len();
+        if capacity > SHRINK_FLOOR.max(self.reserved) && len * 4 <= capacity {
+            self.entries.shrink_to((len * 2).max(self.reserved));
+        }
+    }
+
     /// Calls notify on `entry` and records the outcome (one lookup per event: the caller
     /// found the entry).
     fn notify(
@@ -312,30 +557,47 @@ impl<I: CmId> NotifyPump<I> {
         trigger: Trigger,
     ) -> PumpEvent {
         let result = entry.id.notify(kind);
-        // PATH_MIG success says nothing about establishment; only COMM_EST moves progress.
-        let establishes = kind == AsyncEventType::CommEst;
-        match result {
-            Ok(NotifyOutcome::Established) => {
-                counters.forced += 1;
-                if establishes {
-                    entry.progress = Progress::Established;
+        // PATH_MIG says nothing about establishment; only COMM_EST moves progress.
+        if kind != AsyncEventType::CommEst {
+            return match result {
+                Ok(_) => {
+                    counters.path_migrated += 1;
+                    log::debug!("{qp}: notify({kind}) migrated the path");
+                    PumpEvent::PathMigrated { qp }
                 }
+                Err(error) => {
+                    counters.notify_failed += 1;
+                    if !notify_failure_is_final(&error) {
+                        counters.notify_failed_retriable += 1;
+                    }
+                    log::warn!("{qp}: notify({kind}) failed: {error}");
+                    PumpEvent::NotifyFailed { qp, trigger, error }
+                }
+            };
+        }
+        match result {
+            Ok(cm_core::NotifyOutcome::Established) => {
+                counters.forced += 1;
+                entry.progress = Progress::Established;
                 log::debug!("{qp}: notify({kind}) forced ESTABLISHED ({trigger:?})");
                 PumpEvent::Forced { qp, trigger }
             }
-            Ok(NotifyOutcome::AlreadyEstablished) => {
+            Ok(cm_core::NotifyOutcome::AlreadyEstablished) => {
                 counters.already_established += 1;
-                if establishes {
-                    entry.progress = Progress::Established;
-                }
+                entry.progress = Progress::Established;
                 PumpEvent::AlreadyEstablished { qp, trigger }
             }
             Err(error) => {
-                counters.rejected += 1;
-                if establishes && entry.progress == Progress::Pending {
-                    entry.progress = Progress::Refused;
+                counters.notify_failed += 1;
+                if notify_failure_is_final(&error) {
+                    if entry.progress == Progress::Pending {
+                        entry.progress = Progress::NotifyFailed;
+                    }
+                    log::warn!("{qp}: notify({kind}) failed for good: {error}");
+                } else {
+                    counters.notify_failed_retriable += 1;
+                    log::warn!("{qp}: notify({kind}) failed, the next trigger retries: {error}");
                 }
-                log::warn!("{qp}: notify({kind}) refused: {error}");
                 PumpEvent::NotifyFailed { qp, trigger, error }
             }
         }

@@ -31,6 +31,8 @@ fn pumped_events_allocate_nothing_after_warm_up() {
                 QpNum(n + CONNECTIONS),
             ));
             pump.on_receive_completion(qp);
+            // Early triggers (kept inline, oldest evicted) allocate nothing either.
+            pump.on_receive_completion(QpNum(n + CONNECTIONS));
             pump.on_cm_event(CmEventType::Established, Some(qp));
         }
     });
@@ -43,4 +45,6 @@ fn pumped_events_allocate_nothing_after_warm_up() {
     let c = pump.counters();
     assert_eq!(c.unrouted, CONNECTIONS as u64);
     assert_eq!(c.passed_through, CONNECTIONS as u64);
+    assert_eq!(c.early_kept, 2 * CONNECTIONS as u64);
+    assert_eq!(pump.early_triggers(), 2 * cm_verbs::EARLY_TRIGGERS);
 }
