@@ -536,7 +536,9 @@ impl<T: Transport> Endpoint<T> {
                 }
                 return;
             }
-            PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => return,
+            PumpEvent::PathMigrated { .. } | PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {
+                return
+            }
         };
         if let Some(&conn) = self.by_qp.get(&qp) {
             if let Some(entry) = self.slot_mut(conn) {
@@ -769,15 +771,22 @@ impl<T: Transport> Endpoint<T> {
             self.transport
                 .post_recv(&id, &buffers, slot, u64::from(slot))?;
         }
-        if let Err(error) = self.pump.register(id.clone(), role) {
-            log::warn!("{qp}: {error}");
-        }
         self.by_qp.insert(qp, conn);
         let entry = self.slot_mut(conn).expect("live connection");
         entry.device = Some(key);
         entry.qp = Some(qp);
         entry.buffers = Some(buffers);
         entry.free_send = (0..caps.send_depth).rev().collect();
+        // Registered before the REQ or REP leaves, so no trigger can come first; one
+        // that did (a COMM_EST read for a QP number not yet known) is replayed now.
+        match self.pump.register(id, role) {
+            Ok(registration) => {
+                if let Some(pumped) = registration.replayed {
+                    self.on_pumped(pumped);
+                }
+            }
+            Err(error) => log::warn!("{qp}: {error}"),
+        }
         Ok(())
     }
 
