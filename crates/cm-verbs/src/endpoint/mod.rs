@@ -959,9 +959,14 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 
+    /// Every connection on the device, those not set up yet (a request waiting for an
+    /// answer, an address being resolved) included.
     fn conns_on(&self, key: T::DeviceKey) -> Vec<ConnectionId> {
         self.live()
-            .filter(|(_, c)| c.device == Some(key))
+            .filter(|(_, c)| {
+                c.device == Some(key)
+                    || (c.device.is_none() && self.transport.device_key(&c.id) == Some(key))
+            })
             .map(|(conn, _)| conn)
             .collect()
     }
@@ -1070,6 +1075,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// For the async flavour: handles what is ready and looks for an event.
+    #[cfg(feature = "tokio")]
     pub(crate) fn take_with<R>(
         &mut self,
         take: &mut impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
@@ -1081,6 +1087,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// For the async flavour: the transport and the device readers.
+    #[cfg(feature = "tokio")]
     pub(crate) fn parts(&self) -> (&T, &[T::Device]) {
         (&self.transport, &self.devices)
     }
