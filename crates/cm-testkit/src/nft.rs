@@ -62,6 +62,39 @@ impl CmMadRule {
         Ok(guard)
     }
 
+    /// As [`CmMadRule::install`], with the rule's statement spelled out after the match
+    /// (e.g. `numgen random mod 10 < 3 counter drop`: drop three in ten at random).
+    pub fn install_with(
+        nft: &str,
+        table: &str,
+        to: IpAddr,
+        attribute: u16,
+        statement: &str,
+    ) -> Result<CmMadRule, String> {
+        let guard = CmMadRule {
+            nft: nft.to_owned(),
+            table: table.to_owned(),
+        };
+        let _ = std::process::Command::new(nft)
+            .args(["delete", "table", "inet", table])
+            .stderr(std::process::Stdio::null())
+            .status();
+        guard.run(&["add", "table", "inet", table])?;
+        guard.run(&[
+            "add",
+            "chain",
+            "inet",
+            table,
+            "input",
+            "{ type filter hook input priority 0; }",
+        ])?;
+        let mut args = rule_args(table, to, attribute, MadAction::Count);
+        args.pop(); // "counter": the statement says what to do
+        args.extend(statement.split(' ').map(str::to_owned));
+        guard.run(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        Ok(guard)
+    }
+
     /// The nft executable named by `CMNOTIFY_NFT`, if any.
     pub fn nft_from_env() -> Option<String> {
         std::env::var("CMNOTIFY_NFT").ok()

@@ -1,0 +1,166 @@
+//! Peer faults on the real kernel (soft-RoCE in the VM), against a server written only
+//! against `Endpoint`: RTUs dropped at random at scale, and a peer killed mid-exchange
+//! while another keeps being served. Without a device each test records a skip.
+#![cfg(feature = "rdma")]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use cm_testkit::{addresses, report, skip, CmMadRule};
+use cm_verbs::rdma::RdmaTransport;
+use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(60));
+
+/// `rdma resource show cm_id` lines: the kernel's count of CM ids.
+fn cm_ids() -> usize {
+    let output = Command::new("rdma")
+        .args(["resource", "show", "cm_id"])
+        .output()
+        .expect("run rdma");
+    String::from_utf8_lossy(&output.stdout).lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+/// Waits (bounded) until the kernel's CM id count is back to `baseline`.
+fn back_to(baseline: usize) -> usize {
+    let mut now = cm_ids();
+    for _ in 0..100 {
+        if now <= baseline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        now = cm_ids();
+    }
+    now
+}
+
+#[test]
+fn random_rtu_loss_over_200_connections_each_established_once() {
+    const TEST: &str = "random_rtu_loss_over_200_connections_each_established_once";
+    const N: usize = 200;
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(nft) = CmMadRule::nft_from_env() else {
+        return skip(TEST, "CMNOTIFY_NFT names no nft to drop RTUs with");
+    };
+    let baseline = cm_ids();
+    // 30% of the RTUs to the passive side, chosen at random by the kernel.
+    let rule = CmMadRule::install_with(
+        &nft,
+        "faults_random",
+        addrs.addr_a,
+        cm_testkit::RTU_ATTRIBUTE,
+        "numgen random mod 10 < 3 counter drop",
+    )
+    .expect("install the random RTU drop");
+    let listen = SocketAddr::new(addrs.addr_a, 7518);
+    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    server
+        .listen(listen, ListenOptions { backlog: 256, ..ListenOptions::default() })
+        .expect("listen");
+    let src = SocketAddr::new(addrs.addr_b, 0);
+    let client = std::thread::spawn(move || {
+        let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
+        let conns: Vec<ConnectionId> = (0..N)
+            .map(|_| {
+                let options = ConnectOptions { source: Some(src), ..ConnectOptions::default() };
+                client.connect(listen, options).expect("connect")
+            })
+            .collect();
+        for &conn in &conns {
+            client.established(conn, WAIT).expect("client established");
+            client.send(conn, b"x").expect("send");
+        }
+        for &conn in &conns {
+            assert_eq!(client.recv(conn, WAIT).expect("echo"), b"x");
+            client.disconnect(conn).expect("disconnect");
+        }
+    });
+    let mut vias: HashMap<ConnectionId, EstablishedVia> = HashMap::new();
+    let mut closed = 0;
+    while closed < N {
+        match server.next_event(WAIT).expect("event").expect("progress within the wait") {
+            Event::Established { conn, via, .. } => {
+                assert!(vias.insert(conn, via).is_none(), "{conn} established twice");
+            }
+            Event::Received { conn, data } => server.send(conn, &data).expect("echo"),
+            Event::Closed { conn, reason } => {
+                assert!(vias.contains_key(&conn), "{conn} closed before established: {reason:?}");
+                closed += 1;
+            }
+            other => report(&format!("random loss: also saw {other:?}")),
+        }
+    }
+    client.join().expect("client thread");
+    let dropped = rule.hits().expect("counter");
+    let rescued = vias.values().filter(|v| matches!(v, EstablishedVia::Notify(_))).count();
+    let raced = vias.values().filter(|v| matches!(v, EstablishedVia::RtuWonRace(_))).count();
+    drop(server);
+    let left = back_to(baseline);
+    report(&format!(
+        "fault random-rtu-loss: connections {N}, established {}, rescued {rescued}, raced {raced}, failed 0, RTUs dropped {dropped}, cm_ids {baseline} -> {left}",
+        vias.len()
+    ));
+    assert_eq!(vias.len(), N, "every connection established exactly once");
+    assert!(dropped > 0, "the rule dropped RTUs");
+    // Every dropped RTU left its connection to the notify path: rescued (or, when the
+    // client's data and a retried REP's RTU crossed, found established: EISCONN).
+    assert!(rescued > 0 && rescued + raced >= dropped.min(N as u64) as usize / 2, "{rescued} rescued, {raced} raced, {dropped} dropped");
+    assert_eq!(left, baseline, "no CM id leaked");
+}
+
+#[test]
+fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served() {
+    const TEST: &str = "a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let listen = SocketAddr::new(addrs.addr_a, 7519);
+    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    server.listen(listen, ListenOptions::default()).expect("listen");
+    let src = SocketAddr::new(addrs.addr_b, 0);
+    let options = move || ConnectOptions { source: Some(src), ..ConnectOptions::default() };
+    // The peer that dies: one message, then its whole endpoint goes (ids destroyed, as
+    // when its process is killed) without a disconnect.
+    let doomed = std::thread::spawn(move || {
+        let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));
+        let conn = client.connect(listen, options()).expect("connect");
+        client.established(conn, WAIT).expect("established");
+        client.send(conn, b"last words").expect("send");
+        client.recv(conn, WAIT).expect("echo");
+        drop(client);
+    });
+    doomed.join().expect("doomed peer");
+    let healthy = std::thread::spawn(move || {
+        let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));
+        let conn = client.connect(listen, options()).expect("connect");
+        client.established(conn, WAIT).expect("established");
+        for i in 0..3u8 {
+            client.send(conn, &[i]).expect("send");
+            assert_eq!(client.recv(conn, WAIT).expect("echo"), [i]);
+        }
+        client.disconnect(conn).expect("disconnect");
+    });
+    let (mut established, mut closed, mut echoed) = (0, Vec::new(), 0);
+    while closed.len() < 2 {
+        match server.next_event(WAIT).expect("event").expect("progress within the wait") {
+            Event::Established { .. } => established += 1,
+            Event::Received { conn, data } => {
+                server.send(conn, &data).expect("echo");
+                echoed += 1;
+            }
+            Event::Closed { conn, reason } => closed.push((conn, reason)),
+            other => report(&format!("peer killed: also saw {other:?}")),
+        }
+    }
+    healthy.join().expect("healthy peer");
+    report(&format!(
+        "fault peer-killed: connections 2, established {established}, echoed {echoed}, closed {closed:?}"
+    ));
+    assert_eq!(established, 2);
+    assert_eq!(echoed, 4, "one message of the killed peer, three of the other");
+    assert_eq!(server.connection_count(), 0, "the server ends on its own, nothing left");
+}
