@@ -96,7 +96,7 @@ mod verbs;
 
 pub use channel::EventChannel;
 pub use cq::{CompletionChannel, CqKind, DeviceKey};
-pub use device::AsyncEvents;
+pub use device::{refresh_devices, AsyncEvents};
 pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams};

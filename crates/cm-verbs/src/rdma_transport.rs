@@ -17,6 +17,9 @@ use cm_sys::{
     MemoryRegion, QpCaps,
 };
 
+/// How often a pending device removal is retried.
+const REMOVAL_RETRY: Duration = Duration::from_millis(50);
+
 /// The reader of one device context: its asynchronous events and its completion
 /// channel, each read by this endpoint only.
 #[derive(Debug)]
@@ -63,6 +66,8 @@ pub struct RdmaTransport {
     channel: EventChannel,
     origin: Instant,
     scratch: Vec<Completion>,
+    /// Devices given back after a removal whose context librdmacm has not closed yet.
+    removed: Vec<String>,
 }
 
 impl RdmaTransport {
@@ -75,6 +80,7 @@ impl RdmaTransport {
             channel,
             origin: Instant::now(),
             scratch: Vec::with_capacity(32),
+            removed: Vec::new(),
         })
     }
 
@@ -199,6 +205,33 @@ impl Transport for RdmaTransport {
 
     fn next_async_event(&mut self, device: &mut RdmaDevice) -> Result<Option<AsyncEvent>, CmError> {
         device.events.try_next_event()
+    }
+
+    fn release_device(&mut self, device: RdmaDevice) {
+        self.removed.push(device.events.device_name());
+        drop(device);
+    }
+
+    fn housekeeping(&mut self) -> Option<Duration> {
+        if self.removed.is_empty() {
+            return None;
+        }
+        // The kernel's removal goes on once our ids are destroyed and then waits for the
+        // device context to close; librdmacm closes it when a resync finds the device
+        // gone. Retried at a short interval until then: only during a removal.
+        match cm_sys::refresh_devices() {
+            Ok(present) => self.removed.retain(|name| present.contains(name)),
+            // No device left at all: the removed one is gone too.
+            Err(e) if e.is_no_device() => self.removed.clear(),
+            Err(e) => log::debug!("refreshing the device list: {e}"),
+        }
+        if self.removed.is_empty() {
+            // One more pass closes the context of a device found gone just now.
+            let _ = cm_sys::refresh_devices();
+            None
+        } else {
+            Some(REMOVAL_RETRY)
+        }
     }
 
     fn next_cq_event(&mut self, device: &mut RdmaDevice) -> Result<Option<u64>, CmError> {

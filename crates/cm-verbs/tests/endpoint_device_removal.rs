@@ -24,7 +24,11 @@ fn rdma(args: &[&str]) -> std::process::Output {
 /// Adds the soft-RoCE device back on its netdev and waits until its port is active.
 fn add_back(device: &str, netdev: &str) {
     let added = rdma(&["link", "add", device, "type", "rxe", "netdev", netdev]);
-    assert!(added.status.success(), "rdma link add: {}", String::from_utf8_lossy(&added.stderr));
+    assert!(
+        added.status.success(),
+        "rdma link add: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
     for _ in 0..200 {
         let show = rdma(&["link", "show", &format!("{device}/1")]);
         if String::from_utf8_lossy(&show.stdout).contains("state ACTIVE") {
@@ -35,23 +39,51 @@ fn add_back(device: &str, netdev: &str) {
     panic!("{device} did not come back ACTIVE");
 }
 
+/// Adds the device back when the test ends, however it ends, so that later tests in
+/// the same VM still have it.
+struct AddBack {
+    device: String,
+    netdev: String,
+}
+
+impl Drop for AddBack {
+    fn drop(&mut self) {
+        let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
+        if !show.status.success() {
+            add_back(&self.device, &self.netdev);
+        }
+    }
+}
+
 #[test]
 fn removing_the_device_closes_listener_and_connection_and_the_removal_completes() {
-    const TEST: &str = "removing_the_device_closes_listener_and_connection_and_the_removal_completes";
+    const TEST: &str =
+        "removing_the_device_closes_listener_and_connection_and_the_removal_completes";
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let (Ok(device), Ok(netdev)) = (std::env::var("CMNOTIFY_DEV_A"), std::env::var("CMNOTIFY_NETDEV_A")) else {
-        return skip(TEST, "CMNOTIFY_DEV_A/CMNOTIFY_NETDEV_A name no device to remove");
+    let (Ok(device), Ok(netdev)) = (
+        std::env::var("CMNOTIFY_DEV_A"),
+        std::env::var("CMNOTIFY_NETDEV_A"),
+    ) else {
+        return skip(
+            TEST,
+            "CMNOTIFY_DEV_A/CMNOTIFY_NETDEV_A name no device to remove",
+        );
     };
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
     let listen = SocketAddr::new(addrs.addr_a, 7517);
-    let listener = server.listen(listen, ListenOptions::default()).expect("listen");
+    let listener = server
+        .listen(listen, ListenOptions::default())
+        .expect("listen");
     let src = SocketAddr::new(addrs.addr_b, 0);
     let (client_done, client_end) = mpsc::channel();
     let client = std::thread::spawn(move || {
         let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
-        let options = ConnectOptions { source: Some(src), ..ConnectOptions::default() };
+        let options = ConnectOptions {
+            source: Some(src),
+            ..ConnectOptions::default()
+        };
         let conn = client.connect(listen, options).expect("connect");
         client.established(conn, WAIT).expect("client established");
         // Wait (bounded) for the peer's removal to reach this side in any form.
@@ -60,14 +92,25 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
     });
     let conn = server.accept(WAIT).expect("accept");
 
+    let _add_back = AddBack {
+        device: device.clone(),
+        netdev: netdev.clone(),
+    };
     let removal = {
         let device = device.clone();
         std::thread::spawn(move || rdma(&["link", "delete", &device]))
     };
     let (mut listener_closed, mut conn_closed) = (false, false);
     while !(listener_closed && conn_closed) {
-        match server.next_event(WAIT).expect("event").expect("the removal within the wait") {
-            Event::ListenerClosed { listener: l, reason } => {
+        match server
+            .next_event(WAIT)
+            .expect("event")
+            .expect("the removal within the wait")
+        {
+            Event::ListenerClosed {
+                listener: l,
+                reason,
+            } => {
                 assert_eq!((l, reason), (listener, CloseReason::DeviceRemoved));
                 listener_closed = true;
             }
@@ -90,11 +133,14 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
         .recv_timeout(Duration::from_secs(60))
         .expect("rdma link delete returned: the removal did not hang on us")
         .expect("removal thread");
-    assert!(output.status.success(), "rdma link delete: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "rdma link delete: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     report(&format!(
         "removal: listener and connection closed, `rdma link delete {device}` returned; client saw {:?}",
         client_end.recv_timeout(Duration::from_secs(90)).ok()
     ));
-    add_back(&device, &netdev);
     client.join().expect("client thread");
 }

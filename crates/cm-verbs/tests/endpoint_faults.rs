@@ -20,7 +20,10 @@ fn cm_ids() -> usize {
         .args(["resource", "show", "cm_id"])
         .output()
         .expect("run rdma");
-    String::from_utf8_lossy(&output.stdout).lines().filter(|l| !l.trim().is_empty()).count()
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
 }
 
 /// Waits (bounded) until the kernel's CM id count is back to `baseline`.
@@ -59,14 +62,23 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
     let listen = SocketAddr::new(addrs.addr_a, 7518);
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
     server
-        .listen(listen, ListenOptions { backlog: 256, ..ListenOptions::default() })
+        .listen(
+            listen,
+            ListenOptions {
+                backlog: 256,
+                ..ListenOptions::default()
+            },
+        )
         .expect("listen");
     let src = SocketAddr::new(addrs.addr_b, 0);
     let client = std::thread::spawn(move || {
         let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
         let conns: Vec<ConnectionId> = (0..N)
             .map(|_| {
-                let options = ConnectOptions { source: Some(src), ..ConnectOptions::default() };
+                let options = ConnectOptions {
+                    source: Some(src),
+                    ..ConnectOptions::default()
+                };
                 client.connect(listen, options).expect("connect")
             })
             .collect();
@@ -82,13 +94,20 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
     let mut vias: HashMap<ConnectionId, EstablishedVia> = HashMap::new();
     let mut closed = 0;
     while closed < N {
-        match server.next_event(WAIT).expect("event").expect("progress within the wait") {
+        match server
+            .next_event(WAIT)
+            .expect("event")
+            .expect("progress within the wait")
+        {
             Event::Established { conn, via, .. } => {
                 assert!(vias.insert(conn, via).is_none(), "{conn} established twice");
             }
             Event::Received { conn, data } => server.send(conn, &data).expect("echo"),
             Event::Closed { conn, reason } => {
-                assert!(vias.contains_key(&conn), "{conn} closed before established: {reason:?}");
+                assert!(
+                    vias.contains_key(&conn),
+                    "{conn} closed before established: {reason:?}"
+                );
                 closed += 1;
             }
             other => report(&format!("random loss: also saw {other:?}")),
@@ -96,8 +115,14 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
     }
     client.join().expect("client thread");
     let dropped = rule.hits().expect("counter");
-    let rescued = vias.values().filter(|v| matches!(v, EstablishedVia::Notify(_))).count();
-    let raced = vias.values().filter(|v| matches!(v, EstablishedVia::RtuWonRace(_))).count();
+    let rescued = vias
+        .values()
+        .filter(|v| matches!(v, EstablishedVia::Notify(_)))
+        .count();
+    let raced = vias
+        .values()
+        .filter(|v| matches!(v, EstablishedVia::RtuWonRace(_)))
+        .count();
     drop(server);
     let left = back_to(baseline);
     report(&format!(
@@ -108,21 +133,30 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
     assert!(dropped > 0, "the rule dropped RTUs");
     // Every dropped RTU left its connection to the notify path: rescued (or, when the
     // client's data and a retried REP's RTU crossed, found established: EISCONN).
-    assert!(rescued > 0 && rescued + raced >= dropped.min(N as u64) as usize / 2, "{rescued} rescued, {raced} raced, {dropped} dropped");
+    assert!(
+        rescued > 0 && rescued + raced >= dropped.min(N as u64) as usize / 2,
+        "{rescued} rescued, {raced} raced, {dropped} dropped"
+    );
     assert_eq!(left, baseline, "no CM id leaked");
 }
 
 #[test]
 fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served() {
-    const TEST: &str = "a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served";
+    const TEST: &str =
+        "a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served";
     let Some(addrs) = addresses(TEST) else {
         return;
     };
     let listen = SocketAddr::new(addrs.addr_a, 7519);
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
-    server.listen(listen, ListenOptions::default()).expect("listen");
+    server
+        .listen(listen, ListenOptions::default())
+        .expect("listen");
     let src = SocketAddr::new(addrs.addr_b, 0);
-    let options = move || ConnectOptions { source: Some(src), ..ConnectOptions::default() };
+    let options = move || ConnectOptions {
+        source: Some(src),
+        ..ConnectOptions::default()
+    };
     // The peer that dies: one message, then its whole endpoint goes (ids destroyed, as
     // when its process is killed) without a disconnect.
     let doomed = std::thread::spawn(move || {
@@ -146,7 +180,11 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
     });
     let (mut established, mut closed, mut echoed) = (0, Vec::new(), 0);
     while closed.len() < 2 {
-        match server.next_event(WAIT).expect("event").expect("progress within the wait") {
+        match server
+            .next_event(WAIT)
+            .expect("event")
+            .expect("progress within the wait")
+        {
             Event::Established { .. } => established += 1,
             Event::Received { conn, data } => {
                 server.send(conn, &data).expect("echo");
@@ -161,6 +199,13 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
         "fault peer-killed: connections 2, established {established}, echoed {echoed}, closed {closed:?}"
     ));
     assert_eq!(established, 2);
-    assert_eq!(echoed, 4, "one message of the killed peer, three of the other");
-    assert_eq!(server.connection_count(), 0, "the server ends on its own, nothing left");
+    assert_eq!(
+        echoed, 4,
+        "one message of the killed peer, three of the other"
+    );
+    assert_eq!(
+        server.connection_count(),
+        0,
+        "the server ends on its own, nothing left"
+    );
 }

@@ -127,6 +127,10 @@ pub struct Endpoint<T: Transport> {
     by_qp: FxHashMap<QpNum, ConnectionId>,
     events: VecDeque<Event>,
     completions: Vec<WorkCompletion>,
+    /// When the transport asked to run its housekeeping again.
+    housekeeping_due: Option<Duration>,
+    /// A device reader was given back since the housekeeping last ran.
+    device_released: bool,
 }
 
 impl<T: Transport> std::fmt::Debug for Endpoint<T> {
@@ -154,6 +158,8 @@ impl<T: Transport> Endpoint<T> {
             by_qp: FxHashMap::default(),
             events: VecDeque::new(),
             completions: Vec::with_capacity(POLL_BATCH),
+            housekeeping_due: None,
+            device_released: false,
         }
     }
 
@@ -461,6 +467,7 @@ impl<T: Transport> Endpoint<T> {
             .filter_map(|s| s.conn.as_ref())
             .filter(|c| c.state != ConnState::Established)
             .filter_map(|c| c.deadline)
+            .chain(self.housekeeping_due)
             .min()
     }
 
@@ -488,6 +495,14 @@ impl<T: Transport> Endpoint<T> {
             self.on_cm_event(event);
         }
         self.expire();
+        let now = self.transport.now();
+        if self.device_released || self.housekeeping_due.is_some_and(|due| due <= now) {
+            self.device_released = false;
+            self.housekeeping_due = self
+                .transport
+                .housekeeping()
+                .map(|after| now.saturating_add(after));
+        }
         Ok(())
     }
 
@@ -955,7 +970,9 @@ impl<T: Transport> Endpoint<T> {
         }
         if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
             self.device_keys.swap_remove(index);
-            drop(self.devices.swap_remove(index));
+            let device = self.devices.swap_remove(index);
+            self.transport.release_device(device);
+            self.device_released = true;
         }
     }
 
