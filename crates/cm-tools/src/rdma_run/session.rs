@@ -283,10 +283,14 @@ impl Session {
                     describe(&reason)
                 ));
             }
+            // Port and GID changes need no answer here (the pump counts them as passed
+            // through); a fatal device error ends the run.
             Event::Device(event) => {
-                log_line(&format!("asynchronous event: {event}"));
                 if event.event_type == AsyncEventType::DeviceFatal && self.aborted.is_none() {
-                    self.abort("the RDMA device reported a fatal error".into());
+                    let addr = self.local.map_or_else(|| "-".into(), |a| a.to_string());
+                    self.abort(format!(
+                        "the RDMA device under {addr} reported a fatal error"
+                    ));
                 }
             }
             Event::NotifyFailed { conn, qp, error } => {
@@ -534,8 +538,8 @@ impl Session {
         }
     }
 
+    /// Stops the run; `main` prints the reason as the one line on stderr.
     fn abort(&mut self, why: String) {
-        log_line(&why);
         self.aborted = Some(why);
     }
 
