@@ -349,9 +349,11 @@ impl Session {
                 let mut payload =
                     format!("cmnotify connection {index} message {seq}\0").into_bytes();
                 payload.resize(size, 0);
-                if let Err(error) = self.endpoint.send(handle, &payload) {
-                    self.give_up(index, format!("send {seq}: {error}"));
-                    return;
+                match self.endpoint.send(handle, &payload) {
+                    Ok(()) => {}
+                    // Closed meanwhile: its Closed follows (an incomplete exchange).
+                    Err(ConnError::UnknownConnection(_)) => return,
+                    Err(error) => return self.give_up(index, format!("send {seq}: {error}")),
                 }
                 self.conns[index].sends_posted += 1;
             }
@@ -385,7 +387,9 @@ impl Session {
                     self.conns[index].pending.pop_front();
                     self.conns[index].sends_posted += 1;
                 }
-                Err(ConnError::SendQueueFull(_)) => return,
+                // The next Sent frees a buffer; a connection closed meanwhile has its
+                // Closed queued.
+                Err(ConnError::SendQueueFull(_) | ConnError::UnknownConnection(_)) => return,
                 Err(error) => return self.give_up(index, format!("echo: {error}")),
             }
         }
@@ -411,10 +415,16 @@ impl Session {
         let Some(handle) = conn.handle else {
             return;
         };
-        conn.disconnect_called = true;
-        conn.span(Step::Disconnect).begin(now);
-        if let Err(error) = self.endpoint.disconnect(handle) {
-            self.conns[index].failure = Some(format!("connection {index}: disconnect: {error}"));
+        match self.endpoint.disconnect(handle) {
+            Ok(()) => {
+                conn.disconnect_called = true;
+                conn.span(Step::Disconnect).begin(now);
+            }
+            // The peer disconnected first, in the same batch: its Closed follows.
+            Err(ConnError::UnknownConnection(_)) => {}
+            Err(error) => {
+                conn.failure = Some(format!("connection {index}: disconnect: {error}"));
+            }
         }
     }
 
@@ -551,6 +561,8 @@ impl Session {
             .filter(|step| match step {
                 Step::ResolveAddr | Step::ResolveRoute => !server,
                 Step::Exchange => messages > 0,
+                // An echoing server never disconnects: its clients do.
+                Step::Disconnect => !server || messages > 0,
                 _ => true,
             })
             .map(|&step| {
