@@ -232,8 +232,8 @@ impl Session {
     }
 
     /// The earliest time the run must look again without an event: an established
-    /// connection's idle deadline, or, on a server that has had requests, the end of
-    /// its patience for the rest.
+    /// connection's idle deadline, or, once any connection exists (a server's first
+    /// request), the end of the run's patience without any event.
     fn next_deadline(&self) -> Option<Duration> {
         let idle = self
             .conns
