@@ -82,8 +82,8 @@ pub mod rdma;
 mod rdma_transport;
 
 pub use endpoint::{
-    CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint,
-    EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
+    CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
+    Endpoint, EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
 pub use event_loop::{Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{

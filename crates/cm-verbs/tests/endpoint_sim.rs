@@ -338,3 +338,83 @@ fn sends_and_messages_are_checked() {
     );
     assert!(matches!(refused, Err(ConnError::PrivateDataTooLong { .. })));
 }
+
+#[test]
+fn completed_sends_are_reported_and_setup_steps_are_timed_in_order() {
+    let mut pair = pair(SimConfig::default(), 7, &[b"ping"]);
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    let client_conn = pair.connect(1, b"")[0];
+    let conn = pair.server.accept(SECOND).unwrap();
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"ping");
+    pair.server.send(conn, b"pong").unwrap();
+    let mut sent = false;
+    while let Some(event) = pair.server.next_event(SECOND).unwrap() {
+        if event == (Event::Sent { conn }) {
+            sent = true;
+            break;
+        }
+    }
+    assert!(sent, "the send's completion is reported");
+
+    let times = pair.server.info(conn).unwrap().times;
+    assert_eq!((times.addr_resolved, times.route_resolved), (None, None));
+    let passive = [
+        Some(times.started),
+        times.create_qp_called,
+        times.qp_created,
+        times.connect_called,
+        times.connect_returned,
+        times.established,
+    ];
+    assert!(passive.iter().all(Option::is_some), "{times:?}");
+    assert!(passive.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+
+    let times = pair.client.borrow().info(client_conn).unwrap().times;
+    let active = [
+        Some(times.started),
+        times.addr_resolved,
+        times.route_resolved,
+        times.create_qp_called,
+        times.qp_created,
+        times.connect_called,
+        times.connect_returned,
+        times.established,
+    ];
+    assert!(active.iter().all(Option::is_some), "{times:?}");
+    assert!(active.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+}
+
+#[test]
+fn with_notify_off_a_lost_rtu_is_not_rescued() {
+    let mut pair = pair(soft_roce(), 8, &[b"data"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server.set_notify(false);
+    let options = ListenOptions {
+        establish_timeout: Some(Duration::from_millis(100)),
+        ..ListenOptions::default()
+    };
+    pair.server
+        .listen(pair.server.transport().addr(PORT), options)
+        .unwrap();
+    pair.connect(1, b"");
+    assert_eq!(
+        pair.server.accept(Some(Duration::from_millis(50))),
+        Err(ConnError::Timeout)
+    );
+    let closed = pair.server.next_event(SECOND).unwrap();
+    assert!(
+        matches!(
+            closed,
+            Some(Event::Closed {
+                reason: CloseReason::TimedOut,
+                ..
+            })
+        ),
+        "{closed:?}"
+    );
+    assert_eq!(pair.server.counters().forced, 0);
+    assert_eq!(pair.server.counters().receive_triggers, 0);
+}

@@ -25,8 +25,8 @@ use cm_core::{
 use crate::{NotifyPump, PumpCounters, PumpEvent, Role};
 
 pub use types::{
-    CloseReason, ConnError, ConnectOptions, ConnectionId, EstablishedVia, Event, ListenOptions,
-    ListenerId, PrivateData, QpErrorDetail,
+    CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, EstablishedVia, Event,
+    ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
 
 /// Completions read per `poll_cq` call.
@@ -64,6 +64,8 @@ pub struct ConnectionInfo<A> {
     pub local_addr: Option<A>,
     /// The peer's address.
     pub peer_addr: Option<A>,
+    /// When it passed each step of its setup.
+    pub times: ConnTimes,
 }
 
 struct Listener<T: Transport> {
@@ -91,6 +93,7 @@ struct Conn<T: Transport> {
     request: PrivateData,
     resolve_timeout: Duration,
     peer_private: PrivateData,
+    times: ConnTimes,
 }
 
 struct Slot<T: Transport> {
@@ -131,6 +134,7 @@ pub struct Endpoint<T: Transport> {
     housekeeping_due: Option<Duration>,
     /// A device reader was given back since the housekeeping last ran.
     device_released: bool,
+    notify: bool,
 }
 
 impl<T: Transport> std::fmt::Debug for Endpoint<T> {
@@ -160,7 +164,16 @@ impl<T: Transport> Endpoint<T> {
             completions: Vec::with_capacity(POLL_BATCH),
             housekeeping_due: None,
             device_released: false,
+            notify: true,
         }
+    }
+
+    /// Turns the notify path on (the default) or off for connections set up from now
+    /// on. Off, no COMM_EST or receive completion is forwarded with `rdma_notify`: a
+    /// passive connection whose RTU is lost then waits for the CM's REP retries (or its
+    /// establish deadline). For showing what the notify path prevents.
+    pub fn set_notify(&mut self, on: bool) {
+        self.notify = on;
     }
 
     /// The transport.
@@ -248,6 +261,10 @@ impl<T: Transport> Endpoint<T> {
             .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
         let now = self.transport.now();
         let conn = self.insert(Conn {
+            times: ConnTimes {
+                started: now,
+                ..ConnTimes::default()
+            },
             id,
             role: Role::Active,
             state: ConnState::Resolving,
@@ -368,6 +385,7 @@ impl<T: Transport> Endpoint<T> {
             listener: entry.listener,
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),
+            times: entry.times,
         })
     }
 
@@ -611,6 +629,7 @@ impl<T: Transport> Endpoint<T> {
             CqKind::Send => {
                 if let Some(entry) = self.slot_mut(conn) {
                     entry.free_send.push(completion.wr_id as u32);
+                    self.events.push_back(Event::Sent { conn });
                 }
             }
             CqKind::Recv => self.on_received(conn, completion),
@@ -710,7 +729,12 @@ impl<T: Transport> Endpoint<T> {
         else {
             return;
         };
+        let now = self.transport.now();
         let conn = self.insert(Conn {
+            times: ConnTimes {
+                started: now,
+                ..ConnTimes::default()
+            },
             id,
             role: Role::Passive,
             state: ConnState::Requested,
@@ -760,9 +784,12 @@ impl<T: Transport> Endpoint<T> {
             .and_then(|l| self.listeners.get(l.0 as usize))
             .and_then(|l| l.as_ref())
             .and_then(|l| l.options.establish_timeout);
+        let called = self.transport.now();
         self.transport.accept(&id, private_data)?;
         let now = self.transport.now();
         if let Some(entry) = self.slot_mut(conn) {
+            entry.times.connect_called = Some(called);
+            entry.times.connect_returned = Some(now);
             entry.state = ConnState::Accepted;
             entry.deadline = timeout.map(|t| now.saturating_add(t));
         }
@@ -778,9 +805,15 @@ impl<T: Transport> Endpoint<T> {
                     reason: "the id is not bound to a device",
                 })?;
         let caps = self.slot(conn).expect("live connection").caps;
+        let called = self.transport.now();
         let qp = self
             .transport
             .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
+        let created = self.transport.now();
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.times.create_qp_called = Some(called);
+            entry.times.qp_created = Some(created);
+        }
         let buffers = self.transport.register_buffers(&id, &caps)?;
         for slot in 0..caps.recv_depth {
             self.transport
@@ -794,6 +827,9 @@ impl<T: Transport> Endpoint<T> {
         entry.free_send = (0..caps.send_depth).rev().collect();
         // Registered before the REQ or REP leaves, so no trigger can come first; one
         // that did (a COMM_EST read for a QP number not yet known) is replayed now.
+        if !self.notify {
+            return Ok(());
+        }
         match self.pump.register(id, role) {
             Ok(registration) => {
                 if let Some(pumped) = registration.replayed {
@@ -809,13 +845,23 @@ impl<T: Transport> Endpoint<T> {
         let status = event.status();
         let result = match event.event_type() {
             CmEventType::AddrResolved => {
-                let (id, timeout) = match self.slot(conn) {
-                    Some(c) => (c.id.clone(), c.resolve_timeout),
+                let now = self.transport.now();
+                let (id, timeout) = match self.slot_mut(conn) {
+                    Some(c) => {
+                        c.times.addr_resolved = Some(now);
+                        (c.id.clone(), c.resolve_timeout)
+                    }
                     None => return,
                 };
                 self.transport.resolve_route(&id, timeout)
             }
-            CmEventType::RouteResolved => self.connect_resolved(conn),
+            CmEventType::RouteResolved => {
+                let now = self.transport.now();
+                if let Some(c) = self.slot_mut(conn) {
+                    c.times.route_resolved = Some(now);
+                }
+                self.connect_resolved(conn)
+            }
             CmEventType::Established => {
                 if let Some(qp) = self.slot(conn).and_then(|c| c.qp) {
                     self.pump.on_cm_event(CmEventType::Established, Some(qp));
@@ -875,14 +921,19 @@ impl<T: Transport> Endpoint<T> {
         let entry = self.slot_mut(conn).expect("set up above");
         let request = std::mem::take(&mut entry.request);
         let id = entry.id.clone();
+        let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
+        let now = self.transport.now();
         if let Some(entry) = self.slot_mut(conn) {
+            entry.times.connect_called = Some(called);
+            entry.times.connect_returned = Some(now);
             entry.state = ConnState::Connecting;
         }
         Ok(())
     }
 
     fn on_established(&mut self, conn: ConnectionId, private_data: &[u8]) {
+        let now = self.transport.now();
         let Some(entry) = self.slot_mut(conn) else {
             return;
         };
@@ -891,6 +942,7 @@ impl<T: Transport> Endpoint<T> {
         }
         let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
         entry.established = Some(via);
+        entry.times.established = Some(now);
         entry.state = ConnState::Established;
         entry.deadline = None;
         let role = entry.role;
