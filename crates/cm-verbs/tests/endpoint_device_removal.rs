@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, skip};
+use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, FaultRow};
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{CloseReason, ConnectOptions, Endpoint, Event, ListenOptions};
 
@@ -71,6 +71,7 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
             "CMNOTIFY_DEV_A/CMNOTIFY_NETDEV_A name no device to remove",
         );
     };
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
     let listen = SocketAddr::new(addrs.addr_a, 7517);
     let listener = server
@@ -143,4 +144,14 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
         client_end.recv_timeout(Duration::from_secs(90)).ok()
     ));
     client.join().expect("client thread");
+    drop(server);
+    FaultRow {
+        fault: "device removed under a listener and a connection".into(),
+        connections: 1,
+        established: 1,
+        rescued: 0,
+        failed: 1,
+        leaked_ids: leaked_cm_ids(baseline),
+    }
+    .report();
 }

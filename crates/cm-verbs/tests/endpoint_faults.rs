@@ -5,39 +5,13 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, skip, CmMadRule};
+use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, CmMadRule, FaultRow};
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
-
-/// `rdma resource show cm_id` lines: the kernel's count of CM ids.
-fn cm_ids() -> usize {
-    let output = Command::new("rdma")
-        .args(["resource", "show", "cm_id"])
-        .output()
-        .expect("run rdma");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
-}
-
-/// Waits (bounded) until the kernel's CM id count is back to `baseline`.
-fn back_to(baseline: usize) -> usize {
-    let mut now = cm_ids();
-    for _ in 0..100 {
-        if now <= baseline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        now = cm_ids();
-    }
-    now
-}
 
 #[test]
 fn random_rtu_loss_over_200_connections_each_established_once() {
@@ -49,7 +23,7 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
     let Some(nft) = CmMadRule::nft_from_env() else {
         return skip(TEST, "CMNOTIFY_NFT names no nft to drop RTUs with");
     };
-    let baseline = cm_ids();
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     // 30% of the RTUs to the passive side, chosen at random by the kernel.
     let rule = CmMadRule::install_with(
         &nft,
@@ -124,11 +98,19 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
         .filter(|v| matches!(v, EstablishedVia::RtuWonRace(_)))
         .count();
     drop(server);
-    let left = back_to(baseline);
+    let leaked = leaked_cm_ids(baseline);
     report(&format!(
-        "fault random-rtu-loss: connections {N}, established {}, rescued {rescued}, raced {raced}, failed 0, RTUs dropped {dropped}, cm_ids {baseline} -> {left}",
-        vias.len()
+        "random RTU loss: {raced} found established (EISCONN), {dropped} RTUs dropped"
     ));
+    FaultRow {
+        fault: "RTUs dropped at random (30%)".into(),
+        connections: N as u64,
+        established: vias.len() as u64,
+        rescued: rescued as u64,
+        failed: 0,
+        leaked_ids: leaked,
+    }
+    .report();
     assert_eq!(vias.len(), N, "every connection established exactly once");
     assert!(dropped > 0, "the rule dropped RTUs");
     // Every dropped RTU left its connection to the notify path: rescued (or, when the
@@ -137,7 +119,7 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
         rescued > 0 && rescued + raced >= dropped.min(N as u64) as usize / 2,
         "{rescued} rescued, {raced} raced, {dropped} dropped"
     );
-    assert_eq!(left, baseline, "no CM id leaked");
+    assert_eq!(leaked, 0, "no CM id leaked");
 }
 
 #[test]
@@ -147,6 +129,7 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
     let Some(addrs) = addresses(TEST) else {
         return;
     };
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let listen = SocketAddr::new(addrs.addr_a, 7519);
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
     server
@@ -178,7 +161,7 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
         }
         client.disconnect(conn).expect("disconnect");
     });
-    let (mut established, mut closed, mut echoed) = (0, Vec::new(), 0);
+    let (mut established, mut closed, mut echoed) = (0u64, Vec::new(), 0);
     while closed.len() < 2 {
         match server
             .next_event(WAIT)
@@ -195,17 +178,22 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
         }
     }
     healthy.join().expect("healthy peer");
-    report(&format!(
-        "fault peer-killed: connections 2, established {established}, echoed {echoed}, closed {closed:?}"
-    ));
+    report(&format!("peer killed: echoed {echoed}, closed {closed:?}"));
+    let connections = server.connection_count();
+    drop(server);
+    FaultRow {
+        fault: "a peer killed mid-exchange, another served".into(),
+        connections: 2,
+        established,
+        rescued: 0,
+        failed: 1,
+        leaked_ids: leaked_cm_ids(baseline),
+    }
+    .report();
     assert_eq!(established, 2);
     assert_eq!(
         echoed, 4,
         "one message of the killed peer, three of the other"
     );
-    assert_eq!(
-        server.connection_count(),
-        0,
-        "the server ends on its own, nothing left"
-    );
+    assert_eq!(connections, 0, "the server ends on its own, nothing left");
 }

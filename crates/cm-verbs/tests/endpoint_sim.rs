@@ -418,3 +418,39 @@ fn with_notify_off_a_lost_rtu_is_not_rescued() {
     assert_eq!(pair.server.counters().forced, 0);
     assert_eq!(pair.server.counters().receive_triggers, 0);
 }
+
+#[test]
+fn two_listeners_on_one_device_share_its_reader_and_both_get_their_rescues() {
+    let mut pair = pair(soft_roce(), 9, &[b"m"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    let first = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    let second = pair
+        .server
+        .listen(pair.server.transport().addr(PORT + 1), ListenOptions::default())
+        .unwrap();
+    assert_eq!(pair.server.device_count(), 1, "one reader for the node's device");
+    for port in [PORT, PORT + 1] {
+        let to = pair.server.transport().addr(port);
+        pair.client
+            .borrow_mut()
+            .connect(to, ConnectOptions::default())
+            .unwrap();
+    }
+    let mut listeners = Vec::new();
+    for _ in 0..2 {
+        let conn = pair.server.accept(SECOND).unwrap();
+        let info = pair.server.info(conn).unwrap();
+        assert_eq!(
+            info.established,
+            Some(EstablishedVia::Notify(Trigger::ReceiveCompletion))
+        );
+        listeners.push(info.listener.unwrap());
+        assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"m");
+    }
+    listeners.sort();
+    assert_eq!(listeners, vec![first, second]);
+}
