@@ -225,16 +225,6 @@ pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<(), i32> {
     Ok(())
 }
 
-/// Waits until `fd` is readable or `timeout` passes (`None`: forever). Retries on EINTR.
-pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, i32> {
-    let mut pollfd = [libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    crate::poll::poll_fds(&mut pollfd, timeout).map(|ready| ready > 0)
-}
-
 /// Milliseconds for librdmacm's `timeout_ms` parameters, saturated.
 pub(crate) fn timeout_ms(timeout: Duration) -> c_int {
     c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX)
@@ -285,12 +275,15 @@ mod tests {
         assert_eq!(is_nonblocking(read_end), Ok(true));
         set_nonblocking(read_end, false).unwrap();
         assert_eq!(is_nonblocking(read_end), Ok(false));
-        assert_eq!(wait_readable(read_end, Some(Duration::ZERO)), Ok(false));
+        assert_eq!(
+            crate::poll::wait_readable(read_end, Some(Duration::ZERO)),
+            Ok(false)
+        );
         // SAFETY: writes one byte from a live buffer to the pipe we own.
         let written = unsafe { libc::write(write_end, [7u8].as_ptr().cast(), 1) };
         assert_eq!(written, 1);
         assert_eq!(
-            wait_readable(read_end, Some(Duration::from_secs(10))),
+            crate::poll::wait_readable(read_end, Some(Duration::from_secs(10))),
             Ok(true)
         );
         // SAFETY: closing the two descriptors this test opened.

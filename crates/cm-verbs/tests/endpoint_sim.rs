@@ -207,16 +207,14 @@ fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
         .listen(pair.server.transport().addr(PORT), options)
         .unwrap();
     let client_conn = pair.connect(1, b"let me in")[0];
-    let request = loop {
-        match pair.server.next_event(SECOND).unwrap().expect("a request") {
-            Event::Request {
-                conn, private_data, ..
-            } => {
-                assert_eq!(private_data, PrivateData::from(b"let me in"));
-                break conn;
-            }
-            other => panic!("unexpected {other:?}"),
+    let request = match pair.server.next_event(SECOND).unwrap().expect("a request") {
+        Event::Request {
+            conn, private_data, ..
+        } => {
+            assert_eq!(private_data, PrivateData::from(b"let me in"));
+            conn
         }
+        other => panic!("unexpected {other:?}"),
     };
     let too_long = PrivateData::from(vec![0u8; PrivateData::MAX_REJ + 1]);
     assert!(matches!(
@@ -430,9 +428,16 @@ fn two_listeners_on_one_device_share_its_reader_and_both_get_their_rescues() {
         .unwrap();
     let second = pair
         .server
-        .listen(pair.server.transport().addr(PORT + 1), ListenOptions::default())
+        .listen(
+            pair.server.transport().addr(PORT + 1),
+            ListenOptions::default(),
+        )
         .unwrap();
-    assert_eq!(pair.server.device_count(), 1, "one reader for the node's device");
+    assert_eq!(
+        pair.server.device_count(),
+        1,
+        "one reader for the node's device"
+    );
     for port in [PORT, PORT + 1] {
         let to = pair.server.transport().addr(port);
         pair.client
