@@ -7,7 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_testkit::{addresses, report, CmMadRule};
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnectOptions, Endpoint, EstablishedVia, Event, ListenOptions, Role};
 
@@ -65,17 +65,9 @@ fn a_server_on_the_api_rescues_lost_rtus_with_no_application_code() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(rule) = CmMadRule::drop_rtus(TEST, "endpoint_rtu", addrs.addr_a) else {
+        return;
     };
-    let rule = CmMadRule::install(
-        &nft,
-        "endpoint_rtu",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
     let listen = SocketAddr::new(addrs.addr_a, 7511);
     server
@@ -124,17 +116,9 @@ fn two_listeners_on_one_device_both_get_their_rescues() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(_rule) = CmMadRule::drop_rtus(TEST, "endpoint_two", addrs.addr_a) else {
+        return;
     };
-    let _rule = CmMadRule::install(
-        &nft,
-        "endpoint_two",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
     let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
     let first = SocketAddr::new(addrs.addr_a, 7512);
     let second = SocketAddr::new(addrs.addr_a, 7513);

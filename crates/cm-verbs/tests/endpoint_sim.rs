@@ -73,6 +73,37 @@ impl Pair {
     }
 }
 
+impl Pair {
+    /// Listens with a 100 ms establish deadline, connects once, and checks that an
+    /// accept waiting 50 ms times out and the connection then closes with
+    /// `CloseReason::TimedOut`.
+    fn expect_accept_deadline(&mut self) {
+        let options = ListenOptions {
+            establish_timeout: Some(Duration::from_millis(100)),
+            ..ListenOptions::default()
+        };
+        self.server
+            .listen(self.server.transport().addr(PORT), options)
+            .unwrap();
+        self.connect(1, b"");
+        assert_eq!(
+            self.server.accept(Some(Duration::from_millis(50))),
+            Err(ConnError::Timeout)
+        );
+        let closed = self.server.next_event(SECOND).unwrap();
+        assert!(
+            matches!(
+                closed,
+                Some(Event::Closed {
+                    reason: CloseReason::TimedOut,
+                    ..
+                })
+            ),
+            "{closed:?}"
+        );
+    }
+}
+
 fn soft_roce() -> SimConfig {
     SimConfig {
         comm_est: false,
@@ -275,30 +306,8 @@ fn an_accept_deadline_ends_in_a_typed_timeout_and_leaks_no_connection() {
     let mut pair = pair(soft_roce(), 7, &[]);
     pair.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    let options = ListenOptions {
-        establish_timeout: Some(Duration::from_millis(100)),
-        ..ListenOptions::default()
-    };
-    pair.server
-        .listen(pair.server.transport().addr(PORT), options)
-        .unwrap();
-    pair.connect(1, b"");
     // The client sends nothing, so nothing can rescue the connection.
-    assert_eq!(
-        pair.server.accept(Some(Duration::from_millis(50))),
-        Err(ConnError::Timeout)
-    );
-    let closed = pair.server.next_event(SECOND).unwrap();
-    assert!(
-        matches!(
-            closed,
-            Some(Event::Closed {
-                reason: CloseReason::TimedOut,
-                ..
-            })
-        ),
-        "{closed:?}"
-    );
+    pair.expect_accept_deadline();
     assert_eq!(pair.server.connection_count(), 0);
 }
 
@@ -390,29 +399,7 @@ fn with_notify_off_a_lost_rtu_is_not_rescued() {
     pair.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
     pair.server.set_notify(false);
-    let options = ListenOptions {
-        establish_timeout: Some(Duration::from_millis(100)),
-        ..ListenOptions::default()
-    };
-    pair.server
-        .listen(pair.server.transport().addr(PORT), options)
-        .unwrap();
-    pair.connect(1, b"");
-    assert_eq!(
-        pair.server.accept(Some(Duration::from_millis(50))),
-        Err(ConnError::Timeout)
-    );
-    let closed = pair.server.next_event(SECOND).unwrap();
-    assert!(
-        matches!(
-            closed,
-            Some(Event::Closed {
-                reason: CloseReason::TimedOut,
-                ..
-            })
-        ),
-        "{closed:?}"
-    );
+    pair.expect_accept_deadline();
     assert_eq!(pair.server.counters().forced, 0);
     assert_eq!(pair.server.counters().receive_triggers, 0);
 }

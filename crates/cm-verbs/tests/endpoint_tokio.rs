@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_testkit::{addresses, report, CmMadRule};
 use cm_verbs::async_endpoint::AsyncEndpoint;
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnectOptions, Endpoint, EstablishedVia, ListenOptions};
@@ -19,17 +19,9 @@ fn an_async_server_rescues_a_lost_rtu_and_a_cancelled_accept_loses_nothing() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(_rule) = CmMadRule::drop_rtus(TEST, "endpoint_tokio", addrs.addr_a) else {
+        return;
     };
-    let _rule = CmMadRule::install(
-        &nft,
-        "endpoint_tokio",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
     let listen = SocketAddr::new(addrs.addr_a, 7514);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

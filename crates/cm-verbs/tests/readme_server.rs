@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm_testkit::{addresses, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_testkit::{addresses, CmMadRule};
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnectOptions, Endpoint};
 
@@ -27,17 +27,9 @@ fn the_readme_server_rescues_a_lost_rtu() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(rule) = CmMadRule::drop_rtus(TEST, "readme_rtu", addrs.addr_a) else {
+        return;
     };
-    let rule = CmMadRule::install(
-        &nft,
-        "readme_rtu",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
     let addr = SocketAddr::new(addrs.addr_a, 7515);
     let server = std::thread::spawn(move || example::serve(addr, 1));
     let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));

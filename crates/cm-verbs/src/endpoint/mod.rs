@@ -869,27 +869,12 @@ impl<T: Transport> Endpoint<T> {
                 self.on_established(conn, event.private_data());
                 Ok(())
             }
-            CmEventType::AddrError => {
-                self.close(conn, CloseReason::AddressError { status }, false);
-                Ok(())
-            }
-            CmEventType::RouteError => {
-                self.close(conn, CloseReason::RouteError { status }, false);
-                Ok(())
-            }
-            CmEventType::Unreachable => {
-                self.close(conn, CloseReason::Unreachable { status }, false);
-                Ok(())
-            }
-            CmEventType::ConnectError => {
-                self.close(conn, CloseReason::ConnectError { status }, false);
-                Ok(())
-            }
-            CmEventType::Rejected => {
-                let reason = CloseReason::Rejected {
-                    reason: RejectReason::from_status(status),
-                    private_data: PrivateData::from(event.private_data()),
-                };
+            CmEventType::AddrError
+            | CmEventType::RouteError
+            | CmEventType::Unreachable
+            | CmEventType::ConnectError
+            | CmEventType::Rejected => {
+                let reason = failure_reason(event.event_type(), status, event.private_data());
                 self.close(conn, reason, false);
                 Ok(())
             }
@@ -1159,6 +1144,20 @@ impl<T: Transport> Endpoint<T> {
     #[cfg(feature = "tokio")]
     pub(crate) fn parts(&self) -> (&T, &[T::Device]) {
         (&self.transport, &self.devices)
+    }
+}
+
+/// Why a connection failed, from the CM event that says so.
+fn failure_reason(kind: CmEventType, status: i32, private_data: &[u8]) -> CloseReason {
+    match kind {
+        CmEventType::AddrError => CloseReason::AddressError { status },
+        CmEventType::RouteError => CloseReason::RouteError { status },
+        CmEventType::Unreachable => CloseReason::Unreachable { status },
+        CmEventType::Rejected => CloseReason::Rejected {
+            reason: RejectReason::from_status(status),
+            private_data: PrivateData::from(private_data),
+        },
+        _ => CloseReason::ConnectError { status },
     }
 }
 
