@@ -6,14 +6,15 @@
 //! test records a skip.
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, FaultRow};
-use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{CloseReason, ConnectOptions, Endpoint, Event, ListenOptions};
+use cm_verbs::{CloseReason, Event, ListenOptions};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -72,21 +73,16 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
         );
     };
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
-    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let mut server = common::endpoint();
     let listen = SocketAddr::new(addrs.addr_a, 7517);
     let listener = server
         .listen(listen, ListenOptions::default())
         .expect("listen");
-    let src = SocketAddr::new(addrs.addr_b, 0);
+    let src = addrs.addr_b;
     let (client_done, client_end) = mpsc::channel();
     let client = std::thread::spawn(move || {
-        let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
-        let options = ConnectOptions {
-            source: Some(src),
-            ..ConnectOptions::default()
-        };
-        let conn = client.connect(listen, options).expect("connect");
-        client.established(conn, WAIT).expect("client established");
+        let mut client = common::endpoint();
+        let conn = common::connected(&mut client, src, listen);
         // Wait (bounded) for the peer's removal to reach this side in any form.
         let end = client.recv(conn, Some(Duration::from_secs(60)));
         let _ = client_done.send(format!("{end:?}"));

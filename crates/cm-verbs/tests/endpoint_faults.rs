@@ -3,13 +3,14 @@
 //! while another keeps being served. Without a device each test records a skip.
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, CmMadRule, FaultRow};
-use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions};
+use cm_verbs::{ConnectOptions, ConnectionId, EstablishedVia, Event, ListenOptions};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
 
@@ -34,7 +35,7 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
     )
     .expect("install the random RTU drop");
     let listen = SocketAddr::new(addrs.addr_a, 7518);
-    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let mut server = common::endpoint();
     server
         .listen(
             listen,
@@ -46,7 +47,7 @@ fn random_rtu_loss_over_200_connections_each_established_once() {
         .expect("listen");
     let src = SocketAddr::new(addrs.addr_b, 0);
     let client = std::thread::spawn(move || {
-        let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
+        let mut client = common::endpoint();
         let conns: Vec<ConnectionId> = (0..N)
             .map(|_| {
                 let options = ConnectOptions {
@@ -132,7 +133,7 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
     };
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let listen = SocketAddr::new(addrs.addr_a, 7519);
-    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let mut server = common::endpoint();
     server
         .listen(listen, ListenOptions::default())
         .expect("listen");
@@ -144,7 +145,7 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
     // The peer that dies: one message, then its whole endpoint goes (ids destroyed, as
     // when its process is killed) without a disconnect.
     let doomed = std::thread::spawn(move || {
-        let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));
+        let mut client = common::endpoint();
         let conn = client.connect(listen, options()).expect("connect");
         client.established(conn, WAIT).expect("established");
         client.send(conn, b"last words").expect("send");
@@ -152,7 +153,7 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
         drop(client);
     });
     let healthy = std::thread::spawn(move || {
-        let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));
+        let mut client = common::endpoint();
         let conn = client.connect(listen, options()).expect("connect");
         client.established(conn, WAIT).expect("established");
         for i in 0..3u8 {

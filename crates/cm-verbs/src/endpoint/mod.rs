@@ -96,6 +96,34 @@ struct Conn<T: Transport> {
     times: ConnTimes,
 }
 
+impl<T: Transport> Conn<T> {
+    /// A connection that has just begun, on its id, with nothing set up yet.
+    fn new(id: T::Id, role: Role, state: ConnState, caps: QueueCaps, now: Duration) -> Self {
+        Conn {
+            times: ConnTimes {
+                started: now,
+                ..ConnTimes::default()
+            },
+            id,
+            role,
+            state,
+            listener: None,
+            device: None,
+            qp: None,
+            caps,
+            buffers: None,
+            free_send: Vec::new(),
+            deadline: None,
+            via: None,
+            established: None,
+            held: Vec::new(),
+            request: PrivateData::empty(),
+            resolve_timeout: Duration::ZERO,
+            peer_private: PrivateData::empty(),
+        }
+    }
+}
+
 struct Slot<T: Transport> {
     generation: u32,
     conn: Option<Conn<T>>,
@@ -260,28 +288,11 @@ impl<T: Transport> Endpoint<T> {
         self.transport
             .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
         let now = self.transport.now();
-        let conn = self.insert(Conn {
-            times: ConnTimes {
-                started: now,
-                ..ConnTimes::default()
-            },
-            id,
-            role: Role::Active,
-            state: ConnState::Resolving,
-            listener: None,
-            device: None,
-            qp: None,
-            caps: options.caps,
-            buffers: None,
-            free_send: Vec::new(),
-            deadline: options.timeout.map(|t| now.saturating_add(t)),
-            via: None,
-            established: None,
-            held: Vec::new(),
-            request: options.private_data,
-            resolve_timeout: options.resolve_timeout,
-            peer_private: PrivateData::empty(),
-        });
+        let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
+        entry.deadline = options.timeout.map(|t| now.saturating_add(t));
+        entry.request = options.private_data;
+        entry.resolve_timeout = options.resolve_timeout;
+        let conn = self.insert(entry);
         Ok(conn)
     }
 
@@ -730,28 +741,10 @@ impl<T: Transport> Endpoint<T> {
             return;
         };
         let now = self.transport.now();
-        let conn = self.insert(Conn {
-            times: ConnTimes {
-                started: now,
-                ..ConnTimes::default()
-            },
-            id,
-            role: Role::Passive,
-            state: ConnState::Requested,
-            listener: Some(listener),
-            device: None,
-            qp: None,
-            caps: options.caps,
-            buffers: None,
-            free_send: Vec::new(),
-            deadline: None,
-            via: None,
-            established: None,
-            held: Vec::new(),
-            request: PrivateData::empty(),
-            resolve_timeout: Duration::ZERO,
-            peer_private: PrivateData::from(event.private_data()),
-        });
+        let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
+        entry.listener = Some(listener);
+        entry.peer_private = PrivateData::from(event.private_data());
+        let conn = self.insert(entry);
         if options.auto_accept {
             if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
                 let id = self.slot(conn).map(|c| c.id.clone());
