@@ -557,10 +557,11 @@ impl<T: Transport> Endpoint<T> {
                 }
             }
             AsyncEventType::DeviceFatal => {
+                // Reported before the listeners and connections it ends.
+                self.events.push_back(Event::Device(event));
                 let key = self.device_keys[device];
-                for conn in self.conns_on(key) {
-                    self.close(conn, CloseReason::DeviceFatal, false);
-                }
+                self.device_lost(key, &CloseReason::DeviceFatal);
+                return;
             }
             _ => {}
         }
@@ -981,8 +982,15 @@ impl<T: Transport> Endpoint<T> {
     /// The device is going away: every connection and listener on it is torn down, and
     /// its reader closed, so that nothing of ours keeps it open.
     fn device_removed(&mut self, key: T::DeviceKey) {
+        self.device_lost(key, &CloseReason::DeviceRemoved);
+    }
+
+    /// The device is gone (removed) or unusable (fatal error): every connection and
+    /// listener on it ends with `reason`, and its reader is given back to the transport,
+    /// so that nothing of ours keeps the device open.
+    fn device_lost(&mut self, key: T::DeviceKey, reason: &CloseReason) {
         for conn in self.conns_on(key) {
-            self.close(conn, CloseReason::DeviceRemoved, false);
+            self.close(conn, reason.clone(), false);
         }
         for index in 0..self.listeners.len() {
             let on_device = self.listeners[index]
@@ -994,7 +1002,7 @@ impl<T: Transport> Endpoint<T> {
                 }
                 self.events.push_back(Event::ListenerClosed {
                     listener: ListenerId(index as u32),
-                    reason: CloseReason::DeviceRemoved,
+                    reason: reason.clone(),
                 });
             }
         }
