@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use cm_core::{CmEvent, CmEventSource, CmEventType, CmId, QpNum};
 use cm_mock::sim::{
-    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimFabric, SimStats,
-    TraceEntry, TraceEvent,
+    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimBackend, SimCmId, SimConfig, SimFabric,
+    SimStats, TraceEntry, TraceEvent,
 };
-use cm_verbs::{Control, EventLoop, LoopEvent, NotifyPump, PumpCounters, PumpEvent, Ready, Role};
+use cm_verbs::{
+    BackendLoop, Control, EventLoop, LoopEvent, NotifyPump, PumpCounters, PumpEvent, Ready, Role,
+};
 
 use crate::stats::LatencySummary;
 
@@ -549,7 +551,7 @@ impl World {
         &mut self,
         fabric: &SimFabric,
         client_channel: &mut cm_mock::sim::SimChannel,
-        server_loop: &mut EventLoop<cm_mock::sim::SimChannel, cm_mock::sim::SimDevice, SimCmId>,
+        server_loop: &mut BackendLoop<SimBackend>,
     ) -> u64 {
         for id in &self.active_ids {
             let _ = id.disconnect();

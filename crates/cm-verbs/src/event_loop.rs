@@ -5,7 +5,7 @@
 //! descriptors (`poll(2)` on the real backend, see the `rdma` feature) and over a
 //! simulated fabric that is stepped instead of waited on.
 
-use cm_core::{AsyncEventSource, CmError, CmEvent, CmEventSource, CmId};
+use cm_core::{AsyncEventSource, CmBackend, CmError, CmEvent, CmEventSource, CmId};
 
 use crate::{NotifyPump, PumpEvent};
 
@@ -53,6 +53,13 @@ pub enum Exit {
     /// Shutdown was requested through the waiter.
     Shutdown,
 }
+
+/// The [`EventLoop`] of one backend: its event channel, its device's asynchronous
+/// events and a pump of its ids, named by the backend's [`CmBackend`] marker
+/// (`cm_sys::RdmaBackend`, `cm_mock::sim::SimBackend`, `cm_mock::MockBackend`) so that
+/// the three parts cannot come from different backends.
+pub type BackendLoop<B> =
+    EventLoop<<B as CmBackend>::Events, <B as CmBackend>::AsyncEvents, <B as CmBackend>::Id>;
 
 /// Runs the pump over one CM event channel and one device's asynchronous events.
 pub struct EventLoop<C, A, I> {

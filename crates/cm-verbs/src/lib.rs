@@ -85,7 +85,7 @@ pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint,
     EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
-pub use event_loop::{Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
+pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{
     notify_failure_is_final, NotifyPump, Progress, PumpCounters, PumpEvent, RegisterError,
     Registration, Role, Trigger, EARLY_TRIGGERS,
