@@ -207,16 +207,14 @@ fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
         .listen(pair.server.transport().addr(PORT), options)
         .unwrap();
     let client_conn = pair.connect(1, b"let me in")[0];
-    let request = loop {
-        match pair.server.next_event(SECOND).unwrap().expect("a request") {
-            Event::Request {
-                conn, private_data, ..
-            } => {
-                assert_eq!(private_data, PrivateData::from(b"let me in"));
-                break conn;
-            }
-            other => panic!("unexpected {other:?}"),
+    let request = match pair.server.next_event(SECOND).unwrap().expect("a request") {
+        Event::Request {
+            conn, private_data, ..
+        } => {
+            assert_eq!(private_data, PrivateData::from(b"let me in"));
+            conn
         }
+        other => panic!("unexpected {other:?}"),
     };
     let too_long = PrivateData::from(vec![0u8; PrivateData::MAX_REJ + 1]);
     assert!(matches!(
