@@ -1681,7 +1681,7 @@ impl Fabric {
 #[cfg(test)]
 mod tests {
     use super::PrivateBytes;
-    use crate::sim::{SimChannel, SimConfig, SimFabric};
+    use crate::sim::{SimChannel, SimConfig, SimFabric, SimPair};
     use cm_core::{CmEvent, CmEventSource, CmEventType};
 
     #[test]
@@ -1706,17 +1706,18 @@ mod tests {
     /// side) and REJ (REJECTED), whatever other calls stored in between.
     #[test]
     fn private_data_reaches_the_peer_events() {
-        let fabric = SimFabric::new(SimConfig::default(), 3);
-        let (server, client) = (fabric.add_node(), fabric.add_node());
-        let (mut server_events, mut client_events) =
-            (server.create_channel(), client.create_channel());
-        let listener = server_events.create_id();
-        listener.bind(7).unwrap();
-        listener.listen().unwrap();
+        let pair = SimPair::new(SimConfig::default(), 3);
+        pair.listen(7).unwrap();
+        let SimPair {
+            fabric,
+            server,
+            client,
+        } = pair;
+        let (mut server_events, mut client_events) = (server.channel, client.channel);
         let mut actives = Vec::new();
         for data in [&b"first"[..], b"second"] {
             let id = client_events.create_id();
-            id.resolve_addr(server.id(), 7).unwrap();
+            id.resolve_addr(server.node.id(), 7).unwrap();
             let resolved = next(&mut client_events, &fabric);
             resolved.ack().unwrap();
             id.resolve_route().unwrap();
