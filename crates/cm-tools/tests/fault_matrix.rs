@@ -351,7 +351,7 @@ impl Driver {
                 self.disconnect_passive();
             }
             if self.pump_on {
-                let pumped = self.pump.handle_async_event(event);
+                let pumped = self.pump.on_async_event(event);
                 self.pumped(pumped);
             } else if comm_est && self.fault == Fault::DreqInForcedEstablishWindow {
                 // No pump, no forced establish: the DREQ meets a REP_SENT id instead.

@@ -103,7 +103,7 @@ where
     ) -> Result<Control, CmError> {
         if ready.async_events {
             while let Some(event) = self.async_events.try_next_async_event()? {
-                let pumped = self.pump.handle_async_event(event);
+                let pumped = self.pump.on_async_event(event);
                 if handler(&mut self.pump, LoopEvent::Pump(pumped)) == Control::Stop {
                     return Ok(Control::Stop);
                 }

@@ -50,7 +50,7 @@
 //!     Some(PumpEvent::Forced { qp: QpNum(0x2a), trigger: Trigger::ReceiveCompletion })
 //! );
 //! // A COMM_EST raised later still reaches the CM, which answers EISCONN: harmless.
-//! let late = pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0x2a)));
+//! let late = pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0x2a)));
 //! assert!(matches!(late, PumpEvent::AlreadyEstablished { .. }));
 //! // The ESTABLISHED event the CM then delivers is fed back; the connection is settled.
 //! pump.on_cm_event(CmEventType::Established, Some(QpNum(0x2a)));
