@@ -13,9 +13,12 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEventType, CmEventType, NotifyOutcome};
-use cm_sys::{AsyncEvents, CmEvent, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
+use cm_sys::{
+    AsyncEvents, CmEvent, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps, RdmaBackend,
+};
 use cm_verbs::{
-    rdma::PollWaiter, Control, EventLoop, LoopEvent, NotifyPump, PumpEvent, Ready, Role, Waiter,
+    rdma::PollWaiter, BackendLoop, Control, EventLoop, LoopEvent, NotifyPump, PumpEvent, Ready,
+    Role, Waiter,
 };
 use criterion::Criterion;
 
@@ -434,7 +437,7 @@ impl HandServer {
     }
 }
 
-type PumpLoop = EventLoop<EventChannel, AsyncEvents, CmId>;
+type PumpLoop = BackendLoop<RdmaBackend>;
 
 /// The server on cm-verbs: the event loop (pump first, then CM events), spun while
 /// setting up, waiting in its [`PollWaiter`] after the trigger as the hand loop waits.

@@ -63,6 +63,7 @@
 //! ```
 
 mod fabric;
+mod pair;
 mod rng;
 mod schedule;
 mod tables;
@@ -82,6 +83,7 @@ use cm_core::{
 };
 
 use fabric::Fabric;
+pub use pair::{SimPair, SimSide};
 pub use rng::SplitMix64;
 pub use trace::{Trace, TraceEntry, TraceEvent};
 pub use transport::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};

@@ -538,7 +538,7 @@ impl<T: Transport> Endpoint<T> {
     // ----- inputs ----------------------------------------------------------------
 
     fn on_async_event(&mut self, device: usize, event: AsyncEvent) {
-        match self.pump.handle_async_event(event) {
+        match self.pump.on_async_event(event) {
             PumpEvent::PassThrough(event) => self.on_device_event(device, event),
             PumpEvent::Unrouted(event) => {
                 log::debug!("{event}: no connection owns it");
