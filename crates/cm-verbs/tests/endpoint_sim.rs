@@ -446,3 +446,93 @@ fn two_listeners_on_one_device_share_its_reader_and_both_get_their_rescues() {
     listeners.sort();
     assert_eq!(listeners, vec![first, second]);
 }
+
+#[test]
+fn a_removed_device_closes_its_listener_and_connections_and_its_reader() {
+    let mut pair = pair(SimConfig::default(), 10, &[]);
+    let listener = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    let told = pair.server.transport().node().remove_device().unwrap();
+    assert_eq!(told, 2, "the listener's id and the connection's");
+    let mut ended = Vec::new();
+    while let Some(event) = pair.server.next_event(SECOND).unwrap() {
+        ended.push(event);
+    }
+    assert!(ended.contains(&Event::Closed {
+        conn,
+        reason: CloseReason::DeviceRemoved
+    }));
+    assert!(ended.contains(&Event::ListenerClosed {
+        listener,
+        reason: CloseReason::DeviceRemoved
+    }));
+    assert_eq!(
+        ended
+            .iter()
+            .filter(|e| matches!(e, Event::Closed { .. } | Event::ListenerClosed { .. }))
+            .count(),
+        2,
+        "each reported once: {ended:?}"
+    );
+    assert_eq!(
+        (
+            pair.server.connection_count(),
+            pair.server.listener_count(),
+            pair.server.device_count()
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn a_fatal_device_error_ends_what_is_on_the_device_and_is_reported_first() {
+    let mut pair = pair(SimConfig::default(), 11, &[]);
+    let listener = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    let fatal = cm_verbs::AsyncEvent {
+        event_type: cm_verbs::AsyncEventType::DeviceFatal,
+        element: cm_verbs::core::EventElement::Port(1),
+    };
+    pair.server.transport().node().device().raise(fatal);
+    let port_down = cm_verbs::AsyncEvent {
+        event_type: cm_verbs::AsyncEventType::PortErr,
+        element: cm_verbs::core::EventElement::Port(1),
+    };
+    let events: Vec<Event> = std::iter::from_fn(|| pair.server.poll().unwrap()).collect();
+    assert_eq!(
+        events,
+        vec![
+            Event::Device(fatal),
+            Event::Closed {
+                conn,
+                reason: CloseReason::DeviceFatal
+            },
+            Event::ListenerClosed {
+                listener,
+                reason: CloseReason::DeviceFatal
+            },
+        ]
+    );
+    assert_eq!(pair.server.device_count(), 0);
+    // A port event on a device still read reaches the application as it is.
+    let mut other = pair_with_port_event(port_down);
+    assert_eq!(other.server.poll().unwrap(), Some(Event::Device(port_down)));
+}
+
+/// A listening server whose device then reports `event`.
+fn pair_with_port_event(event: cm_verbs::AsyncEvent) -> Pair {
+    let mut pair = pair(SimConfig::default(), 12, &[]);
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.server.transport().node().device().raise(event);
+    pair
+}

@@ -272,6 +272,13 @@ impl SimNode {
         }
     }
 
+    /// Removes the node's device, as `rdma link delete` does: every id bound to it gets
+    /// a DEVICE_REMOVAL event, and notify answers ENODEV from now on. Returns how many
+    /// ids were told.
+    pub fn remove_device(&self) -> Result<usize, CmError> {
+        self.fabric.inner.borrow_mut().remove_device(self.id)
+    }
+
     /// Marks the device as going away (notify(COMM_EST) then answers ENODEV) or back.
     pub fn set_going_down(&self, going_down: bool) -> Result<(), CmError> {
         self.fabric

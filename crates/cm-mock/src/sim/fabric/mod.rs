@@ -428,6 +428,30 @@ impl Fabric {
         Ok(())
     }
 
+    /// The node's device goes away, as `rdma link delete` does: every id bound to it
+    /// gets RDMA_CM_EVENT_DEVICE_REMOVAL (the kernel then waits for the ids to be
+    /// destroyed), and COMM_EST notifies answer ENODEV from now on.
+    pub(crate) fn remove_device(&mut self, node: NodeId) -> Result<usize, CmError> {
+        self.set_going_down(node, true)?;
+        let keys: Vec<SimIdKey> = self
+            .ids
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                let id = slot.data.as_ref()?;
+                (id.node == node && id.device).then_some(SimIdKey {
+                    index: index as u32,
+                    generation: slot.generation,
+                })
+            })
+            .collect();
+        for &key in &keys {
+            let event = QueuedKind::Event(CmEventType::DeviceRemoval);
+            self.push_event(key, None, event, 0, Private::default());
+        }
+        Ok(keys.len())
+    }
+
     pub(crate) fn add_channel(&mut self, node: NodeId) -> usize {
         self.channels.push(Channel {
             node,
