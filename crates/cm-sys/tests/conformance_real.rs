@@ -2,8 +2,15 @@
 //! CM: soft-RoCE in the test VM (`cargo xtask vm`). Without a device the test records a
 //! skip and returns.
 //!
-//! The only wire fault here is dropping RTUs: an nftables rule in the passive side's
-//! INPUT hook. Scenarios are split over two lanes that never see each other's RTU rule:
+//! The suite runs on whichever soft-RoCE module the VM has loaded: the kernel's own, which
+//! never raises COMM_EST (the receive completion is then the trigger), or the patched one
+//! of `ci/vm/rxe-comm-est` with `comm_est=1`, which raises it on an RC QP's first packet
+//! as InfiniBand hardware does (the payload runs the suite once on each).
+//!
+//! Two wire faults: dropping RTUs (an nftables rule in the passive side's INPUT hook) and
+//! delaying them (marked in the active side's OUTPUT hook, held by a netem band on the
+//! veth they leave by), which makes `late_rtu_gives_no_second_established` real: the RTU
+//! reaches the passive side after notify forced the connection, and is counted arriving. Scenarios are split over two lanes that never see each other's RTU rule:
 //! lane A accepts on `CMNOTIFY_ADDR_A` (the rule matches that destination), lane B on
 //! `CMNOTIFY_ADDR_B`. The scenario that waits for the REP retries to run out (~69 s)
 //! runs on lane B while every other runs on lane A, so the suite takes about as long as
@@ -20,7 +27,7 @@ use cm_mock::conformance::{
 };
 use cm_sys::{AsyncEvents, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
 
-use common::{CmMadRule, MadAction, Setup, REP, REP_RETRIES_BOUND, RTU, WAIT};
+use common::{CmMadRule, MadAction, Netem, RtuDelay, Setup, REP, REP_RETRIES_BOUND, RTU, WAIT};
 
 /// How long in-flight CM messages and the CM's deferred work get: under emulation an RTU
 /// or a forced establish is reported within ~10 ms; no CM timeout is shorter than 4 s.
@@ -44,6 +51,9 @@ const LANE_B_SCENARIOS: &[&str] = &["no_rtu_no_notify_unreachable_then_einval"];
 /// forced ESTABLISHED) user space cannot order on a real kernel.
 const DREQ_RACE_SCENARIO: &str = "dreq_before_work_item_suppresses_established";
 
+/// The scenario that delays the RTU: with netem at hand it must run, not skip.
+const LATE_RTU_SCENARIO: &str = "late_rtu_gives_no_second_established";
+
 /// Which addresses a harness connects between, and the nftables table of its RTU rule.
 #[derive(Debug, Clone)]
 struct Lane {
@@ -54,7 +64,13 @@ struct Lane {
     rtu_table: &'static str,
     /// The table counting the REPs sent to the active side.
     rep_table: &'static str,
+    /// The table marking the RTUs to delay (active side's OUTPUT hook).
+    delay_table: &'static str,
+    /// The table counting the RTUs reaching the passive side (while delaying).
+    arrival_table: &'static str,
     nft: String,
+    /// tc, and the netdev the active side's packets to the passive address leave by.
+    netem: Option<(String, String)>,
 }
 
 impl Lane {
@@ -65,7 +81,14 @@ impl Lane {
             active: setup.addr_b,
             rtu_table: "cmnotify_conformance_a_rtu",
             rep_table: "cmnotify_conformance_a_rep",
+            delay_table: "cmnotify_conformance_a_delay",
+            arrival_table: "cmnotify_conformance_a_arrival",
             nft: setup.nft.clone(),
+            // Traffic to A leaves by B's netdev (the VM's policy routing).
+            netem: setup
+                .netem
+                .as_ref()
+                .map(|n: &Netem| (n.tc.clone(), n.netdev_b.clone())),
         }
     }
 
@@ -76,7 +99,13 @@ impl Lane {
             active: setup.addr_a,
             rtu_table: "cmnotify_conformance_b_rtu",
             rep_table: "cmnotify_conformance_b_rep",
+            delay_table: "cmnotify_conformance_b_delay",
+            arrival_table: "cmnotify_conformance_b_arrival",
             nft: setup.nft.clone(),
+            netem: setup
+                .netem
+                .as_ref()
+                .map(|n: &Netem| (n.tc.clone(), n.netdev_a.clone())),
         }
     }
 }
@@ -109,6 +138,24 @@ struct RealHarness {
     /// Passive events read while waiting, reported by the next `take_events`.
     passive_seen: Vec<SeenEvent>,
     passive_established: bool,
+    /// The RTU delay in force, and the count of RTUs reaching the passive side.
+    rtu_delay: Option<(RtuDelay, CmMadRule)>,
+    /// RTUs that had reached the passive side when it first looked for its trigger
+    /// (just before notify), while delaying.
+    rtus_arrived_at_trigger: Option<u64>,
+}
+
+/// What the RTU delay did in one scenario, read before the harness is dropped.
+#[derive(Debug)]
+struct LateRtu {
+    /// RTUs marked into the delay.
+    marked: u64,
+    /// RTUs at the passive side when it looked for its trigger, just before notify.
+    arrived_at_trigger: Option<u64>,
+    /// RTUs at the passive side at the end of the scenario.
+    arrived: u64,
+    /// The netem qdisc's statistics.
+    netem: String,
 }
 
 fn error(op: &'static str, reason: &'static str) -> CmError {
@@ -151,7 +198,22 @@ impl RealHarness {
             active_seen: Vec::new(),
             passive_seen: Vec::new(),
             passive_established: false,
+            rtu_delay: None,
+            rtus_arrived_at_trigger: None,
         })
+    }
+
+    /// What the RTU delay did, if the scenario asked for one.
+    fn late_rtu(&self) -> Result<Option<LateRtu>, CmError> {
+        let Some((delay, arrivals)) = &self.rtu_delay else {
+            return Ok(None);
+        };
+        Ok(Some(LateRtu {
+            marked: delay.marked()?,
+            arrived_at_trigger: self.rtus_arrived_at_trigger,
+            arrived: arrivals.hits()?,
+            netem: delay.netem_stats(),
+        }))
     }
 
     /// RTUs dropped during the scenario so far.
@@ -236,6 +298,7 @@ impl RealHarness {
         self.passive_device = None;
         self.opened.clear();
         self.rtu_drop = None;
+        self.rtu_delay = None;
     }
 }
 
@@ -249,15 +312,21 @@ impl Harness for RealHarness {
     type Id = CmId;
 
     fn describe(&self) -> String {
+        let device = if self.raises_comm_est() {
+            "soft-RoCE raising COMM_EST"
+        } else {
+            "soft-RoCE"
+        };
         format!(
-            "real kernel CM (soft-RoCE), lane {}: {} -> {}",
+            "real kernel CM ({device}), lane {}: {} -> {}",
             self.lane.name, self.lane.active, self.lane.passive
         )
     }
 
     fn raises_comm_est(&self) -> bool {
-        // soft-RoCE has no code raising IBV_EVENT_COMM_EST (6.1 and 6.12).
-        false
+        // The stock soft-RoCE has no code raising IBV_EVENT_COMM_EST (6.1 and 6.12); the
+        // patched module does when its parameter is on.
+        common::device_raises_comm_est()
     }
 
     fn drop_rtus(&mut self, drop: bool) -> Result<(), CmError> {
@@ -277,12 +346,33 @@ impl Harness for RealHarness {
         Ok(())
     }
 
-    /// Not on the real kernel: nftables only drops, and a dropped RTU is not sent again
-    /// once the passive side is forced to ESTABLISHED (that cancels the REP whose
-    /// retransmission would draw a new RTU), so dropping for a while cannot make an RTU
-    /// late. Delaying packets needs netem, which the VM image does not carry.
-    fn delay_rtus(&mut self, _delay: Option<Duration>) -> Result<bool, CmError> {
-        Ok(false)
+    /// netem on the veth the active side's packets to the passive address leave by,
+    /// fed only with the RTUs (marked in the OUTPUT hook); a rule on the passive INPUT
+    /// hook counts them arriving. `false` without tc (`CMNOTIFY_TC`).
+    fn delay_rtus(&mut self, delay: Option<Duration>) -> Result<bool, CmError> {
+        let Some((tc, netdev)) = self.lane.netem.clone() else {
+            return Ok(false);
+        };
+        self.rtu_delay = None;
+        if let Some(delay) = delay {
+            let marking = RtuDelay::install(
+                &self.lane.nft,
+                &tc,
+                &netdev,
+                self.lane.delay_table,
+                self.lane.passive,
+                delay,
+            )?;
+            let arrivals = CmMadRule::install(
+                &self.lane.nft,
+                self.lane.arrival_table,
+                self.lane.passive,
+                RTU,
+                MadAction::Count,
+            )?;
+            self.rtu_delay = Some((marking, arrivals));
+        }
+        Ok(true)
     }
 
     fn fresh_id(&mut self) -> Result<CmId, CmError> {
@@ -457,6 +547,9 @@ impl Harness for RealHarness {
     }
 
     fn take_passive_completions(&mut self) -> Result<Vec<QpNum>, CmError> {
+        if let (Some((_, arrivals)), None) = (&self.rtu_delay, self.rtus_arrived_at_trigger) {
+            self.rtus_arrived_at_trigger = Some(arrivals.hits()?);
+        }
         let mut qps = Vec::new();
         for opened in &self.opened {
             for completion in opened.passive.poll_recv_cq(16)? {
@@ -475,6 +568,7 @@ struct Outcome {
     lane: &'static str,
     result: Result<Verdict, ConformanceError>,
     rtus_dropped: Option<u64>,
+    late_rtu: Option<LateRtu>,
 }
 
 /// Runs `selected` scenarios one after the other on `lane`, each on a fresh harness.
@@ -495,6 +589,7 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
                             error,
                         }),
                         rtus_dropped: None,
+                        late_rtu: None,
                     }
                 }
             };
@@ -507,6 +602,22 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
             } else {
                 None
             };
+            let late_rtu = harness.late_rtu().unwrap_or_else(|e| {
+                common::report(&format!("reading the RTU delay's counters: {e}"));
+                None
+            });
+            if let Some(late) = &late_rtu {
+                common::report(&format!(
+                    "lane {}: {}: RTUs marked into the delay {}, at the passive side before \
+                     notify {:?}, at the end {}; netem: {}",
+                    lane.name,
+                    scenario.name,
+                    late.marked,
+                    late.arrived_at_trigger,
+                    late.arrived,
+                    late.netem
+                ));
+            }
             drop(harness);
             common::report(&format!(
                 "lane {}: {} -> {result:?} ({:.1} s, RTUs dropped: {rtus_dropped:?})",
@@ -519,6 +630,7 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
                 lane: lane.name,
                 result,
                 rtus_dropped,
+                late_rtu,
             }
         })
         .collect()
@@ -559,6 +671,10 @@ fn conformance_suite_on_the_real_kernel_cm() {
         return;
     };
     let started = Instant::now();
+    common::report(&format!(
+        "conformance on the real kernel: the device raises COMM_EST: {}",
+        common::device_raises_comm_est()
+    ));
     let (lane_b, lane_a): (Vec<_>, Vec<_>) = scenarios::<RealHarness>()
         .into_iter()
         .partition(|s| LANE_B_SCENARIOS.contains(&s.name));
@@ -580,6 +696,14 @@ fn conformance_suite_on_the_real_kernel_cm() {
     for outcome in outcomes {
         match outcome.result {
             Ok(Verdict::Passed) => passed += 1,
+            Ok(Verdict::Skipped(reason))
+                if outcome.name == LATE_RTU_SCENARIO && setup.netem.is_some() =>
+            {
+                failures.push(format!(
+                    "lane {}: {}: skipped although netem is at hand: {reason}",
+                    outcome.lane, outcome.name
+                ));
+            }
             Ok(Verdict::Skipped(reason)) => {
                 skipped += 1;
                 common::report(&format!(
@@ -588,6 +712,16 @@ fn conformance_suite_on_the_real_kernel_cm() {
                 ));
             }
             Err(error) => failures.push(format!("lane {}: {error}", outcome.lane)),
+        }
+        // A late RTU must really have been late: held back, absent when the passive side
+        // looked for its trigger (just before notify), and arrived by the end.
+        if let Some(late) = &outcome.late_rtu {
+            if late.marked == 0 || late.arrived_at_trigger != Some(0) || late.arrived == 0 {
+                failures.push(format!(
+                    "lane {}: {}: the RTU was not late on the wire: {late:?}",
+                    outcome.lane, outcome.name
+                ));
+            }
         }
         // A scenario that asked for lost RTUs must really have lost some on the wire.
         if outcome.rtus_dropped == Some(0) {

@@ -150,7 +150,8 @@ fn warn(message: &str) {
     eprintln!("vm: WARNING: {message}");
 }
 
-fn apt_download(dir: &Path, specs: &[String]) -> Result<(), String> {
+/// `apt-get download` of `specs` into `dir`.
+pub(crate) fn apt_download(dir: &Path, specs: &[String]) -> Result<(), String> {
     run_quiet(
         Command::new("apt-get")
             // Downloading into a root-owned folder: apt's `_apt` sandbox user cannot write it.

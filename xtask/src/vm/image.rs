@@ -100,7 +100,8 @@ pub(crate) fn build(root: &Path, work: &Path, payload: &[PathBuf]) -> Result<Boo
     Ok(BootFiles { kernel, initramfs })
 }
 
-fn kernel_release(root: &Path) -> Result<String, String> {
+/// The release of the one kernel in the unpacked packages (`6.1.0-57-amd64`).
+pub(crate) fn kernel_release(root: &Path) -> Result<String, String> {
     let dir = root.join("lib/modules");
     let mut releases: Vec<String> = std::fs::read_dir(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?

@@ -1,16 +1,17 @@
 //! `cargo xtask vm`: the project's real-device tests on the real Linux kernel RDMA CM,
-//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/` and
-//! shared/spec/softroce-vm.md).
+//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/`).
 //!
 //! Steps: host packages (`ci/vm/host-packages.txt`), the pinned Debian packages
-//! (`debs`), the payload (`payload`, from `ci/vm/payload.txt`), the initramfs (`image`),
-//! the boot (`qemu`) and the verdict read from the console log (`console`).
+//! (`debs`), the COMM_EST-raising `rdma_rxe` built for the VM's kernel (`rxe`), the
+//! payload (`payload`, from `ci/vm/payload.txt`), the initramfs (`image`), the boot
+//! (`qemu`) and the verdict read from the console log (`console`).
 
 mod console;
 mod debs;
 mod image;
 mod payload;
 mod qemu;
+mod rxe;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -115,6 +116,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
         .clone()
         .unwrap_or_else(|| workspace_root().join(payload::MANIFEST));
     let payload = payload::build(&manifest, &share)?;
+    add_comm_est_rxe(&dir.join("cache"), &unpacked.root, &share)?;
     let boot_files = image::build(&unpacked.root, &dir, &payload.executables)?;
 
     let overall = options
@@ -177,6 +179,30 @@ fn run_vm(options: &Options) -> Result<String, String> {
         ));
     }
     Ok(summary)
+}
+
+/// Builds (or takes from the cache) the COMM_EST-raising `rdma_rxe` for the unpacked
+/// kernel and puts it into the share as `rxe/rdma_rxe.ko`, with `bin/rxe-reload`, the
+/// script that swaps it in inside the VM.
+fn add_comm_est_rxe(
+    cache: &std::path::Path,
+    root: &std::path::Path,
+    share: &std::path::Path,
+) -> Result<(), String> {
+    let kernel_pin = deps::read_list(debs::PINS)
+        .into_iter()
+        .find(|l| l.starts_with("linux-image-"))
+        .ok_or(format!("{} pins no linux-image-*", debs::PINS))?;
+    let release = image::kernel_release(root)?;
+    let module = rxe::module(cache, &kernel_pin, &release)?;
+    let rxe_dir = share.join("rxe");
+    std::fs::create_dir_all(&rxe_dir).map_err(|e| format!("{}: {e}", rxe_dir.display()))?;
+    std::fs::copy(&module, rxe_dir.join("rdma_rxe.ko"))
+        .map_err(|e| format!("{}: {e}", module.display()))?;
+    let script = workspace_root().join(rxe::RELOAD_SCRIPT);
+    std::fs::copy(&script, share.join("bin/rxe-reload"))
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    Ok(())
 }
 
 /// Boots with `accel`, or when `None` with KVM if it reaches `/init` quickly, else TCG.
