@@ -1,26 +1,20 @@
 //! The COMM_EST-raising soft-RoCE: `rdma_rxe` rebuilt for the VM's exact kernel from that
-//! kernel's Debian sources with the patch in `ci/vm/rxe-comm-est/` (a module parameter,
-//! `comm_est`, off by default, that makes the responder raise `IB_EVENT_COMM_EST` on the
-//! first packet an RC QP executes, as InfiniBand hardware does).
+//! kernel's Debian sources with the patch `ci/vm/rxe-comm-est/<kernel>.patch` (a module
+//! parameter, `comm_est`, off by default, that makes the responder raise
+//! `IB_EVENT_COMM_EST` on the first packet an RC QP executes, as InfiniBand hardware does).
 //!
-//! The Debian packages of `ci/vm/rxe-comm-est/build-packages.txt` are downloaded with
-//! `apt-get download` and unpacked with `dpkg -x` (never installed), only
-//! `drivers/infiniband/sw/rxe` is extracted from the source tarball, patched, and built
-//! out of tree against the unpacked `linux-headers-<release>` with the host's gcc-12. The
-//! stripped module is cached under `<cache>/rxe-comm-est`, keyed by the kernel pin, the
-//! build pins and the patch. Inside the VM `rxe-reload comm-est` swaps it in.
+//! The build pins of `ci/vm/kernels/<kernel>.txt` are downloaded with `apt-get download`
+//! and unpacked with `dpkg -x` (never installed), only `drivers/infiniband/sw/rxe` is
+//! extracted from the source tarball, patched, and built out of tree against the unpacked
+//! `linux-headers-<release>` with the host's gcc-12. The stripped module is cached under
+//! `<cache>/rxe-comm-est`, keyed by the kernel pins and the patch. Inside the VM
+//! `rxe-reload comm-est` swaps it in.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::deps;
-use crate::run::workspace_root;
-use crate::vm::debs::{apt_download, run_quiet};
-
-/// The patch applied to `drivers/infiniband/sw/rxe` (paths relative to that folder).
-const PATCH: &str = "ci/vm/rxe-comm-est/comm-est.patch";
-/// The build's Debian packages.
-const BUILD_PINS: &str = "ci/vm/rxe-comm-est/build-packages.txt";
+use crate::vm::debs::run_quiet;
+use crate::vm::kernel::{Kernel, KERNELS};
 /// The script that swaps the module inside the VM (put on PATH there).
 pub(crate) const RELOAD_SCRIPT: &str = "ci/vm/rxe-comm-est/rxe-reload";
 /// Where the source tarball keeps the soft-RoCE driver.
@@ -43,13 +37,15 @@ fn plan(pins: &[String]) -> Result<BuildPlan, String> {
     let source_package = names
         .iter()
         .find(|n| n.starts_with("linux-source-"))
-        .ok_or(format!("{BUILD_PINS} names no linux-source-*"))?
+        .ok_or(format!("{KERNELS}: the build pins name no linux-source-*"))?
         .to_string();
     let release = names
         .iter()
         .filter_map(|n| n.strip_prefix("linux-headers-"))
         .find(|r| !r.ends_with("-common"))
-        .ok_or(format!("{BUILD_PINS} names no linux-headers-<release>"))?
+        .ok_or(format!(
+            "{KERNELS}: the build pins name no linux-headers-<release>"
+        ))?
         .to_string();
     Ok(BuildPlan {
         source_package,
@@ -57,26 +53,32 @@ fn plan(pins: &[String]) -> Result<BuildPlan, String> {
     })
 }
 
-/// Returns the patched, stripped `rdma_rxe.ko` for `kernel_release`, building it unless
-/// the cache under `cache` was made from the same kernel pin, build pins and patch.
+/// Returns the patched, stripped `rdma_rxe.ko` for `kernel`, whose image unpacks as
+/// `kernel_release`, building it unless the cache under `cache` was made from the same
+/// kernel pins and patch.
 pub(crate) fn module(
     cache: &Path,
-    kernel_pin: &str,
+    kernel: &Kernel,
     kernel_release: &str,
 ) -> Result<PathBuf, String> {
-    let pins = deps::read_list(BUILD_PINS);
-    let plan = plan(&pins)?;
+    let pins = &kernel.build;
+    let plan = plan(pins)?;
     if plan.release != kernel_release {
         return Err(format!(
-            "{BUILD_PINS} builds for {} but the VM boots {kernel_release}: pin the same \
-             kernel in both",
-            plan.release
+            "{KERNELS}/{}.txt builds rdma_rxe for {} but the VM boots {kernel_release}: \
+             pin the image and the build packages at the same version",
+            kernel.name, plan.release
         ));
     }
-    let patch = workspace_root().join(PATCH);
+    let patch = kernel.patch();
     let patch_text =
         std::fs::read_to_string(&patch).map_err(|e| format!("{}: {e}", patch.display()))?;
-    let stamp_text = format!("{kernel_pin}\n{}\n{patch_text}", pins.join("\n"));
+    let stamp_text = format!(
+        "{}\n{:?}\n{}\n{patch_text}",
+        kernel.image,
+        kernel.apt_source,
+        pins.join("\n")
+    );
     let dir = cache.join("rxe-comm-est");
     let stamp = dir.join("stamp");
     let module = dir.join("rdma_rxe.ko");
@@ -97,11 +99,17 @@ pub(crate) fn module(
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
     println!("vm: COMM_EST rdma_rxe: downloading {} packages", pins.len());
-    if apt_download(&debs, &pins).is_err() {
-        println!("vm: download failed; refreshing the package lists");
-        run_quiet(Command::new("apt-get").args(["update", "-qq"]))?;
-        apt_download(&debs, &pins).map_err(|e| {
-            format!("cannot download the pinned rxe build packages ({BUILD_PINS}): {e}")
+    let apt = kernel.apt(&cache.join("apt"))?;
+    if apt.download(&debs, pins).is_err() {
+        if apt.is_host() {
+            println!("vm: download failed; refreshing the package lists");
+            run_quiet(Command::new("apt-get").args(["update", "-qq"]))?;
+        }
+        apt.download(&debs, pins).map_err(|e| {
+            format!(
+                "cannot download the pinned rxe build packages ({KERNELS}/{}.txt): {e}",
+                kernel.name
+            )
         })?;
     }
     for entry in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
@@ -155,7 +163,14 @@ pub(crate) fn module(
             .arg("-C")
             .arg(&headers)
             .arg(format!("M={}", build.display()))
-            .args(["CONFIG_RDMA_RXE=m", "-j2", "modules"]),
+            // No BTF for the module: it needs pahole and the kernel's vmlinux, and
+            // loading does not need it.
+            .args([
+                "CONFIG_RDMA_RXE=m",
+                "CONFIG_DEBUG_INFO_BTF_MODULES=",
+                "-j2",
+                "modules",
+            ]),
     )?;
     let built = build.join("rdma_rxe.ko");
     run_quiet(
@@ -213,16 +228,22 @@ mod tests {
     }
 
     #[test]
-    fn the_project_pins_build_for_the_vm_kernel() {
-        let plan = plan(&deps::read_list(BUILD_PINS)).expect("valid build pins");
-        let kernel = deps::read_list(crate::vm::debs::PINS)
-            .into_iter()
-            .find(|l| l.starts_with("linux-image-"))
-            .expect("a kernel pin");
-        assert!(
-            kernel.starts_with(&format!("linux-image-{}=", plan.release)),
-            "{kernel} vs {}",
-            plan.release
-        );
+    fn every_kernel_builds_rxe_for_its_own_image() {
+        for name in crate::vm::kernel::known() {
+            let kernel = Kernel::load(&name).expect("pin file");
+            let plan = plan(&kernel.build).expect("valid build pins");
+            let version = |pin: &str| pin.split_once('=').map(|(_, v)| v.to_string());
+            assert!(
+                kernel
+                    .image
+                    .starts_with(&format!("linux-image-{}=", plan.release)),
+                "{name}: {} vs {}",
+                kernel.image,
+                plan.release
+            );
+            for pin in &kernel.build {
+                assert_eq!(version(pin), version(&kernel.image), "{name}: {pin}");
+            }
+        }
     }
 }
