@@ -27,7 +27,9 @@ use cm_mock::conformance::{
 };
 use cm_sys::{AsyncEvents, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
 
-use common::{CmMadRule, MadAction, Netem, RtuDelay, Setup, REP, REP_RETRIES_BOUND, RTU, WAIT};
+use common::{
+    CmMadRule, MadAction, Netem, RtuDelay, Setup, MRA, REP, REP_RETRIES_BOUND, RTU, WAIT,
+};
 
 /// How long in-flight CM messages and the CM's deferred work get: under emulation an RTU
 /// or a forced establish is reported within ~10 ms; no CM timeout is shorter than 4 s.
@@ -37,6 +39,10 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// than the first REP retransmission (measured 4.1 s after the REP), which the REP
 /// counter would then show.
 const REP_RETRANSMISSION_WINDOW: Duration = Duration::from_secs(6);
+
+/// How often the REP counter is read while waiting for the REP retries to run out: the
+/// resulting send times (recorded in docs/spec-notes.md per kernel) are this precise.
+const REP_SAMPLE: Duration = Duration::from_millis(250);
 
 /// Bytes of one SEND from the active side; the passive side posts receives this big.
 const MESSAGE: usize = 64;
@@ -64,6 +70,8 @@ struct Lane {
     rtu_table: &'static str,
     /// The table counting the REPs sent to the active side.
     rep_table: &'static str,
+    /// The table counting the MRAs sent to the passive side.
+    mra_table: &'static str,
     /// The table marking the RTUs to delay (active side's OUTPUT hook).
     delay_table: &'static str,
     /// The table counting the RTUs reaching the passive side (while delaying).
@@ -81,6 +89,7 @@ impl Lane {
             active: setup.addr_b,
             rtu_table: "cmnotify_conformance_a_rtu",
             rep_table: "cmnotify_conformance_a_rep",
+            mra_table: "cmnotify_conformance_a_mra",
             delay_table: "cmnotify_conformance_a_delay",
             arrival_table: "cmnotify_conformance_a_arrival",
             nft: setup.nft.clone(),
@@ -99,6 +108,7 @@ impl Lane {
             active: setup.addr_a,
             rtu_table: "cmnotify_conformance_b_rtu",
             rep_table: "cmnotify_conformance_b_rep",
+            mra_table: "cmnotify_conformance_b_mra",
             delay_table: "cmnotify_conformance_b_delay",
             arrival_table: "cmnotify_conformance_b_arrival",
             nft: setup.nft.clone(),
@@ -129,6 +139,14 @@ struct RealHarness {
     rtu_drop: Option<CmMadRule>,
     /// Counts every REP (first sends and retransmissions) reaching the active side.
     reps: CmMadRule,
+    /// Counts every MRA reaching the passive side (the active side's "REP received,
+    /// answer coming", which stretches the REP's timeout).
+    mras: CmMadRule,
+    /// When the (last) passive accept was called: REP send times are relative to it.
+    accepted_at: Option<Instant>,
+    /// Seconds after the accept at which the REP counter was seen rising, one entry per
+    /// REP, while the REP retries were waited out.
+    rep_sends: Vec<f64>,
     /// RTUs dropped by rules removed earlier in the scenario.
     rtus_dropped_before: u64,
     drop_requested: bool,
@@ -184,8 +202,18 @@ impl RealHarness {
             REP,
             MadAction::Count,
         )?;
+        let mras = CmMadRule::install(
+            &lane.nft,
+            lane.mra_table,
+            lane.passive,
+            MRA,
+            MadAction::Count,
+        )?;
         Ok(RealHarness {
             reps,
+            mras,
+            accepted_at: None,
+            rep_sends: Vec::new(),
             lane,
             server,
             client,
@@ -277,6 +305,39 @@ impl RealHarness {
                 if until.contains(&seen.event) {
                     return Ok(());
                 }
+            }
+        }
+    }
+
+    /// [`RealHarness::watch_passive`], reading the REP counter every [`REP_SAMPLE`] and
+    /// noting when each REP was seen.
+    fn watch_passive_timing_reps(
+        &mut self,
+        duration: Duration,
+        until: &[CmEventType],
+    ) -> Result<(), CmError> {
+        let deadline = Instant::now() + duration;
+        let mut counted = self.reps.hits()?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let seen_before = self.passive_seen.len();
+            self.watch_passive(left.min(REP_SAMPLE), until)?;
+            let now = self.reps.hits()?;
+            let at = self
+                .accepted_at
+                .map_or(0.0, |accepted| accepted.elapsed().as_secs_f64());
+            for _ in counted..now {
+                self.rep_sends.push(at);
+            }
+            counted = now;
+            if self.passive_seen[seen_before..]
+                .iter()
+                .any(|e| until.contains(&e.event))
+            {
+                return Ok(());
             }
         }
     }
@@ -415,6 +476,7 @@ impl Harness for RealHarness {
             self.passive_device = Some(passive.async_events()?);
         }
         passive.accept(&ConnParams::default())?;
+        self.accepted_at = Some(Instant::now());
 
         // The REP has reached the active side when its CONNECT_RESPONSE is pending; it is
         // not read: reading it is what sends the RTU.
@@ -488,10 +550,32 @@ impl Harness for RealHarness {
         self.note_passive(&pending);
         self.passive_seen.extend(pending);
         if !self.passive_established {
-            self.watch_passive(
+            // The first REP was sent at the accept, before the counter was first read.
+            self.rep_sends = vec![0.0];
+            self.watch_passive_timing_reps(
                 REP_RETRIES_BOUND,
                 &[CmEventType::Unreachable, CmEventType::Established],
             )?;
+            let gaps: Vec<String> = self
+                .rep_sends
+                .windows(2)
+                .map(|w| format!("{:.2}", w[1] - w[0]))
+                .collect();
+            common::report(&format!(
+                "lane {}: REP sends seen at {:?} s after the accept (to within {:?}; the \
+                 first is the accept's own), gaps {gaps:?} s; MRAs to the passive side: {}; \
+                 passive events {:?} at {:.1} s",
+                self.lane.name,
+                self.rep_sends
+                    .iter()
+                    .map(|t| format!("{t:.2}"))
+                    .collect::<Vec<_>>(),
+                REP_SAMPLE,
+                self.mras.hits()?,
+                self.passive_seen,
+                self.accepted_at
+                    .map_or(0.0, |accepted| accepted.elapsed().as_secs_f64())
+            ));
         }
         if self.passive_established {
             self.watch_passive(REP_RETRANSMISSION_WINDOW, &[])?;
@@ -602,6 +686,7 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
             } else {
                 None
             };
+            let mras = harness.mras.hits().ok();
             let late_rtu = harness.late_rtu().unwrap_or_else(|e| {
                 common::report(&format!("reading the RTU delay's counters: {e}"));
                 None
@@ -620,7 +705,8 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
             }
             drop(harness);
             common::report(&format!(
-                "lane {}: {} -> {result:?} ({:.1} s, RTUs dropped: {rtus_dropped:?})",
+                "lane {}: {} -> {result:?} ({:.1} s, RTUs dropped: {rtus_dropped:?}, MRAs to \
+                 the passive side: {mras:?})",
                 lane.name,
                 scenario.name,
                 started.elapsed().as_secs_f64()

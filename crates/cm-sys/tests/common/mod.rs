@@ -228,6 +228,8 @@ pub(crate) fn resolved_id(
     Ok(id)
 }
 
+/// CM MAD attribute id of an MRA.
+pub(crate) const MRA: u16 = 0x0011;
 /// CM MAD attribute id of a REP.
 pub(crate) const REP: u16 = 0x0013;
 /// CM MAD attribute id of an RTU.
