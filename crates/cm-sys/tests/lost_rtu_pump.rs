@@ -8,6 +8,10 @@
 //! passive device's async events and the passive QP's receive completions: soft-RoCE
 //! raises no COMM_EST) is forced to ESTABLISHED by the receive completion. The other one
 //! never gets there: its REP retries run out and it ends UNREACHABLE (-ETIMEDOUT).
+//!
+//! It runs on the kernel's own soft-RoCE, the device without COMM_EST, where the receive
+//! completion is the only trigger; on the VM's COMM_EST device (`rxe-reload comm-est`)
+//! `comm_est_pump` covers the same rescue with COMM_EST as the trigger.
 
 mod common;
 
@@ -165,6 +169,12 @@ fn lost_rtu_is_forced_established_by_the_pump_and_unreachable_without_it() {
     let Some(setup) = common::setup(test) else {
         return;
     };
+    assert!(
+        !common::device_raises_comm_est(),
+        "{test} is written for the soft-RoCE without COMM_EST ({} says Y): run it before \
+         `rxe-reload comm-est`",
+        common::RXE_COMM_EST_PARAM
+    );
     let rtu_drop = CmMadRule::install(
         &setup.nft,
         "cmnotify_pump",
