@@ -158,6 +158,12 @@ struct RealHarness {
     passive_established: bool,
     /// The RTU delay in force, and the count of RTUs reaching the passive side.
     rtu_delay: Option<(RtuDelay, CmMadRule)>,
+    /// How long RTUs are held while [`RealHarness::rtu_delay`] is in force.
+    rtu_delay_for: Option<Duration>,
+    /// When the active side processed the REP (sent its RTU into the delay).
+    rtu_sent_at: Option<Instant>,
+    /// Seconds from that RTU's send to the passive side's look for its trigger.
+    trigger_after_rtu: Option<f64>,
     /// RTUs that had reached the passive side when it first looked for its trigger
     /// (just before notify), while delaying.
     rtus_arrived_at_trigger: Option<u64>,
@@ -170,6 +176,10 @@ struct LateRtu {
     marked: u64,
     /// RTUs at the passive side when it looked for its trigger, just before notify.
     arrived_at_trigger: Option<u64>,
+    /// Seconds from the RTU's send to that look.
+    trigger_after_rtu: Option<f64>,
+    /// The delay asked for.
+    delay: Option<Duration>,
     /// RTUs at the passive side at the end of the scenario.
     arrived: u64,
     /// The netem qdisc's statistics.
@@ -227,6 +237,9 @@ impl RealHarness {
             passive_seen: Vec::new(),
             passive_established: false,
             rtu_delay: None,
+            rtu_delay_for: None,
+            rtu_sent_at: None,
+            trigger_after_rtu: None,
             rtus_arrived_at_trigger: None,
         })
     }
@@ -239,6 +252,8 @@ impl RealHarness {
         Ok(Some(LateRtu {
             marked: delay.marked()?,
             arrived_at_trigger: self.rtus_arrived_at_trigger,
+            trigger_after_rtu: self.trigger_after_rtu,
+            delay: self.rtu_delay_for,
             arrived: arrivals.hits()?,
             netem: delay.netem_stats(),
         }))
@@ -432,6 +447,7 @@ impl Harness for RealHarness {
                 MadAction::Count,
             )?;
             self.rtu_delay = Some((marking, arrivals));
+            self.rtu_delay_for = Some(delay);
         }
         Ok(true)
     }
@@ -498,6 +514,8 @@ impl Harness for RealHarness {
         // RTS, RTU sent, ESTABLISHED reported.
         let event = common::event_within(&self.client, WAIT)
             .ok_or(error("rdma_get_cm_event", "no answer to the REP"))?;
+        // Reading the CONNECT_RESPONSE sent the RTU.
+        self.rtu_sent_at = Some(Instant::now());
         self.active_seen.push(SeenEvent {
             event: event.event_type(),
             status: event.status(),
@@ -527,8 +545,15 @@ impl Harness for RealHarness {
         conn.id(side).disconnect()
     }
 
+    /// [`SETTLE`]; while RTUs are delayed, at most a quarter of the delay, so that the
+    /// settling before notify ends well before the held RTU lands (a completion or a
+    /// forced ESTABLISHED takes ~10 ms under emulation).
     fn settle(&mut self) -> Result<(), CmError> {
-        std::thread::sleep(SETTLE);
+        let settle = match self.rtu_delay_for {
+            Some(delay) if self.rtu_delay.is_some() => SETTLE.min(delay / 4),
+            _ => SETTLE,
+        };
+        std::thread::sleep(settle);
         Ok(())
     }
 
@@ -632,6 +657,7 @@ impl Harness for RealHarness {
 
     fn take_passive_completions(&mut self) -> Result<Vec<QpNum>, CmError> {
         if let (Some((_, arrivals)), None) = (&self.rtu_delay, self.rtus_arrived_at_trigger) {
+            self.trigger_after_rtu = self.rtu_sent_at.map(|at| at.elapsed().as_secs_f64());
             self.rtus_arrived_at_trigger = Some(arrivals.hits()?);
         }
         let mut qps = Vec::new();
@@ -693,12 +719,15 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
             });
             if let Some(late) = &late_rtu {
                 common::report(&format!(
-                    "lane {}: {}: RTUs marked into the delay {}, at the passive side before \
-                     notify {:?}, at the end {}; netem: {}",
+                    "lane {}: {}: RTUs marked into the delay ({:?}) {}, at the passive side \
+                     before notify {:?} (looked {:?} s after the RTU was sent), at the end {}; \
+                     netem: {}",
                     lane.name,
                     scenario.name,
+                    late.delay,
                     late.marked,
                     late.arrived_at_trigger,
+                    late.trigger_after_rtu.map(|s| format!("{s:.2}")),
                     late.arrived,
                     late.netem
                 ));
