@@ -147,7 +147,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             "--no-vm given: the real-kernel tests did NOT run (CI always runs them)",
         );
     } else {
-        steps.run("vm", crate::vm::ci_step);
+        // Every kernel boots its own VM and prints its own counts.
+        for kernel in crate::vm::ci_kernels() {
+            steps.run(&format!("vm {kernel}"), || crate::vm::ci_step(kernel));
+        }
     }
     let result = steps.finish();
     println!("tests: {}", counts.line());

@@ -29,9 +29,10 @@ Commands:
                   runs every cargo-fuzz target in fuzz/ (or one) for N seconds each and
                   prints executions and findings (needs nightly and cargo-fuzz)
   deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
-  vm [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]
+  vm [--kernel 6.1|6.12] [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]
                   the real-device tests and RDMA CM smoke on the real Linux kernel:
-                  soft-RoCE in a qemu VM (ci/vm/); console in target/vm/console.log
+                  soft-RoCE in a qemu VM (ci/vm/, kernels in ci/vm/kernels/); console in
+                  target/vm/console.log (another kernel's: target/vm/kernel-NAME/)
   help            this text
 ";
 

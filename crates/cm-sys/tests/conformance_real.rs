@@ -2,8 +2,15 @@
 //! CM: soft-RoCE in the test VM (`cargo xtask vm`). Without a device the test records a
 //! skip and returns.
 //!
-//! The only wire fault here is dropping RTUs: an nftables rule in the passive side's
-//! INPUT hook. Scenarios are split over two lanes that never see each other's RTU rule:
+//! The suite runs on whichever soft-RoCE module the VM has loaded: the kernel's own, which
+//! never raises COMM_EST (the receive completion is then the trigger), or the patched one
+//! of `ci/vm/rxe-comm-est` with `comm_est=1`, which raises it on an RC QP's first packet
+//! as InfiniBand hardware does (the payload runs the suite once on each).
+//!
+//! Two wire faults: dropping RTUs (an nftables rule in the passive side's INPUT hook) and
+//! delaying them (marked in the active side's OUTPUT hook, held by a netem band on the
+//! veth they leave by), which makes `late_rtu_gives_no_second_established` real: the RTU
+//! reaches the passive side after notify forced the connection, and is counted arriving. Scenarios are split over two lanes that never see each other's RTU rule:
 //! lane A accepts on `CMNOTIFY_ADDR_A` (the rule matches that destination), lane B on
 //! `CMNOTIFY_ADDR_B`. The scenario that waits for the REP retries to run out (~69 s)
 //! runs on lane B while every other runs on lane A, so the suite takes about as long as
@@ -20,7 +27,9 @@ use cm_mock::conformance::{
 };
 use cm_sys::{AsyncEvents, CmId, ConnParams, EventChannel, MemoryRegion, QpCaps};
 
-use common::{CmMadRule, MadAction, Setup, REP, REP_RETRIES_BOUND, RTU, WAIT};
+use common::{
+    CmMadRule, MadAction, Netem, RtuDelay, Setup, MRA, REP, REP_RETRIES_BOUND, RTU, WAIT,
+};
 
 /// How long in-flight CM messages and the CM's deferred work get: under emulation an RTU
 /// or a forced establish is reported within ~10 ms; no CM timeout is shorter than 4 s.
@@ -30,6 +39,10 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// than the first REP retransmission (measured 4.1 s after the REP), which the REP
 /// counter would then show.
 const REP_RETRANSMISSION_WINDOW: Duration = Duration::from_secs(6);
+
+/// How often the REP counter is read while waiting for the REP retries to run out: the
+/// resulting send times (recorded in docs/spec-notes.md per kernel) are this precise.
+const REP_SAMPLE: Duration = Duration::from_millis(250);
 
 /// Bytes of one SEND from the active side; the passive side posts receives this big.
 const MESSAGE: usize = 64;
@@ -44,6 +57,9 @@ const LANE_B_SCENARIOS: &[&str] = &["no_rtu_no_notify_unreachable_then_einval"];
 /// forced ESTABLISHED) user space cannot order on a real kernel.
 const DREQ_RACE_SCENARIO: &str = "dreq_before_work_item_suppresses_established";
 
+/// The scenario that delays the RTU: with netem at hand it must run, not skip.
+const LATE_RTU_SCENARIO: &str = "late_rtu_gives_no_second_established";
+
 /// Which addresses a harness connects between, and the nftables table of its RTU rule.
 #[derive(Debug, Clone)]
 struct Lane {
@@ -54,7 +70,15 @@ struct Lane {
     rtu_table: &'static str,
     /// The table counting the REPs sent to the active side.
     rep_table: &'static str,
+    /// The table counting the MRAs sent to the passive side.
+    mra_table: &'static str,
+    /// The table marking the RTUs to delay (active side's OUTPUT hook).
+    delay_table: &'static str,
+    /// The table counting the RTUs reaching the passive side (while delaying).
+    arrival_table: &'static str,
     nft: String,
+    /// tc, and the netdev the active side's packets to the passive address leave by.
+    netem: Option<(String, String)>,
 }
 
 impl Lane {
@@ -65,7 +89,15 @@ impl Lane {
             active: setup.addr_b,
             rtu_table: "cmnotify_conformance_a_rtu",
             rep_table: "cmnotify_conformance_a_rep",
+            mra_table: "cmnotify_conformance_a_mra",
+            delay_table: "cmnotify_conformance_a_delay",
+            arrival_table: "cmnotify_conformance_a_arrival",
             nft: setup.nft.clone(),
+            // Traffic to A leaves by B's netdev (the VM's policy routing).
+            netem: setup
+                .netem
+                .as_ref()
+                .map(|n: &Netem| (n.tc.clone(), n.netdev_b.clone())),
         }
     }
 
@@ -76,7 +108,14 @@ impl Lane {
             active: setup.addr_a,
             rtu_table: "cmnotify_conformance_b_rtu",
             rep_table: "cmnotify_conformance_b_rep",
+            mra_table: "cmnotify_conformance_b_mra",
+            delay_table: "cmnotify_conformance_b_delay",
+            arrival_table: "cmnotify_conformance_b_arrival",
             nft: setup.nft.clone(),
+            netem: setup
+                .netem
+                .as_ref()
+                .map(|n: &Netem| (n.tc.clone(), n.netdev_a.clone())),
         }
     }
 }
@@ -100,6 +139,14 @@ struct RealHarness {
     rtu_drop: Option<CmMadRule>,
     /// Counts every REP (first sends and retransmissions) reaching the active side.
     reps: CmMadRule,
+    /// Counts every MRA reaching the passive side (the active side's "REP received,
+    /// answer coming", which stretches the REP's timeout).
+    mras: CmMadRule,
+    /// When the (last) passive accept was called: REP send times are relative to it.
+    accepted_at: Option<Instant>,
+    /// Seconds after the accept at which the REP counter was seen rising, one entry per
+    /// REP, while the REP retries were waited out.
+    rep_sends: Vec<f64>,
     /// RTUs dropped by rules removed earlier in the scenario.
     rtus_dropped_before: u64,
     drop_requested: bool,
@@ -109,6 +156,34 @@ struct RealHarness {
     /// Passive events read while waiting, reported by the next `take_events`.
     passive_seen: Vec<SeenEvent>,
     passive_established: bool,
+    /// The RTU delay in force, and the count of RTUs reaching the passive side.
+    rtu_delay: Option<(RtuDelay, CmMadRule)>,
+    /// How long RTUs are held while [`RealHarness::rtu_delay`] is in force.
+    rtu_delay_for: Option<Duration>,
+    /// When the active side processed the REP (sent its RTU into the delay).
+    rtu_sent_at: Option<Instant>,
+    /// Seconds from that RTU's send to the passive side's look for its trigger.
+    trigger_after_rtu: Option<f64>,
+    /// RTUs that had reached the passive side when it first looked for its trigger
+    /// (just before notify), while delaying.
+    rtus_arrived_at_trigger: Option<u64>,
+}
+
+/// What the RTU delay did in one scenario, read before the harness is dropped.
+#[derive(Debug)]
+struct LateRtu {
+    /// RTUs marked into the delay.
+    marked: u64,
+    /// RTUs at the passive side when it looked for its trigger, just before notify.
+    arrived_at_trigger: Option<u64>,
+    /// Seconds from the RTU's send to that look.
+    trigger_after_rtu: Option<f64>,
+    /// The delay asked for.
+    delay: Option<Duration>,
+    /// RTUs at the passive side at the end of the scenario.
+    arrived: u64,
+    /// The netem qdisc's statistics.
+    netem: String,
 }
 
 fn error(op: &'static str, reason: &'static str) -> CmError {
@@ -137,8 +212,18 @@ impl RealHarness {
             REP,
             MadAction::Count,
         )?;
+        let mras = CmMadRule::install(
+            &lane.nft,
+            lane.mra_table,
+            lane.passive,
+            MRA,
+            MadAction::Count,
+        )?;
         Ok(RealHarness {
             reps,
+            mras,
+            accepted_at: None,
+            rep_sends: Vec::new(),
             lane,
             server,
             client,
@@ -151,7 +236,27 @@ impl RealHarness {
             active_seen: Vec::new(),
             passive_seen: Vec::new(),
             passive_established: false,
+            rtu_delay: None,
+            rtu_delay_for: None,
+            rtu_sent_at: None,
+            trigger_after_rtu: None,
+            rtus_arrived_at_trigger: None,
         })
+    }
+
+    /// What the RTU delay did, if the scenario asked for one.
+    fn late_rtu(&self) -> Result<Option<LateRtu>, CmError> {
+        let Some((delay, arrivals)) = &self.rtu_delay else {
+            return Ok(None);
+        };
+        Ok(Some(LateRtu {
+            marked: delay.marked()?,
+            arrived_at_trigger: self.rtus_arrived_at_trigger,
+            trigger_after_rtu: self.trigger_after_rtu,
+            delay: self.rtu_delay_for,
+            arrived: arrivals.hits()?,
+            netem: delay.netem_stats(),
+        }))
     }
 
     /// RTUs dropped during the scenario so far.
@@ -219,6 +324,39 @@ impl RealHarness {
         }
     }
 
+    /// [`RealHarness::watch_passive`], reading the REP counter every [`REP_SAMPLE`] and
+    /// noting when each REP was seen.
+    fn watch_passive_timing_reps(
+        &mut self,
+        duration: Duration,
+        until: &[CmEventType],
+    ) -> Result<(), CmError> {
+        let deadline = Instant::now() + duration;
+        let mut counted = self.reps.hits()?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let seen_before = self.passive_seen.len();
+            self.watch_passive(left.min(REP_SAMPLE), until)?;
+            let now = self.reps.hits()?;
+            let at = self
+                .accepted_at
+                .map_or(0.0, |accepted| accepted.elapsed().as_secs_f64());
+            for _ in counted..now {
+                self.rep_sends.push(at);
+            }
+            counted = now;
+            if self.passive_seen[seen_before..]
+                .iter()
+                .any(|e| until.contains(&e.event))
+            {
+                return Ok(());
+            }
+        }
+    }
+
     /// Ends every connection the way applications must: both sides disconnect (each
     /// answering the other's DREQ), events read and acknowledged, all bounded.
     fn teardown(&mut self) {
@@ -236,6 +374,7 @@ impl RealHarness {
         self.passive_device = None;
         self.opened.clear();
         self.rtu_drop = None;
+        self.rtu_delay = None;
     }
 }
 
@@ -249,15 +388,21 @@ impl Harness for RealHarness {
     type Id = CmId;
 
     fn describe(&self) -> String {
+        let device = if self.raises_comm_est() {
+            "soft-RoCE raising COMM_EST"
+        } else {
+            "soft-RoCE"
+        };
         format!(
-            "real kernel CM (soft-RoCE), lane {}: {} -> {}",
+            "real kernel CM ({device}), lane {}: {} -> {}",
             self.lane.name, self.lane.active, self.lane.passive
         )
     }
 
     fn raises_comm_est(&self) -> bool {
-        // soft-RoCE has no code raising IBV_EVENT_COMM_EST (6.1 and 6.12).
-        false
+        // The stock soft-RoCE has no code raising IBV_EVENT_COMM_EST (6.1 and 6.12); the
+        // patched module does when its parameter is on.
+        common::device_raises_comm_est()
     }
 
     fn drop_rtus(&mut self, drop: bool) -> Result<(), CmError> {
@@ -277,12 +422,34 @@ impl Harness for RealHarness {
         Ok(())
     }
 
-    /// Not on the real kernel: nftables only drops, and a dropped RTU is not sent again
-    /// once the passive side is forced to ESTABLISHED (that cancels the REP whose
-    /// retransmission would draw a new RTU), so dropping for a while cannot make an RTU
-    /// late. Delaying packets needs netem, which the VM image does not carry.
-    fn delay_rtus(&mut self, _delay: Option<Duration>) -> Result<bool, CmError> {
-        Ok(false)
+    /// netem on the veth the active side's packets to the passive address leave by,
+    /// fed only with the RTUs (marked in the OUTPUT hook); a rule on the passive INPUT
+    /// hook counts them arriving. `false` without tc (`CMNOTIFY_TC`).
+    fn delay_rtus(&mut self, delay: Option<Duration>) -> Result<bool, CmError> {
+        let Some((tc, netdev)) = self.lane.netem.clone() else {
+            return Ok(false);
+        };
+        self.rtu_delay = None;
+        if let Some(delay) = delay {
+            let marking = RtuDelay::install(
+                &self.lane.nft,
+                &tc,
+                &netdev,
+                self.lane.delay_table,
+                self.lane.passive,
+                delay,
+            )?;
+            let arrivals = CmMadRule::install(
+                &self.lane.nft,
+                self.lane.arrival_table,
+                self.lane.passive,
+                RTU,
+                MadAction::Count,
+            )?;
+            self.rtu_delay = Some((marking, arrivals));
+            self.rtu_delay_for = Some(delay);
+        }
+        Ok(true)
     }
 
     fn fresh_id(&mut self) -> Result<CmId, CmError> {
@@ -325,6 +492,7 @@ impl Harness for RealHarness {
             self.passive_device = Some(passive.async_events()?);
         }
         passive.accept(&ConnParams::default())?;
+        self.accepted_at = Some(Instant::now());
 
         // The REP has reached the active side when its CONNECT_RESPONSE is pending; it is
         // not read: reading it is what sends the RTU.
@@ -346,6 +514,8 @@ impl Harness for RealHarness {
         // RTS, RTU sent, ESTABLISHED reported.
         let event = common::event_within(&self.client, WAIT)
             .ok_or(error("rdma_get_cm_event", "no answer to the REP"))?;
+        // Reading the CONNECT_RESPONSE sent the RTU.
+        self.rtu_sent_at = Some(Instant::now());
         self.active_seen.push(SeenEvent {
             event: event.event_type(),
             status: event.status(),
@@ -375,8 +545,15 @@ impl Harness for RealHarness {
         conn.id(side).disconnect()
     }
 
+    /// [`SETTLE`]; while RTUs are delayed, at most a quarter of the delay, so that the
+    /// settling before notify ends well before the held RTU lands (a completion or a
+    /// forced ESTABLISHED takes ~10 ms under emulation).
     fn settle(&mut self) -> Result<(), CmError> {
-        std::thread::sleep(SETTLE);
+        let settle = match self.rtu_delay_for {
+            Some(delay) if self.rtu_delay.is_some() => SETTLE.min(delay / 4),
+            _ => SETTLE,
+        };
+        std::thread::sleep(settle);
         Ok(())
     }
 
@@ -398,10 +575,32 @@ impl Harness for RealHarness {
         self.note_passive(&pending);
         self.passive_seen.extend(pending);
         if !self.passive_established {
-            self.watch_passive(
+            // The first REP was sent at the accept, before the counter was first read.
+            self.rep_sends = vec![0.0];
+            self.watch_passive_timing_reps(
                 REP_RETRIES_BOUND,
                 &[CmEventType::Unreachable, CmEventType::Established],
             )?;
+            let gaps: Vec<String> = self
+                .rep_sends
+                .windows(2)
+                .map(|w| format!("{:.2}", w[1] - w[0]))
+                .collect();
+            common::report(&format!(
+                "lane {}: REP sends seen at {:?} s after the accept (to within {:?}; the \
+                 first is the accept's own), gaps {gaps:?} s; MRAs to the passive side: {}; \
+                 passive events {:?} at {:.1} s",
+                self.lane.name,
+                self.rep_sends
+                    .iter()
+                    .map(|t| format!("{t:.2}"))
+                    .collect::<Vec<_>>(),
+                REP_SAMPLE,
+                self.mras.hits()?,
+                self.passive_seen,
+                self.accepted_at
+                    .map_or(0.0, |accepted| accepted.elapsed().as_secs_f64())
+            ));
         }
         if self.passive_established {
             self.watch_passive(REP_RETRANSMISSION_WINDOW, &[])?;
@@ -457,6 +656,10 @@ impl Harness for RealHarness {
     }
 
     fn take_passive_completions(&mut self) -> Result<Vec<QpNum>, CmError> {
+        if let (Some((_, arrivals)), None) = (&self.rtu_delay, self.rtus_arrived_at_trigger) {
+            self.trigger_after_rtu = self.rtu_sent_at.map(|at| at.elapsed().as_secs_f64());
+            self.rtus_arrived_at_trigger = Some(arrivals.hits()?);
+        }
         let mut qps = Vec::new();
         for opened in &self.opened {
             for completion in opened.passive.poll_recv_cq(16)? {
@@ -475,6 +678,7 @@ struct Outcome {
     lane: &'static str,
     result: Result<Verdict, ConformanceError>,
     rtus_dropped: Option<u64>,
+    late_rtu: Option<LateRtu>,
 }
 
 /// Runs `selected` scenarios one after the other on `lane`, each on a fresh harness.
@@ -495,6 +699,7 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
                             error,
                         }),
                         rtus_dropped: None,
+                        late_rtu: None,
                     }
                 }
             };
@@ -507,9 +712,30 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
             } else {
                 None
             };
+            let mras = harness.mras.hits().ok();
+            let late_rtu = harness.late_rtu().unwrap_or_else(|e| {
+                common::report(&format!("reading the RTU delay's counters: {e}"));
+                None
+            });
+            if let Some(late) = &late_rtu {
+                common::report(&format!(
+                    "lane {}: {}: RTUs marked into the delay ({:?}) {}, at the passive side \
+                     before notify {:?} (looked {:?} s after the RTU was sent), at the end {}; \
+                     netem: {}",
+                    lane.name,
+                    scenario.name,
+                    late.delay,
+                    late.marked,
+                    late.arrived_at_trigger,
+                    late.trigger_after_rtu.map(|s| format!("{s:.2}")),
+                    late.arrived,
+                    late.netem
+                ));
+            }
             drop(harness);
             common::report(&format!(
-                "lane {}: {} -> {result:?} ({:.1} s, RTUs dropped: {rtus_dropped:?})",
+                "lane {}: {} -> {result:?} ({:.1} s, RTUs dropped: {rtus_dropped:?}, MRAs to \
+                 the passive side: {mras:?})",
                 lane.name,
                 scenario.name,
                 started.elapsed().as_secs_f64()
@@ -519,6 +745,7 @@ fn run_lane(lane: &Lane, selected: Vec<Scenario<RealHarness>>) -> Vec<Outcome> {
                 lane: lane.name,
                 result,
                 rtus_dropped,
+                late_rtu,
             }
         })
         .collect()
@@ -559,6 +786,10 @@ fn conformance_suite_on_the_real_kernel_cm() {
         return;
     };
     let started = Instant::now();
+    common::report(&format!(
+        "conformance on the real kernel: the device raises COMM_EST: {}",
+        common::device_raises_comm_est()
+    ));
     let (lane_b, lane_a): (Vec<_>, Vec<_>) = scenarios::<RealHarness>()
         .into_iter()
         .partition(|s| LANE_B_SCENARIOS.contains(&s.name));
@@ -580,6 +811,14 @@ fn conformance_suite_on_the_real_kernel_cm() {
     for outcome in outcomes {
         match outcome.result {
             Ok(Verdict::Passed) => passed += 1,
+            Ok(Verdict::Skipped(reason))
+                if outcome.name == LATE_RTU_SCENARIO && setup.netem.is_some() =>
+            {
+                failures.push(format!(
+                    "lane {}: {}: skipped although netem is at hand: {reason}",
+                    outcome.lane, outcome.name
+                ));
+            }
             Ok(Verdict::Skipped(reason)) => {
                 skipped += 1;
                 common::report(&format!(
@@ -588,6 +827,16 @@ fn conformance_suite_on_the_real_kernel_cm() {
                 ));
             }
             Err(error) => failures.push(format!("lane {}: {error}", outcome.lane)),
+        }
+        // A late RTU must really have been late: held back, absent when the passive side
+        // looked for its trigger (just before notify), and arrived by the end.
+        if let Some(late) = &outcome.late_rtu {
+            if late.marked == 0 || late.arrived_at_trigger != Some(0) || late.arrived == 0 {
+                failures.push(format!(
+                    "lane {}: {}: the RTU was not late on the wire: {late:?}",
+                    outcome.lane, outcome.name
+                ));
+            }
         }
         // A scenario that asked for lost RTUs must really have lost some on the wire.
         if outcome.rtus_dropped == Some(0) {

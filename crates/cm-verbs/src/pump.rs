@@ -454,13 +454,6 @@ impl<I: CmId> NotifyPump<I> {
         }
     }
 
-    /// The former name of [`NotifyPump::on_async_event`], kept only until cm-sys's
-    /// `lost_rtu_pump` test calls the new name; then removed.
-    #[doc(hidden)]
-    pub fn handle_async_event(&mut self, event: AsyncEvent) -> PumpEvent {
-        self.on_async_event(event)
-    }
-
     /// The second trigger: a receive completed on `qp`. When `qp` is a registered
     /// passive connection not yet known to be established, the CM is notified exactly as
     /// for COMM_EST; when no id is registered for `qp`, the completion is kept (the most

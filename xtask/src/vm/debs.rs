@@ -1,10 +1,12 @@
-//! The VM's Debian packages: pinned in `ci/vm/debian-packages.txt`, downloaded with
-//! `apt-get download` and unpacked with `dpkg -x` into a cache folder (never installed).
+//! The VM's Debian packages: the userspace pinned in `ci/vm/debian-packages.txt` and the
+//! kernel image pinned in `ci/vm/kernels/<kernel>.txt`, downloaded with `apt-get
+//! download` and unpacked with `dpkg -x` into a cache folder (never installed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::deps;
+use crate::vm::kernel::{Apt, Kernel};
 
 /// The pin list, relative to the workspace root.
 pub(crate) const PINS: &str = "ci/vm/debian-packages.txt";
@@ -37,15 +39,26 @@ fn parse_pin(line: &str) -> Result<Pin, String> {
     }
 }
 
-/// Returns the unpacked packages under `cache`, downloading and unpacking them unless the
-/// cache was made from the same pins.
-pub(crate) fn fetch(cache: &Path) -> Result<Unpacked, String> {
-    let lines = deps::read_list(PINS);
+/// Returns the unpacked packages (userspace and `kernel`'s image) under `cache`,
+/// downloading and unpacking them unless the cache was made from the same pins.
+pub(crate) fn fetch(cache: &Path, kernel: &Kernel) -> Result<Unpacked, String> {
+    let mut lines = deps::read_list(PINS);
+    // A kernel from the host's lists goes with the userspace (and its fallback); one from
+    // its own source is downloaded apart.
+    let own_source = kernel.apt_source.is_some();
+    if !own_source {
+        lines.push(kernel.image.clone());
+    }
     let pins = lines
         .iter()
         .map(|l| parse_pin(l))
         .collect::<Result<Vec<_>, _>>()?;
-    let stamp_text = lines.join("\n");
+    let stamp_text = format!(
+        "{}\n{:?}\n{}",
+        lines.join("\n"),
+        kernel.apt_source,
+        kernel.image
+    );
     let stamp = cache.join("stamp");
     let fallback_file = cache.join("fallbacks.txt");
     let root = cache.join("root");
@@ -76,6 +89,13 @@ pub(crate) fn fetch(cache: &Path) -> Result<Unpacked, String> {
     let _ = std::fs::remove_file(&stamp);
 
     let fallbacks = download(&debs, &pins)?;
+    if own_source {
+        println!("vm: downloading {} from its own source", kernel.image);
+        kernel
+            .apt(&cache.join("apt"))?
+            .download(&debs, std::slice::from_ref(&kernel.image))
+            .map_err(|e| format!("cannot download {}: {e}", kernel.image))?;
+    }
     let mut files: Vec<PathBuf> = std::fs::read_dir(&debs)
         .map_err(|e| format!("{}: {e}", debs.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -150,14 +170,9 @@ fn warn(message: &str) {
     eprintln!("vm: WARNING: {message}");
 }
 
+/// `apt-get download` of `specs` into `dir` with the host's package lists.
 fn apt_download(dir: &Path, specs: &[String]) -> Result<(), String> {
-    run_quiet(
-        Command::new("apt-get")
-            // Downloading into a root-owned folder: apt's `_apt` sandbox user cannot write it.
-            .args(["download", "-qq", "-o", "APT::Sandbox::User=root"])
-            .args(specs)
-            .current_dir(dir),
-    )
+    Apt::host().download(dir, specs)
 }
 
 /// The kernel ABI package `linux-image-amd64` depends on now.
@@ -230,11 +245,14 @@ mod tests {
             "ibverbs-providers",
             "rdmacm-utils",
             "nftables",
+            "iproute2",
         ] {
             assert!(pins.iter().any(|p| p.package == needed), "{needed}");
         }
-        assert!(pins
-            .iter()
-            .any(|p| p.package.starts_with("linux-image-6.1.0-")));
+        // The kernels are pinned apart, one file each.
+        assert!(!pins.iter().any(|p| p.package.starts_with("linux-image-")));
+        let default = Kernel::load(crate::vm::kernel::DEFAULT).expect("default kernel");
+        let image = parse_pin(&default.image).expect("kernel pin");
+        assert!(image.package.starts_with("linux-image-6.1.0-"));
     }
 }

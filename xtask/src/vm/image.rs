@@ -100,7 +100,8 @@ pub(crate) fn build(root: &Path, work: &Path, payload: &[PathBuf]) -> Result<Boo
     Ok(BootFiles { kernel, initramfs })
 }
 
-fn kernel_release(root: &Path) -> Result<String, String> {
+/// The release of the one kernel in the unpacked packages (`6.1.0-57-amd64`).
+pub(crate) fn kernel_release(root: &Path) -> Result<String, String> {
     let dir = root.join("lib/modules");
     let mut releases: Vec<String> = std::fs::read_dir(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -298,10 +299,30 @@ fn add_library_closure(stage: &Path, payload: &[PathBuf]) -> Result<BTreeSet<Pat
     Ok(added)
 }
 
-/// Module name as the kernel knows it (`-` and `_` are the same).
+/// Module name as the kernel knows it (`-` and `_` are the same), from a plain
+/// (`x.ko`) or xz-compressed (`x.ko.xz`, as Debian ships 6.12) module file.
 fn module_name(file_name: &str) -> Option<String> {
-    let stem = file_name.strip_suffix(".ko")?;
+    let stem = file_name
+        .strip_suffix(".ko")
+        .or_else(|| file_name.strip_suffix(".ko.xz"))?;
     Some(stem.replace('-', "_"))
+}
+
+/// A module file's contents, decompressed: busybox `insmod` hands the file to the kernel
+/// as it is, and only plain modules load that way.
+fn read_module(path: &Path) -> Result<Vec<u8>, String> {
+    if path.extension().is_some_and(|x| x == "xz") {
+        let out = Command::new("xz")
+            .arg("-dc")
+            .arg(path)
+            .output()
+            .map_err(|e| format!("could not run xz: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("xz -dc {} failed ({})", path.display(), out.status));
+        }
+        return Ok(out.stdout);
+    }
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The `depends=` field of a module's `.modinfo` section.
@@ -359,7 +380,9 @@ fn add_modules(root: &Path, release: &str, stage: &Path) -> Result<usize, String
     let mut list = String::new();
     for (name, params) in &order {
         let file = format!("{name}.ko");
-        copy_file(&index[name], &stage.join("modules").join(&file))?;
+        let to = stage.join("modules").join(&file);
+        std::fs::write(&to, read_module(&index[name])?)
+            .map_err(|e| format!("{}: {e}", to.display()))?;
         list.push_str(&format!("{file} {params}\n"));
     }
     std::fs::write(stage.join("etc/vm/modules"), list).map_err(|e| e.to_string())?;
@@ -382,7 +405,7 @@ fn add_with_depends(
     let path = index
         .get(name)
         .ok_or_else(|| format!("module {name} ({MODULES}) is not in the kernel package"))?;
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = read_module(path)?;
     visiting.push(name.to_string());
     for dependency in module_depends(&bytes) {
         add_with_depends(&dependency, "", index, order, visiting)?;
@@ -453,6 +476,16 @@ fn pack(stage: &Path, output: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn module_names_come_from_plain_and_compressed_files() {
+        assert_eq!(module_name("rdma_rxe.ko"), Some("rdma_rxe".into()));
+        assert_eq!(
+            module_name("9pnet-virtio.ko.xz"),
+            Some("9pnet_virtio".into())
+        );
+        assert_eq!(module_name("modules.builtin"), None);
+    }
 
     #[test]
     fn ldd_lines_are_read() {

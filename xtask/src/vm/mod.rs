@@ -1,16 +1,19 @@
 //! `cargo xtask vm`: the project's real-device tests on the real Linux kernel RDMA CM,
-//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/` and
-//! shared/spec/softroce-vm.md).
+//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/`).
 //!
-//! Steps: host packages (`ci/vm/host-packages.txt`), the pinned Debian packages
-//! (`debs`), the payload (`payload`, from `ci/vm/payload.txt`), the initramfs (`image`),
-//! the boot (`qemu`) and the verdict read from the console log (`console`).
+//! Steps: host packages (`ci/vm/host-packages.txt`), the pinned Debian packages (`debs`)
+//! of the chosen kernel (`kernel`, `ci/vm/kernels/`), the COMM_EST-raising `rdma_rxe`
+//! built for that kernel (`rxe`), the
+//! payload (`payload`, from `ci/vm/payload.txt`), the initramfs (`image`), the boot
+//! (`qemu`) and the verdict read from the console log (`console`).
 
 mod console;
 mod debs;
 mod image;
+mod kernel;
 mod payload;
 mod qemu;
+mod rxe;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,6 +21,7 @@ use std::time::Duration;
 use crate::deps;
 use crate::run::workspace_root;
 use console::ConsoleReport;
+use kernel::Kernel;
 use qemu::{Accel, Ended, VmConfig};
 
 /// Host packages this step needs, relative to the workspace root.
@@ -40,6 +44,8 @@ struct Options {
     timeout: Option<Duration>,
     /// Another payload manifest instead of `ci/vm/payload.txt`.
     manifest: Option<PathBuf>,
+    /// The kernel to boot (`ci/vm/kernels/<name>.txt`); `None`: [`kernel::DEFAULT`].
+    kernel: Option<String>,
 }
 
 impl Options {
@@ -71,6 +77,10 @@ impl Options {
                     let path = args.next().ok_or("vm: --manifest wants a file")?;
                     options.manifest = Some(PathBuf::from(path));
                 }
+                "--kernel" => {
+                    let name = args.next().ok_or("vm: --kernel wants a name (6.1, 6.12)")?;
+                    options.kernel = Some(name.clone());
+                }
                 other => return Err(format!("vm: unknown option `{other}`")),
             }
         }
@@ -78,15 +88,25 @@ impl Options {
     }
 }
 
-/// `cargo xtask vm [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]`.
+/// `cargo xtask vm [--kernel NAME] [--accel kvm|tcg|auto] [--timeout SECS]
+/// [--manifest FILE]`.
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     run_vm(&Options::parse(args)?).map(|_| ())
 }
 
-/// The VM step for `cargo xtask ci`: runs everything with default options and returns the
-/// one-line note, e.g. `real kernel: 23 passed, 0 failed, 0 skipped; smoke: 4/4 passed`.
-pub(crate) fn ci_step() -> Result<String, String> {
-    run_vm(&Options::default())
+/// The kernels `cargo xtask ci` boots, one VM step each.
+pub(crate) fn ci_kernels() -> &'static [&'static str] {
+    kernel::CI_KERNELS
+}
+
+/// The VM step for `cargo xtask ci` on `kernel`: runs the whole payload and returns the
+/// one-line note, e.g. `kernel 6.1.0-57-amd64: real kernel: 23 passed, 0 failed, 0
+/// skipped; smoke: 4/4 passed`.
+pub(crate) fn ci_step(kernel: &str) -> Result<String, String> {
+    run_vm(&Options {
+        kernel: Some(kernel.to_string()),
+        ..Options::default()
+    })
 }
 
 /// Where the VM's files go: `<target dir>/vm`.
@@ -98,6 +118,16 @@ fn vm_dir() -> PathBuf {
     target.join("vm")
 }
 
+/// Where one kernel's run goes (share, image, console log): `<target dir>/vm` for the
+/// default kernel, `<target dir>/vm/kernel-<name>` for the others.
+fn run_dir(kernel: &Kernel) -> PathBuf {
+    if kernel.name == kernel::DEFAULT {
+        vm_dir()
+    } else {
+        vm_dir().join(format!("kernel-{}", kernel.name))
+    }
+}
+
 fn run_vm(options: &Options) -> Result<String, String> {
     deps::ensure(&deps::read_list(HOST_PACKAGES))?;
     if !qemu::available() {
@@ -106,15 +136,20 @@ fn run_vm(options: &Options) -> Result<String, String> {
             qemu::QEMU
         ));
     }
-    let dir = vm_dir();
+    let kernel = Kernel::load(options.kernel.as_deref().unwrap_or(kernel::DEFAULT))?;
+    println!("vm: kernel {}", kernel.name);
+    let dir = run_dir(&kernel);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let unpacked = debs::fetch(&dir.join("cache"))?;
+    let cache = vm_dir().join("cache").join(&kernel.name);
+    let unpacked = debs::fetch(&cache, &kernel)?;
     let share = dir.join("share");
     let manifest = options
         .manifest
         .clone()
         .unwrap_or_else(|| workspace_root().join(payload::MANIFEST));
     let payload = payload::build(&manifest, &share)?;
+    let release = image::kernel_release(&unpacked.root)?;
+    add_comm_est_rxe(&cache, &kernel, &release, &share)?;
     let boot_files = image::build(&unpacked.root, &dir, &payload.executables)?;
 
     let overall = options
@@ -160,9 +195,9 @@ fn run_vm(options: &Options) -> Result<String, String> {
         Ended::Exited(_) => {}
     }
     let summary = match unpacked.fallbacks.len() {
-        0 => report.summary_line(),
+        0 => format!("kernel {release}: {}", report.summary_line()),
         n => format!(
-            "{} (WARNING: {n} Debian pins replaced by newer versions, see {})",
+            "kernel {release}: {} (WARNING: {n} Debian pins replaced by newer versions, see {})",
             report.summary_line(),
             debs::PINS
         ),
@@ -177,6 +212,26 @@ fn run_vm(options: &Options) -> Result<String, String> {
         ));
     }
     Ok(summary)
+}
+
+/// Builds (or takes from the cache) the COMM_EST-raising `rdma_rxe` for `kernel` (its
+/// image unpacked as `release`) and puts it into the share as `rxe/rdma_rxe.ko`, with
+/// `bin/rxe-reload`, the script that swaps it in inside the VM.
+fn add_comm_est_rxe(
+    cache: &std::path::Path,
+    kernel: &Kernel,
+    release: &str,
+    share: &std::path::Path,
+) -> Result<(), String> {
+    let module = rxe::module(cache, kernel, release)?;
+    let rxe_dir = share.join("rxe");
+    std::fs::create_dir_all(&rxe_dir).map_err(|e| format!("{}: {e}", rxe_dir.display()))?;
+    std::fs::copy(&module, rxe_dir.join("rdma_rxe.ko"))
+        .map_err(|e| format!("{}: {e}", module.display()))?;
+    let script = workspace_root().join(rxe::RELOAD_SCRIPT);
+    std::fs::copy(&script, share.join("bin/rxe-reload"))
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    Ok(())
 }
 
 /// Boots with `accel`, or when `None` with KVM if it reaches `/init` quickly, else TCG.
@@ -243,7 +298,7 @@ mod tests {
 
     #[test]
     fn options_are_read() {
-        let args: Vec<String> = ["--accel", "tcg", "--timeout", "300"]
+        let args: Vec<String> = ["--accel", "tcg", "--timeout", "300", "--kernel", "6.12"]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -253,6 +308,7 @@ mod tests {
                 accel: Some(Accel::Tcg),
                 timeout: Some(Duration::from_secs(300)),
                 manifest: None,
+                kernel: Some("6.12".into()),
             })
         );
         assert!(Options::parse(&["--accel".to_string(), "xen".to_string()]).is_err());

@@ -31,6 +31,9 @@ pub(crate) enum Item {
         timeout_secs: u64,
         /// Only this integration test target (`cargo test --test NAME`), if set.
         test: Option<String>,
+        /// Appended to the entry names (`label=NAME`), to tell apart a second run of
+        /// the same executable (e.g. on another device).
+        label: Option<String>,
     },
     /// A named binary, put on PATH inside.
     CargoBin {
@@ -87,6 +90,7 @@ fn parse_item(line: &str) -> Result<Item, String> {
         "cargo-test" => {
             let mut timeout_secs = TEST_TIMEOUT_SECS;
             let mut test = None;
+            let mut label = None;
             let mut rest = Vec::new();
             for word in words {
                 if let Some(secs) = word.strip_prefix("timeout=") {
@@ -94,6 +98,9 @@ fn parse_item(line: &str) -> Result<Item, String> {
                 } else if let Some(name) = word.strip_prefix("test=") {
                     test = Some(name.to_string()).filter(|n| !n.is_empty());
                     test.as_ref().ok_or_else(bad)?;
+                } else if let Some(name) = word.strip_prefix("label=") {
+                    label = Some(name.to_string()).filter(|n| !n.is_empty());
+                    label.as_ref().ok_or_else(bad)?;
                 } else {
                     rest.push(word);
                 }
@@ -108,6 +115,7 @@ fn parse_item(line: &str) -> Result<Item, String> {
                 features,
                 timeout_secs,
                 test,
+                label,
             })
         }
         "cargo-bin" => match words.as_slice() {
@@ -202,6 +210,7 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 features,
                 timeout_secs,
                 test,
+                label,
             } => {
                 let mut args = vec!["test", "--no-run", "--message-format=json", "-p", &package];
                 if let Some(f) = &features {
@@ -220,9 +229,10 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                     let file = copy_into(&exe, &bin, None)?;
                     payload.executables.push(exe);
                     let script = format!("exec /mnt/host/bin/{file} --test-threads=1\n");
+                    let suffix = label.as_ref().map_or(String::new(), |l| format!(" {l}"));
                     add_entry(
                         &mut payload,
-                        format!("{TEST_ENTRY_PREFIX}{package} {file}"),
+                        format!("{TEST_ENTRY_PREFIX}{package} {file}{suffix}"),
                         timeout_secs,
                         script,
                     )?;
@@ -337,6 +347,7 @@ mod tests {
 cargo-test cm-sys
 cargo-test cm-verbs real-device,extra timeout=90
 cargo-test cm-sys test=notify_overhead
+cargo-test cm-sys test=conformance_real label=comm-est
 cargo-bin cm-sys notify-peer
 exec ibv-devices ibv_devices
 exec rping timeout=30 \\
@@ -352,18 +363,28 @@ exec rping timeout=30 \\
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
                     test: None,
+                    label: None,
                 },
                 Item::CargoTest {
                     package: "cm-verbs".into(),
                     features: Some("real-device,extra".into()),
                     timeout_secs: 90,
                     test: None,
+                    label: None,
                 },
                 Item::CargoTest {
                     package: "cm-sys".into(),
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
                     test: Some("notify_overhead".into()),
+                    label: None,
+                },
+                Item::CargoTest {
+                    package: "cm-sys".into(),
+                    features: None,
+                    timeout_secs: TEST_TIMEOUT_SECS,
+                    test: Some("conformance_real".into()),
+                    label: Some("comm-est".into()),
                 },
                 Item::CargoBin {
                     package: "cm-sys".into(),
@@ -393,6 +414,7 @@ exec rping timeout=30 \\
         assert!(parse_manifest("cargo-test a b c").is_err());
         assert!(parse_manifest("cargo-test a timeout=").is_err());
         assert!(parse_manifest("cargo-test a test=").is_err());
+        assert!(parse_manifest("cargo-test a label=").is_err());
     }
 
     #[test]

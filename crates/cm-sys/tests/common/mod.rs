@@ -1,6 +1,7 @@
 //! Helpers shared by the real-kernel test binaries (`device`, `conformance_real`,
-//! `lost_rtu_pump`): the skip protocol, the VM's addresses, bounded event and completion
-//! waits, address resolution with a retry, and an nftables RTU drop.
+//! `lost_rtu_pump`, `comm_est_pump`, ...): the skip protocol, the VM's addresses, bounded
+//! event and completion waits, address resolution with a retry, an nftables RTU drop, a
+//! connection whose active side sends early, and whether the device raises COMM_EST.
 //!
 //! Each test binary uses a subset of them.
 #![allow(dead_code)]
@@ -10,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use cm_core::{CmError, CmEventType};
-use cm_sys::{CmEvent, CmId, Completion, EventChannel};
+use cm_sys::{CmEvent, CmId, Completion, ConnParams, EventChannel, MemoryRegion, QpCaps};
 
 /// The bound of every short wait (an event, a completion, a resolution).
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
@@ -33,6 +34,20 @@ pub(crate) struct Setup {
     pub(crate) addr_b: IpAddr,
     /// The nft executable (`CMNOTIFY_NFT`).
     pub(crate) nft: String,
+    /// What delays packets on the wire: `tc` (`CMNOTIFY_TC`) and the netdevs of the two
+    /// addresses (`CMNOTIFY_NETDEV_A`, `CMNOTIFY_NETDEV_B`); `None` where not given.
+    pub(crate) netem: Option<Netem>,
+}
+
+/// How to delay packets between the two addresses with netem.
+#[derive(Debug, Clone)]
+pub(crate) struct Netem {
+    /// The tc executable.
+    pub(crate) tc: String,
+    /// The netdev of address A; traffic from A to B leaves by it.
+    pub(crate) netdev_a: String,
+    /// The netdev of address B; traffic from B to A leaves by it.
+    pub(crate) netdev_b: String,
 }
 
 /// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.
@@ -45,10 +60,24 @@ pub(crate) fn setup(test: &str) -> Option<Setup> {
         );
         return None;
     };
+    let var = |name: &str| std::env::var(name).ok();
+    let netem = match (
+        var("CMNOTIFY_TC"),
+        var("CMNOTIFY_NETDEV_A"),
+        var("CMNOTIFY_NETDEV_B"),
+    ) {
+        (Some(tc), Some(netdev_a), Some(netdev_b)) => Some(Netem {
+            tc,
+            netdev_a,
+            netdev_b,
+        }),
+        _ => None,
+    };
     Some(Setup {
         addr_a,
         addr_b,
         nft,
+        netem,
     })
 }
 
@@ -199,6 +228,8 @@ pub(crate) fn resolved_id(
     Ok(id)
 }
 
+/// CM MAD attribute id of an MRA.
+pub(crate) const MRA: u16 = 0x0011;
 /// CM MAD attribute id of a REP.
 pub(crate) const REP: u16 = 0x0013;
 /// CM MAD attribute id of an RTU.
@@ -266,45 +297,259 @@ impl CmMadRule {
     }
 
     fn run(&self, args: &[&str]) -> Result<String, CmError> {
-        let nft_failed = CmError::InvalidArgument {
-            op: "nft",
-            reason: "the nft command failed",
-        };
-        let output = std::process::Command::new(&self.nft)
-            .args(args)
-            .output()
-            .map_err(|e| {
-                report(&format!("{} {args:?}: {e}", self.nft));
-                nft_failed.clone()
-            })?;
-        if !output.status.success() {
-            report(&format!(
-                "{} {args:?}: {}",
-                self.nft,
-                String::from_utf8_lossy(&output.stderr)
-            ));
-            return Err(nft_failed);
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        run_tool(&self.nft, args)
     }
 
     /// How many MADs the rule matched so far.
     pub(crate) fn hits(&self) -> Result<u64, CmError> {
-        let listing = self.run(&["list", "table", "inet", &self.table])?;
-        listing
-            .split("counter packets ")
-            .nth(1)
-            .and_then(|after| after.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .ok_or(CmError::InvalidArgument {
-                op: "nft list table",
-                reason: "no counter in the listing",
-            })
+        first_counter(&self.run(&["list", "table", "inet", &self.table])?)
     }
 }
 
 impl Drop for CmMadRule {
     fn drop(&mut self) {
         let _ = self.run(&["delete", "table", "inet", &self.table]);
+    }
+}
+
+/// Runs `program` with `args`; its stdout, or an error after reporting its stderr.
+fn run_tool(program: &str, args: &[&str]) -> Result<String, CmError> {
+    let failed = CmError::InvalidArgument {
+        op: "nft/tc",
+        reason: "a wire-fault command failed",
+    };
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| {
+            report(&format!("{program} {args:?}: {e}"));
+            failed.clone()
+        })?;
+    if !output.status.success() {
+        report(&format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+        return Err(failed);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The packet count of the first `counter` in an `nft list` output.
+fn first_counter(listing: &str) -> Result<u64, CmError> {
+    listing
+        .split("counter packets ")
+        .nth(1)
+        .and_then(|after| after.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or(CmError::InvalidArgument {
+            op: "nft list table",
+            reason: "no counter in the listing",
+        })
+}
+
+/// Every CM RTU to one address held back on the wire by netem: an nftables rule in the
+/// OUTPUT hook marks it (marking there is safe; only dropping there jams QP1), and a
+/// `prio` qdisc on the netdev it leaves by sends the mark to a netem band. Unmarked
+/// traffic keeps the default bands and is not delayed. Removed on drop.
+#[derive(Debug)]
+pub(crate) struct RtuDelay {
+    nft: String,
+    tc: String,
+    netdev: String,
+    table: String,
+}
+
+impl RtuDelay {
+    /// Delays by `delay` every RTU to `to`, which leaves by `netdev`; the marking rule
+    /// lives in the nftables table `table`.
+    pub(crate) fn install(
+        nft: &str,
+        tc: &str,
+        netdev: &str,
+        table: &str,
+        to: IpAddr,
+        delay: Duration,
+    ) -> Result<RtuDelay, CmError> {
+        let guard = RtuDelay {
+            nft: nft.to_owned(),
+            tc: tc.to_owned(),
+            netdev: netdev.to_owned(),
+            table: table.to_owned(),
+        };
+        // Leftovers of a killed run would make the adds fail: start clean, quietly.
+        guard.remove();
+        run_tool(nft, &["add", "table", "inet", table])?;
+        run_tool(
+            nft,
+            &[
+                "add",
+                "chain",
+                "inet",
+                table,
+                "output",
+                "{ type filter hook output priority 0; }",
+            ],
+        )?;
+        let rule = format!(
+            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 \
+             {RTU:#06x} counter meta mark set 0x1"
+        );
+        let mut args = vec!["add", "rule", "inet", table, "output"];
+        args.extend(rule.split(' '));
+        run_tool(nft, &args)?;
+        let millis = format!("{}ms", delay.as_millis());
+        run_tool(
+            tc,
+            &[
+                "qdisc", "add", "dev", netdev, "root", "handle", "1:", "prio",
+            ],
+        )?;
+        run_tool(
+            tc,
+            &[
+                "qdisc", "add", "dev", netdev, "parent", "1:3", "handle", "30:", "netem", "delay",
+                &millis,
+            ],
+        )?;
+        run_tool(
+            tc,
+            &[
+                "filter", "add", "dev", netdev, "parent", "1:0", "protocol", "ip", "handle", "1",
+                "fw", "flowid", "1:3",
+            ],
+        )?;
+        Ok(guard)
+    }
+
+    /// How many RTUs were marked (sent into the delay) so far.
+    pub(crate) fn marked(&self) -> Result<u64, CmError> {
+        first_counter(&run_tool(
+            &self.nft,
+            &["list", "table", "inet", &self.table],
+        )?)
+    }
+
+    /// The netem qdisc's statistics line (packets that went through it).
+    pub(crate) fn netem_stats(&self) -> String {
+        run_tool(&self.tc, &["-s", "qdisc", "show", "dev", &self.netdev])
+            .unwrap_or_default()
+            .lines()
+            .skip_while(|l| !l.contains("netem"))
+            .take(2)
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn remove(&self) {
+        let quiet = |program: &str, args: &[&str]| {
+            let _ = std::process::Command::new(program)
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        };
+        quiet(&self.tc, &["qdisc", "del", "dev", &self.netdev, "root"]);
+        quiet(&self.nft, &["delete", "table", "inet", &self.table]);
+    }
+}
+
+impl Drop for RtuDelay {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// The soft-RoCE module's `comm_est` parameter: `Y` when the VM runs the patched
+/// `rdma_rxe` of `ci/vm/rxe-comm-est` with it on (`rxe-reload comm-est`); absent with
+/// the kernel's own module.
+pub(crate) const RXE_COMM_EST_PARAM: &str = "/sys/module/rdma_rxe/parameters/comm_est";
+
+/// Whether the loaded soft-RoCE raises `IBV_EVENT_COMM_EST` on an RC QP's first packet,
+/// as InfiniBand hardware does (the patched module with `comm_est=1`); the stock module
+/// never does.
+pub(crate) fn device_raises_comm_est() -> bool {
+    std::fs::read_to_string(RXE_COMM_EST_PARAM).is_ok_and(|value| value.trim() == "Y")
+}
+
+/// The data the active side sends right after its ESTABLISHED.
+pub(crate) const EARLY: &[u8] = b"early data";
+
+/// One connection across the veth, up to the active side's ESTABLISHED: the passive id
+/// is accepted (REP sent, one receive posted), the active id has read the REP (RTU sent,
+/// or dropped by a rule the caller installed) and is ESTABLISHED.
+pub(crate) struct EarlySender {
+    /// The passive side's channel (the listener's and the accepted id's events).
+    pub(crate) server: EventChannel,
+    /// The active side's channel.
+    pub(crate) client: EventChannel,
+    _listener: CmId,
+    /// The connecting id.
+    pub(crate) active: CmId,
+    /// The accepted id.
+    pub(crate) passive: CmId,
+    /// Where the passive receive lands.
+    pub(crate) passive_memory: MemoryRegion,
+    active_memory: MemoryRegion,
+}
+
+impl EarlySender {
+    /// Connects `active_addr` to a fresh listener on `passive_addr`. `before_accept` runs
+    /// with the accepted id once its QP exists (a pump registers it there).
+    pub(crate) fn open(
+        passive_addr: IpAddr,
+        active_addr: IpAddr,
+        before_accept: impl FnOnce(&CmId),
+    ) -> Self {
+        let server = EventChannel::new().expect("server channel");
+        let client = EventChannel::new().expect("client channel");
+        let listener = listener_on(&server, passive_addr, 4);
+        let target = listener.local_addr().expect("listener address");
+
+        let active = resolved_id(&client, active_addr, target).expect("resolve");
+        active.create_qp(&QpCaps::default()).expect("active QP");
+        let active_memory = active.register_memory(EARLY.len()).expect("memory");
+        active.connect(&ConnParams::default()).expect("connect");
+
+        let request = expect_event(&server, CmEventType::ConnectRequest);
+        let passive = request.id().expect("new id").clone();
+        request.ack().expect("ack");
+        passive.create_qp(&QpCaps::default()).expect("passive QP");
+        let passive_memory = passive.register_memory(64).expect("memory");
+        passive
+            .post_recv(&passive_memory, 0..64, 1)
+            .expect("post_recv");
+        before_accept(&passive);
+        passive.accept(&ConnParams::default()).expect("accept");
+
+        // Reading the REP sends the RTU and reports ESTABLISHED.
+        expect_event(&client, CmEventType::Established)
+            .ack()
+            .expect("ack");
+        EarlySender {
+            server,
+            client,
+            _listener: listener,
+            active,
+            passive,
+            passive_memory,
+            active_memory,
+        }
+    }
+
+    /// Posts the active side's one SEND of [`EARLY`].
+    pub(crate) fn send_early(&self) {
+        self.active
+            .write_memory(&self.active_memory, 0, EARLY)
+            .expect("write");
+        self.active
+            .post_send(&self.active_memory, 0..EARLY.len(), 7)
+            .expect("post_send");
+    }
+
+    /// The passive QP's number.
+    pub(crate) fn passive_qp(&self) -> cm_core::QpNum {
+        self.passive.qp_num().expect("passive QP")
     }
 }
