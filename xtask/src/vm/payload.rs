@@ -219,7 +219,9 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 if let Some(name) = &test {
                     args.extend(["--test", name]);
                 }
-                let executables = cargo_executables(&args)?;
+                // Only test harnesses: `cargo test` also builds the package's examples and
+                // binaries, which are not tests and expect arguments of their own.
+                let executables = cargo_test_executables(&args)?;
                 if executables.is_empty() {
                     return Err(format!(
                         "`cargo test -p {package}` built no test executable"
@@ -287,6 +289,17 @@ fn copy_into(exe: &Path, bin: &Path, name: Option<&str>) -> Result<String, Strin
 
 /// Runs a cargo build with `--message-format=json` and returns every executable it made.
 fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>, String> {
+    cargo_json(args).map(|json| executables(&json))
+}
+
+/// As [`cargo_executables`], keeping only test harnesses (`"test":true` profiles).
+fn cargo_test_executables(args: &[&str]) -> Result<Vec<PathBuf>, String> {
+    cargo_json(args).map(|json| test_executables(&json))
+}
+
+/// Runs cargo with `args` (which ask for `--message-format=json`) and returns its
+/// messages, one per line.
+fn cargo_json(args: &[&str]) -> Result<String, String> {
     println!("vm: cargo {}", args.join(" "));
     let out = cargo(args)
         .stdout(Stdio::piped())
@@ -296,7 +309,17 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>, String> {
     if !out.status.success() {
         return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
     }
-    Ok(executables(&String::from_utf8_lossy(&out.stdout)))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The executables of cargo's JSON messages built as tests (`"test":true`).
+pub(crate) fn test_executables(json_lines: &str) -> Vec<PathBuf> {
+    let tests: String = json_lines
+        .lines()
+        .filter(|line| line.contains("\"test\":true"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    executables(&tests)
 }
 
 /// The `"executable"` fields of cargo's JSON messages (one message per line).
@@ -438,6 +461,17 @@ exec rping timeout=30 \\
                 PathBuf::from("/t/debug/deps/cm_sys-ab12"),
                 PathBuf::from("/odd \"dir\"/x")
             ]
+        );
+    }
+
+    #[test]
+    fn only_test_harnesses_count_as_tests() {
+        let json = r#"{"reason":"compiler-artifact","profile":{"test":true},"executable":"/t/deps/endpoint_rdma-1","fresh":false}
+{"reason":"compiler-artifact","profile":{"test":false},"executable":"/t/examples/server","fresh":false}
+{"reason":"compiler-artifact","profile":{"test":false},"executable":"/t/cmnotify","fresh":false}"#;
+        assert_eq!(
+            test_executables(json),
+            [PathBuf::from("/t/deps/endpoint_rdma-1")]
         );
     }
 }
