@@ -128,11 +128,14 @@ impl HandServer {
     /// connection API waits: `poll(2)` on the CM channel, the device's asynchronous
     /// events and the completion channel; on a completion event the CQs are re-armed
     /// and polled (both: the event does not say which), and the first receive is
-    /// forwarded with notify. Only what poll says is readable is read. `id` must have
-    /// been accepted with `waiting`.
+    /// forwarded with notify, then (as the endpoint does, and any server must) the
+    /// message is copied out and the receive posted again. Only what poll says is
+    /// readable is read. `id` and `memory` must come from [`HandServer::accept_one`]
+    /// with `waiting`.
     pub(super) fn send_to_established(
         &mut self,
         id: &CmId,
+        memory: &MemoryRegion,
         sent: Instant,
     ) -> Result<Duration, String> {
         let deadline = sent + WAIT;
@@ -172,16 +175,27 @@ impl HandServer {
                         if let Some(completion) = self.polled.iter().find(|c| !c.is_success()) {
                             return Err(format!("completion failed: {}", completion.status_str()));
                         }
-                        if kind == CqKind::Recv && !self.polled.is_empty() && !notified {
-                            notified = true;
-                            match id.notify(AsyncEventType::CommEst) {
-                                Ok(NotifyOutcome::Established) => {}
-                                other => {
-                                    return Err(format!(
-                                        "notify with the RTU dropped answered {other:?}"
-                                    ))
+                        if kind != CqKind::Recv {
+                            continue;
+                        }
+                        for completion in &self.polled {
+                            if !notified {
+                                notified = true;
+                                match id.notify(AsyncEventType::CommEst) {
+                                    Ok(NotifyOutcome::Established) => {}
+                                    other => {
+                                        return Err(format!(
+                                            "notify with the RTU dropped answered {other:?}"
+                                        ))
+                                    }
                                 }
                             }
+                            let message = id
+                                .read_memory(memory, 0..completion.byte_len as usize)
+                                .map_err(err("read"))?;
+                            std::hint::black_box(message);
+                            id.post_recv(memory, 0..16, completion.wr_id)
+                                .map_err(err("ibv_post_recv"))?;
                         }
                     }
                 }

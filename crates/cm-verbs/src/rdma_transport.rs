@@ -344,7 +344,13 @@ impl Transport for RdmaTransport {
     ) -> Result<(), CmError> {
         check_slot("read_recv", slot, buffers.caps.recv_depth)?;
         let len = len.min(buffers.caps.buffer_size as usize);
-        out.extend_from_slice(&id.read_memory(&buffers.region, buffers.recv_range(slot, len))?);
+        let message = id.read_memory(&buffers.region, buffers.recv_range(slot, len))?;
+        if out.is_empty() {
+            // The copy cm-sys made is the message: no second allocation and copy.
+            *out = message;
+        } else {
+            out.extend_from_slice(&message);
+        }
         Ok(())
     }
 

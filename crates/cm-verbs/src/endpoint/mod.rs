@@ -612,7 +612,8 @@ impl<T: Transport> Endpoint<T> {
         let Some((transport, entry)) = self.split(conn) else {
             return;
         };
-        let mut data = Vec::with_capacity(completion.byte_len as usize);
+        // Empty: the transport fills it with the message's one copy.
+        let mut data = Vec::new();
         let read = match entry.buffers.as_ref() {
             Some(buffers) => transport
                 .read_recv(
