@@ -96,7 +96,7 @@ fn warm_pump() -> NotifyPump<KernelLikeId> {
     for n in 0..PUMP_CONNECTIONS {
         pump.register(KernelLikeId::new(QpNum(n)), Role::Passive)
             .expect("unique QP numbers");
-        pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(n)));
+        pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(n)));
     }
     pump
 }
@@ -110,7 +110,7 @@ fn pump_one_event(c: &mut Criterion) {
     group.bench_function("comm_est", |b| {
         b.iter(|| {
             next = (next + 1) % PUMP_CONNECTIONS;
-            black_box(pump.handle_async_event(black_box(AsyncEvent::qp(
+            black_box(pump.on_async_event(black_box(AsyncEvent::qp(
                 AsyncEventType::CommEst,
                 QpNum(next),
             ))))
@@ -138,9 +138,7 @@ fn pump_one_event(c: &mut Criterion) {
             },
             |(pump, n)| {
                 *n = (*n + 1) % PUMP_CONNECTIONS;
-                black_box(
-                    pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(*n))),
-                )
+                black_box(pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(*n))))
             },
             BatchSize::LargeInput,
         )
@@ -163,7 +161,7 @@ fn pump_one_event(c: &mut Criterion) {
     group.bench_function("comm_est_sim", |b| {
         b.iter(|| {
             i = (i + 1) % qps.len();
-            black_box(sim_pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qps[i])))
+            black_box(sim_pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qps[i])))
         })
     });
     group.finish();
@@ -178,7 +176,7 @@ fn count_pump_allocations() {
     let info = allocation_counter::measure(|| {
         for n in 0..events {
             let qp = QpNum(n % PUMP_CONNECTIONS);
-            black_box(pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qp)));
+            black_box(pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qp)));
             black_box(pump.on_receive_completion(qp));
         }
     });

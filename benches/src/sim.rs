@@ -1,46 +1,41 @@
 //! Fixtures on the mock and simulated backends, and the scale runs.
 
-use cm_core::{CmEvent, CmEventSource, CmEventType};
-use cm_mock::sim::{SimChannel, SimCmId, SimConfig, SimFabric};
+use cm_core::{CmEvent, CmEventType};
+use cm_mock::sim::{SimCmId, SimConfig, SimPair};
 use cm_tools::sim_run::SimRun;
 
 pub use cm_mock::KernelLikeId;
 
-/// Established connections on a [`SimFabric`]: both sides got ESTABLISHED (the RTU
+/// Established connections on a [`SimPair`]: both sides got ESTABLISHED (the RTU
 /// arrived), so `notify` on either id answers EISCONN, as on a live server.
 #[derive(Debug)]
 pub struct SimConnections {
-    /// The fabric.
-    pub fabric: SimFabric,
+    /// The fabric and its two nodes (the channels stay open as long as the ids are used).
+    pub pair: SimPair,
     /// The passive (server) ids, one per connection.
     pub passive: Vec<SimCmId>,
     /// The active (client) ids.
     pub active: Vec<SimCmId>,
-    // The channels stay open as long as the ids are used.
-    _channels: (SimChannel, SimChannel),
 }
 
 /// Opens `count` connections on a fresh fabric and runs it until every one is
 /// established on both sides. Panics if one is not: the fixture is wrong then.
 pub fn established_connections(count: usize) -> SimConnections {
     const PORT: u16 = 7471;
-    let fabric = SimFabric::new(SimConfig::default(), 1);
-    let (server, client) = (fabric.add_node(), fabric.add_node());
-    let (mut server_events, mut client_events) = (server.create_channel(), client.create_channel());
-    let listener = server_events.create_id();
-    listener.bind(PORT).expect("a fresh node binds");
-    listener.listen().expect("a bound id listens");
+    let mut pair = SimPair::new(SimConfig::default(), 1);
+    pair.listen(PORT).expect("a fresh node binds and listens");
     let mut active = Vec::with_capacity(count);
     for _ in 0..count {
-        let id = client_events.create_id();
-        id.resolve_addr(server.id(), PORT).expect("live node");
+        let id = pair.client.channel.create_id();
+        id.resolve_addr(pair.server.node.id(), PORT)
+            .expect("live node");
         active.push(id);
     }
     let mut passive = Vec::with_capacity(count);
     let mut established = 0;
     while established < 2 * count {
-        let mut progressed = fabric.step();
-        while let Some(event) = client_events.try_next_event().expect("simulated channel") {
+        let mut progressed = pair.fabric.step();
+        while let Some(event) = pair.client.next_event().expect("simulated channel") {
             progressed = true;
             let id = event.id();
             let kind = event.event_type();
@@ -55,7 +50,7 @@ pub fn established_connections(count: usize) -> SimConnections {
                 other => panic!("client side: unexpected {other}"),
             }
         }
-        while let Some(event) = server_events.try_next_event().expect("simulated channel") {
+        while let Some(event) = pair.server.next_event().expect("simulated channel") {
             progressed = true;
             let id = event.id();
             let kind = event.event_type();
@@ -76,10 +71,9 @@ pub fn established_connections(count: usize) -> SimConnections {
         );
     }
     SimConnections {
-        fabric,
+        pair,
         passive,
         active,
-        _channels: (server_events, client_events),
     }
 }
 

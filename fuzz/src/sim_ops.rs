@@ -21,7 +21,7 @@ use cm_core::{
 };
 use cm_mock::sim::{
     FaultAction, FaultOdds, FaultRule, MsgKind, SimChannel, SimCmEvent, SimCmId, SimConfig,
-    SimDevice, SimFabric, SimNode,
+    SimDevice, SimFabric, SimNode, SimPair,
 };
 
 use crate::input::Input;
@@ -110,18 +110,22 @@ impl World {
             timewait: Duration::from_millis(1),
             ..SimConfig::default()
         };
-        let fabric = SimFabric::new(config, u64::from(input.u16()));
-        let nodes = [fabric.add_node(), fabric.add_node()];
+        let pair = SimPair::new(config, u64::from(input.u16()));
+        let listener = pair.listen(PORT).expect("a fresh node binds and listens");
+        let SimPair {
+            fabric,
+            server,
+            client,
+        } = pair;
+        let nodes = [server.node.clone(), client.node.clone()];
+        // Two channels a node: the pair's and one more.
         let channels = vec![
-            (Side::Server, nodes[0].create_channel()),
-            (Side::Server, nodes[0].create_channel()),
-            (Side::Client, nodes[1].create_channel()),
-            (Side::Client, nodes[1].create_channel()),
+            (Side::Server, server.channel),
+            (Side::Server, server.node.create_channel()),
+            (Side::Client, client.channel),
+            (Side::Client, client.node.create_channel()),
         ];
-        let devices = [nodes[0].device(), nodes[1].device()];
-        let listener = channels[0].1.create_id();
-        listener.bind(PORT).expect("a fresh node binds");
-        listener.listen().expect("a bound id listens");
+        let devices = [server.device, client.device];
         World {
             fabric,
             nodes,

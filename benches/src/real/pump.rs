@@ -5,15 +5,15 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use cm_core::CmEventType;
-use cm_sys::{AsyncEvents, CmEvent, CmId, EventChannel, MemoryRegion};
+use cm_sys::{CmEvent, CmId, EventChannel, MemoryRegion, RdmaBackend};
 use cm_verbs::{
     rdma::{PollWaiter, Shutdown},
-    Control, EventLoop, LoopEvent, NotifyPump, PumpEvent, Ready, Role, Waiter,
+    BackendLoop, Control, EventLoop, LoopEvent, NotifyPump, PumpEvent, Ready, Role, Waiter,
 };
 
 use super::fixture::{accept, err, listener, nonblocking_events, spin_receive, Setup, WAIT};
 
-type PumpLoop = EventLoop<EventChannel, AsyncEvents, CmId>;
+type PumpLoop = BackendLoop<RdmaBackend>;
 
 /// The server on cm-verbs: the event loop (pump first, then CM events), spun while
 /// setting up, waiting in its [`PollWaiter`] after the trigger as the hand loop waits.

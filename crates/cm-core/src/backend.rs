@@ -62,7 +62,10 @@ pub trait AsyncEventSource {
     fn try_next_async_event(&mut self) -> Result<Option<AsyncEvent>, CmError>;
 }
 
-/// Ties together the types of one backend (real librdmacm, simulated fabric, mocks).
+/// Ties together the types of one backend (real librdmacm, simulated fabric, mocks), so
+/// that code over one backend names it once: `cm_verbs::BackendLoop<B>` is the event
+/// loop over `B`'s event channel and device with a pump of `B`'s ids. (The connection
+/// API's full backend, with QPs and addresses, is [`crate::Transport`].)
 pub trait CmBackend {
     /// The backend's CM id handle, as registered with the notify pump.
     type Id: CmId;

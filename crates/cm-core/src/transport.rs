@@ -177,6 +177,18 @@ pub trait Transport {
         &mut self,
         device: &mut Self::Device,
     ) -> Result<Option<AsyncEvent>, CmError>;
+    /// Takes back the reader of a device that went away, once nothing of the caller's
+    /// uses the device any more. The default drops it.
+    fn release_device(&mut self, device: Self::Device) {
+        drop(device);
+    }
+    /// Work the transport finishes on its own after a device went away (the real
+    /// backend lets librdmacm close the removed device's context, which the kernel's
+    /// removal waits for). Called on every pass of the connection layer; returns how
+    /// soon it wants to be called again (`None`: nothing pending).
+    fn housekeeping(&mut self) -> Option<Duration> {
+        None
+    }
     /// The token of the next completion queue of the device with new completions
     /// (its notification is then disarmed until [`Transport::arm_cq`]), without waiting.
     fn next_cq_event(&mut self, device: &mut Self::Device) -> Result<Option<u64>, CmError>;

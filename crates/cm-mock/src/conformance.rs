@@ -20,12 +20,12 @@ use core::fmt;
 use std::time::Duration;
 
 use cm_core::{
-    AsyncEvent, AsyncEventSource, AsyncEventType, CmError, CmEvent, CmEventSource, CmEventType,
-    CmId, Errno, NotifyError, NotifyOutcome, QpNum,
+    AsyncEvent, AsyncEventSource, AsyncEventType, CmError, CmEvent, CmEventType, CmId, Errno,
+    NotifyError, NotifyOutcome, QpNum,
 };
 
 use crate::sim::{
-    FaultAction, FaultRule, MsgKind, NodeId, SimChannel, SimCmId, SimConfig, SimDevice, SimFabric,
+    FaultAction, FaultRule, MsgKind, SimCmId, SimConfig, SimFabric, SimPair, SimSide,
 };
 
 /// One side of a connection.
@@ -689,11 +689,8 @@ fn other_event_numbers<H: Harness>(h: &mut H) -> Result<Verdict, ConformanceErro
 /// [`Harness`] on the simulated fabric: two nodes, a listener on the first.
 #[derive(Debug)]
 pub struct SimHarness {
-    fabric: SimFabric,
-    server: SimChannel,
-    client: SimChannel,
+    pair: SimPair,
     listener: SimCmId,
-    device: SimDevice,
     seed: u64,
     active_seen: Vec<SeenEvent>,
 }
@@ -704,19 +701,10 @@ const PORT: u16 = 18515;
 impl SimHarness {
     /// A harness on a fresh fabric with `config` and `seed`.
     pub fn new(config: SimConfig, seed: u64) -> Self {
-        let fabric = SimFabric::new(config, seed);
-        let server_node = fabric.add_node();
-        let client_node = fabric.add_node();
-        let server = server_node.create_channel();
-        let client = client_node.create_channel();
-        let listener = server.create_id();
-        listener.bind(PORT).expect("a fresh id binds");
-        listener.listen().expect("a bound id listens");
+        let pair = SimPair::new(config, seed);
+        let listener = pair.listen(PORT).expect("a fresh id binds and listens");
         SimHarness {
-            device: server_node.device(),
-            fabric,
-            server,
-            client,
+            pair,
             listener,
             seed,
             active_seen: Vec::new(),
@@ -725,24 +713,11 @@ impl SimHarness {
 
     /// The fabric, for inspection (trace, stats).
     pub fn fabric(&self) -> &SimFabric {
-        &self.fabric
+        &self.pair.fabric
     }
 
-    fn read_setup_event(
-        channel: &mut SimChannel,
-        expected: CmEventType,
-    ) -> Result<crate::sim::SimCmEvent, CmError> {
-        match channel.try_next_event()? {
-            Some(event) if event.event_type() == expected => Ok(event),
-            _ => Err(CmError::InvalidArgument {
-                op: "SimHarness setup",
-                reason: "an expected setup event did not arrive",
-            }),
-        }
-    }
-
-    fn drain(channel: &mut SimChannel, into: &mut Vec<SeenEvent>) -> Result<(), CmError> {
-        while let Some(event) = channel.try_next_event()? {
+    fn drain(side: &mut SimSide, into: &mut Vec<SeenEvent>) -> Result<(), CmError> {
+        while let Some(event) = side.next_event()? {
             into.push(SeenEvent {
                 event: event.event_type(),
                 status: event.status(),
@@ -757,7 +732,7 @@ impl Harness for SimHarness {
     type Id = SimCmId;
 
     fn describe(&self) -> String {
-        let config = self.fabric.config();
+        let config = self.pair.fabric.config();
         format!(
             "simulated fabric, seed {}, COMM_EST {}",
             self.seed,
@@ -770,29 +745,31 @@ impl Harness for SimHarness {
     }
 
     fn raises_comm_est(&self) -> bool {
-        self.fabric.config().comm_est
+        self.pair.fabric.config().comm_est
     }
 
     fn drop_rtus(&mut self, drop: bool) -> Result<(), CmError> {
-        self.fabric.clear_faults();
+        self.pair.fabric.clear_faults();
         if drop {
-            self.fabric
+            self.pair
+                .fabric
                 .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
         }
         Ok(())
     }
 
     fn delay_rtus(&mut self, delay: Option<Duration>) -> Result<bool, CmError> {
-        self.fabric.clear_faults();
+        self.pair.fabric.clear_faults();
         if let Some(delay) = delay {
-            self.fabric
+            self.pair
+                .fabric
                 .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Delay(delay)));
         }
         Ok(true)
     }
 
     fn fresh_id(&mut self) -> Result<SimCmId, CmError> {
-        Ok(self.client.create_id())
+        Ok(self.pair.client.channel.create_id())
     }
 
     fn listener(&mut self) -> Result<SimCmId, CmError> {
@@ -800,28 +777,12 @@ impl Harness for SimHarness {
     }
 
     fn connect_until_rep(&mut self) -> Result<Connection<SimCmId>, CmError> {
-        let step = Duration::from_millis(1);
-        let active = self.client.create_id();
-        active.resolve_addr(NodeId(0), PORT)?;
-        self.fabric.advance(step);
-        Self::read_setup_event(&mut self.client, CmEventType::AddrResolved)?.ack()?;
-        active.resolve_route()?;
-        self.fabric.advance(step);
-        Self::read_setup_event(&mut self.client, CmEventType::RouteResolved)?.ack()?;
-        active.create_qp()?;
-        active.connect(&[])?;
-        self.fabric.advance(step);
-        let request = Self::read_setup_event(&mut self.server, CmEventType::ConnectRequest)?;
-        let passive = request.id();
-        request.ack()?;
-        passive.create_qp()?;
-        passive.accept(&[])?;
-        self.fabric.advance(step);
+        let (active, passive) = self.pair.connect_until_rep(PORT)?;
         Ok(Connection { active, passive })
     }
 
     fn complete_active(&mut self, _conn: &Connection<SimCmId>) -> Result<(), CmError> {
-        Self::drain(&mut self.client, &mut self.active_seen)
+        Self::drain(&mut self.pair.client, &mut self.active_seen)
     }
 
     fn send_from_active(&mut self, conn: &Connection<SimCmId>) -> Result<(), CmError> {
@@ -833,19 +794,20 @@ impl Harness for SimHarness {
     }
 
     fn settle(&mut self) -> Result<(), CmError> {
-        self.fabric.advance(Duration::from_millis(10));
+        self.pair.fabric.advance(Duration::from_millis(10));
         Ok(())
     }
 
     fn wait(&mut self, duration: Duration) -> Result<(), CmError> {
-        self.fabric.advance(duration);
+        self.pair.fabric.advance(duration);
         Ok(())
     }
 
     fn wait_for_rep_retries(&mut self) -> Result<(), CmError> {
-        let config = self.fabric.config();
+        let config = self.pair.fabric.config();
         let sends = config.max_cm_retries.saturating_add(1);
-        self.fabric
+        self.pair
+            .fabric
             .advance(config.cm_response_timeout.saturating_mul(sends) + Duration::from_secs(1));
         Ok(())
     }
@@ -854,12 +816,12 @@ impl Harness for SimHarness {
         match side {
             Side::Active => {
                 let mut seen = std::mem::take(&mut self.active_seen);
-                Self::drain(&mut self.client, &mut seen)?;
+                Self::drain(&mut self.pair.client, &mut seen)?;
                 Ok(seen)
             }
             Side::Passive => {
                 let mut seen = Vec::new();
-                Self::drain(&mut self.server, &mut seen)?;
+                Self::drain(&mut self.pair.server, &mut seen)?;
                 Ok(seen)
             }
         }
@@ -867,7 +829,7 @@ impl Harness for SimHarness {
 
     fn take_passive_async_events(&mut self) -> Result<Vec<AsyncEvent>, CmError> {
         let mut events = Vec::new();
-        while let Some(event) = self.device.try_next_async_event()? {
+        while let Some(event) = self.pair.server.device.try_next_async_event()? {
             events.push(event);
         }
         Ok(events)
@@ -875,7 +837,7 @@ impl Harness for SimHarness {
 
     fn take_passive_completions(&mut self) -> Result<Vec<QpNum>, CmError> {
         let mut qps = Vec::new();
-        while let Some(completion) = self.device.poll_cq() {
+        while let Some(completion) = self.pair.server.device.poll_cq() {
             qps.push(completion.qp);
         }
         Ok(qps)

@@ -9,66 +9,42 @@ use cm_core::{
     NotifyError, NotifyOutcome,
 };
 use cm_mock::sim::{
-    FaultAction, FaultRule, MsgKind, SimChannel, SimCmEvent, SimCmId, SimConfig, SimFabric, SimNode,
+    FaultAction, FaultRule, MsgKind, SimCmEvent, SimCmId, SimConfig, SimPair, SimSide,
 };
 
 const PORT: u16 = 4791;
 
+/// A listener on the server and an active id on the client.
 struct Pair {
-    fabric: SimFabric,
-    server: SimNode,
-    server_events: SimChannel,
-    client_events: SimChannel,
+    sim: SimPair,
     active: SimCmId,
 }
 
-fn next(channel: &mut SimChannel) -> SimCmEvent {
-    channel
-        .try_next_event()
+fn next(side: &mut SimSide) -> SimCmEvent {
+    side.next_event()
         .expect("a live channel")
         .expect("an event is pending")
 }
 
-/// A listener on the server and an active id on the client with its REQ on the way.
+/// A listener on the server and an active id on the client with its REQ delivered.
 fn connecting(rules: &[FaultRule]) -> Pair {
-    let fabric = SimFabric::new(SimConfig::default(), 3);
+    let mut sim = SimPair::new(SimConfig::default(), 3);
     for rule in rules {
-        fabric.add_fault(*rule);
+        sim.fabric.add_fault(*rule);
     }
-    let (server, client) = (fabric.add_node(), fabric.add_node());
-    let server_events = server.create_channel();
-    let mut client_events = client.create_channel();
-    let listener = server_events.create_id();
-    listener.bind(PORT).unwrap();
-    listener.listen().unwrap();
-    let active = client_events.create_id();
-    active.resolve_addr(server.id(), PORT).unwrap();
-    fabric.run_until_idle();
-    next(&mut client_events).ack().unwrap();
-    active.resolve_route().unwrap();
-    fabric.run_until_idle();
-    next(&mut client_events).ack().unwrap();
-    active.create_qp().unwrap();
-    active.connect(b"").unwrap();
-    fabric.advance(Duration::from_millis(1));
-    Pair {
-        fabric,
-        server,
-        server_events,
-        client_events,
-        active,
-    }
+    sim.listen(PORT).unwrap();
+    let active = sim.connect(PORT).unwrap();
+    sim.drive(SimPair::STEP);
+    Pair { sim, active }
 }
 
 /// Accepts the pending request; returns the passive id (REP sent, RTU lost).
 fn accepted(pair: &mut Pair) -> SimCmId {
-    let request = next(&mut pair.server_events);
+    let request = next(&mut pair.sim.server);
     assert_eq!(request.event_type(), CmEventType::ConnectRequest);
     let passive = request.id();
     request.ack().unwrap();
-    passive.create_qp().unwrap();
-    passive.accept(b"").unwrap();
-    pair.fabric.advance(Duration::from_millis(1));
+    pair.sim.accept(&passive).unwrap();
     passive
 }
 
@@ -88,7 +64,7 @@ fn notify_on_a_destroyed_id_is_unknown_id() {
         passive.disconnect(),
         passive.destroy(),
         passive.post_send(1),
-        passive.migrate(&pair.server_events),
+        passive.migrate(&pair.sim.server.channel),
     ] {
         assert!(
             matches!(result, Err(CmError::Gone { what: "id", .. })),
@@ -101,7 +77,7 @@ fn notify_on_a_destroyed_id_is_unknown_id() {
 #[test]
 fn destroying_an_id_with_an_unacknowledged_event_is_refused_until_the_ack() {
     let mut pair = connecting(&[]);
-    let request = next(&mut pair.server_events);
+    let request = next(&mut pair.sim.server);
     let passive = request.id();
     assert_eq!(passive.unacked_events(), Ok(1));
     assert_eq!(
@@ -122,38 +98,38 @@ fn destroying_an_id_with_an_unacknowledged_event_is_refused_until_the_ack() {
 #[test]
 fn an_event_dropped_after_its_id_is_destroyed_cannot_happen_and_acks_count_once() {
     let mut pair = connecting(&[]);
-    let request = next(&mut pair.server_events);
+    let request = next(&mut pair.sim.server);
     let passive = request.id();
     // The only order the API allows: ack (here by dropping), then destroy.
     drop(request);
     passive.destroy().unwrap();
-    let stats = pair.fabric.stats();
+    let stats = pair.sim.fabric.stats();
     assert_eq!(stats.events_acked, stats.events_delivered);
 }
 
 #[test]
 fn destroying_a_channel_with_an_unacknowledged_event_is_refused() {
     let mut pair = connecting(&[]);
-    let request = next(&mut pair.server_events);
+    let request = next(&mut pair.sim.server);
     assert_eq!(
-        pair.server_events.destroy(),
+        pair.sim.server.channel.destroy(),
         Err(CmError::UnackedEvents {
             op: "rdma_destroy_event_channel",
             unacked: 1
         })
     );
-    assert!(!pair.server_events.is_destroyed());
+    assert!(!pair.sim.server.channel.is_destroyed());
     // The held event is still usable: its channel is still there.
     assert_eq!(request.event_type(), CmEventType::ConnectRequest);
     request.ack().unwrap();
-    pair.server_events.destroy().unwrap();
-    assert!(pair.server_events.is_destroyed());
+    pair.sim.server.channel.destroy().unwrap();
+    assert!(pair.sim.server.channel.is_destroyed());
 }
 
 #[test]
 fn a_destroyed_channel_refuses_reads_migrations_and_a_second_destroy() {
     let mut pair = connecting(&[]);
-    let spare = pair.server.create_channel();
+    let spare = pair.sim.server.node.create_channel();
     spare.destroy().unwrap();
     let mut reader = spare.clone();
     assert!(matches!(
@@ -180,7 +156,7 @@ fn a_destroyed_channel_refuses_reads_migrations_and_a_second_destroy() {
         })
     ));
     assert!(passive.is_alive());
-    passive.migrate(&pair.server_events).unwrap();
+    passive.migrate(&pair.sim.server.channel).unwrap();
     // An id created on the closed channel is born destroyed.
     let orphan = spare.create_id();
     assert!(!orphan.is_alive());
@@ -195,19 +171,19 @@ fn a_destroyed_channel_refuses_reads_migrations_and_a_second_destroy() {
 fn destroying_a_channel_destroys_its_live_ids_and_the_peer_is_told() {
     let mut pair = connecting(&[FaultRule::new(MsgKind::Rtu, FaultAction::Drop)]);
     let passive = accepted(&mut pair);
-    let established = next(&mut pair.client_events);
+    let established = next(&mut pair.sim.client);
     assert_eq!(established.event_type(), CmEventType::Established);
     established.ack().unwrap();
-    pair.server_events.destroy().unwrap();
+    pair.sim.server.channel.destroy().unwrap();
     assert!(!passive.is_alive());
     assert_eq!(
         passive.notify(AsyncEventType::CommEst),
         Err(NotifyError::UnknownId)
     );
-    pair.fabric.run_until_idle();
+    pair.sim.fabric.run_until_idle();
     // The passive id was in REP_SENT: its destroy sent a REJ, which the established
     // active side reports as REJECTED (cm_rej_handler in ESTABLISHED).
-    let rejected = next(&mut pair.client_events);
+    let rejected = next(&mut pair.sim.client);
     assert_eq!(rejected.event_type(), CmEventType::Rejected);
     rejected.ack().unwrap();
     pair.active.destroy().unwrap();
@@ -217,10 +193,10 @@ fn destroying_a_channel_destroys_its_live_ids_and_the_peer_is_told() {
 fn comm_est_for_a_destroyed_id_is_refused_not_established() {
     let mut pair = connecting(&[FaultRule::new(MsgKind::Rtu, FaultAction::Drop)]);
     let passive = accepted(&mut pair);
-    next(&mut pair.client_events).ack().unwrap();
+    next(&mut pair.sim.client).ack().unwrap();
     pair.active.post_send(8).unwrap();
-    pair.fabric.advance(Duration::from_millis(1));
-    let mut device = pair.server.device();
+    pair.sim.fabric.advance(Duration::from_millis(1));
+    let mut device = pair.sim.server.node.device();
     let comm_est = device.try_next_async_event().unwrap().unwrap();
     assert_eq!(comm_est.event_type, AsyncEventType::CommEst);
     assert_eq!(comm_est.qp_num(), passive.qp_num());
@@ -230,8 +206,8 @@ fn comm_est_for_a_destroyed_id_is_refused_not_established() {
         passive.notify(AsyncEventType::CommEst),
         Err(NotifyError::UnknownId)
     );
-    pair.fabric.run_until_idle();
-    while let Some(event) = pair.server_events.try_next_event().unwrap() {
+    pair.sim.fabric.run_until_idle();
+    while let Some(event) = pair.sim.server.channel.try_next_event().unwrap() {
         assert_ne!(event.event_type(), CmEventType::Established);
     }
 }
@@ -248,9 +224,9 @@ fn notify_twice_forces_once_then_answers_already_established() {
         passive.notify(AsyncEventType::CommEst),
         Ok(NotifyOutcome::AlreadyEstablished)
     );
-    pair.fabric.run_until_idle();
+    pair.sim.fabric.run_until_idle();
     let mut established = 0;
-    while let Some(event) = pair.server_events.try_next_event().unwrap() {
+    while let Some(event) = pair.sim.server.channel.try_next_event().unwrap() {
         established += u32::from(event.event_type() == CmEventType::Established);
     }
     assert_eq!(established, 1);

@@ -5,12 +5,10 @@
 use std::time::Duration;
 
 use cm_core::kernel_model::LapState;
-use cm_core::{
-    AsyncEventType, CmEvent, CmEventSource, CmEventType, CmId, IbCmState, NotifyError,
-    NotifyOutcome,
-};
+use cm_core::{AsyncEventType, CmEventType, CmId, IbCmState, NotifyError, NotifyOutcome};
 use cm_mock::sim::{
-    DeviceKind, FaultAction, FaultRule, MsgKind, NodeId, SimChannel, SimCmId, SimConfig, SimFabric,
+    DeviceKind, FaultAction, FaultRule, MsgKind, NodeId, SimCmId, SimConfig, SimFabric, SimPair,
+    SimSide,
 };
 
 const PORT: u16 = 7471;
@@ -28,72 +26,25 @@ fn spec(state: IbCmState, event: AsyncEventType) -> Result<NotifyOutcome, Notify
     }
 }
 
-struct World {
-    fabric: SimFabric,
-    server: SimChannel,
-    client: SimChannel,
-    listener: SimCmId,
-}
+/// The fabric of one check: a server and a client, a listener on the server.
+type World = SimPair;
 
 fn world(config: SimConfig) -> World {
-    let fabric = SimFabric::new(config, 99);
-    let server = fabric.add_node().create_channel();
-    let client = fabric.add_node().create_channel();
-    let listener = server.create_id();
-    listener.bind(PORT).unwrap();
-    listener.listen().unwrap();
-    World {
-        fabric,
-        server,
-        client,
-        listener,
-    }
+    let w = SimPair::new(config, 99);
+    w.listen(PORT).unwrap();
+    w
 }
 
-fn drain(channel: &mut SimChannel) -> Vec<CmEventType> {
-    let mut out = Vec::new();
-    while let Some(event) = channel.try_next_event().unwrap() {
-        out.push(event.event_type());
-        event.ack().unwrap();
-    }
-    out
-}
-
-/// An active id with REQ sent (the request not yet delivered).
-fn connecting(w: &mut World) -> SimCmId {
-    let id = w.client.create_id();
-    id.resolve_addr(NodeId(0), PORT).unwrap();
-    w.fabric.advance(MS);
-    id.resolve_route().unwrap();
-    w.fabric.advance(MS);
-    drain(&mut w.client);
-    id.create_qp().unwrap();
-    id.connect(&[]).unwrap();
-    id
-}
-
-/// The passive id of the request that just arrived (CONNECT_REQUEST read and acked).
-fn requested(w: &mut World) -> SimCmId {
-    w.fabric.advance(MS);
-    let event = w.server.try_next_event().unwrap().unwrap();
-    assert_eq!(event.event_type(), CmEventType::ConnectRequest);
-    let id = event.id();
-    event.ack().unwrap();
-    id
-}
-
-/// (active, passive) after accept, REP delivered, active has not read it.
-fn accepted(w: &mut World) -> (SimCmId, SimCmId) {
-    let active = connecting(w);
-    let passive = requested(w);
-    passive.create_qp().unwrap();
-    passive.accept(&[]).unwrap();
-    w.fabric.advance(MS);
-    (active, passive)
+/// The types of every pending event of `side`, each acknowledged.
+fn drain(side: &mut SimSide) -> Vec<CmEventType> {
+    side.drain()
+        .into_iter()
+        .map(|(_, event, _)| event)
+        .collect()
 }
 
 fn established(w: &mut World) -> (SimCmId, SimCmId) {
-    let pair = accepted(w);
+    let pair = w.connect_until_rep(PORT).unwrap();
     assert_eq!(drain(&mut w.client), [CmEventType::Established]);
     w.fabric.advance(MS);
     assert_eq!(drain(&mut w.server), [CmEventType::Established]);
@@ -113,61 +64,61 @@ fn reach(state: IbCmState) -> (World, SimCmId, bool) {
             let mut w = world(SimConfig::default());
             w.fabric
                 .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-            let (_, passive) = accepted(&mut w);
+            let (_, passive) = w.connect_until_rep(PORT).unwrap();
             drain(&mut w.client);
             w.fabric.run_until_idle();
             assert_eq!(drain(&mut w.server), [CmEventType::Unreachable]);
             (w, passive, true)
         }
         S::Listen => {
-            let w = world(SimConfig::default());
-            let id = w.listener.clone();
+            let w = SimPair::new(SimConfig::default(), 99);
+            let id = w.listen(PORT).unwrap();
             (w, id, true)
         }
         S::ReqSent => {
             let mut w = world(SimConfig::default());
-            let id = connecting(&mut w);
+            let id = w.connect(PORT).unwrap();
             (w, id, false)
         }
         S::ReqRcvd => {
             let mut w = world(no_mra);
-            connecting(&mut w);
-            let id = requested(&mut w);
+            w.connect(PORT).unwrap();
+            let id = w.request().unwrap();
             (w, id, true)
         }
         S::MraReqSent => {
             let mut w = world(SimConfig::default());
-            connecting(&mut w);
-            let id = requested(&mut w);
+            w.connect(PORT).unwrap();
+            let id = w.request().unwrap();
             (w, id, true)
         }
         S::MraReqRcvd => {
             // The passive application sits on the request past the REQ timeout.
             let mut w = world(SimConfig::default());
-            let id = connecting(&mut w);
-            requested(&mut w);
+            let id = w.connect(PORT).unwrap();
+            w.request().unwrap();
             w.fabric.advance(Duration::from_secs(5));
             (w, id, false)
         }
         S::RepSent => {
             let mut w = world(SimConfig::default());
-            let (_, passive) = accepted(&mut w);
+            let (_, passive) = w.connect_until_rep(PORT).unwrap();
             (w, passive, true)
         }
         S::RepRcvd => {
             let mut w = world(no_mra);
-            let (active, _) = accepted(&mut w);
+            let (active, _) = w.connect_until_rep(PORT).unwrap();
             (w, active, false)
         }
         S::MraRepSent => {
             let mut w = world(SimConfig::default());
-            let (active, _) = accepted(&mut w);
+            let (active, _) = w.connect_until_rep(PORT).unwrap();
             (w, active, false)
         }
         S::MraRepRcvd => {
             // The active application sits on the REP past the REP timeout.
             let mut w = world(SimConfig::default());
-            let (_, passive) = accepted(&mut w);
+            let (_, passive) = w.connect_until_rep(PORT).unwrap();
             w.fabric.advance(Duration::from_secs(5));
             (w, passive, true)
         }
@@ -286,7 +237,7 @@ fn every_state_reached_by_the_handshake_answers_per_the_table() {
 fn every_state_set_directly_answers_per_the_table() {
     for &state in IbCmState::ALL {
         let mut w = world(SimConfig::default());
-        let (_, passive) = accepted(&mut w);
+        let (_, passive) = w.connect_until_rep(PORT).unwrap();
         passive.force_ib_state(state).unwrap();
         check_state(&mut w, &passive, true, state, "forced");
     }
@@ -296,12 +247,12 @@ fn every_state_set_directly_answers_per_the_table() {
 fn rdma_cm_level_checks_come_before_the_table() {
     let mut w = world(SimConfig::default());
     // No device: EINVAL. Bound to a device but no IB CM id: EINVAL.
-    let fresh = w.client.create_id();
+    let fresh = w.client.channel.create_id();
     assert_eq!(
         fresh.notify(AsyncEventType::CommEst),
         Err(NotifyError::WrongState)
     );
-    let bound = w.client.create_id();
+    let bound = w.client.channel.create_id();
     bound.bind(1).unwrap();
     assert_eq!(
         bound.notify(AsyncEventType::CommEst),
@@ -314,7 +265,7 @@ fn rdma_cm_level_checks_come_before_the_table() {
         Err(NotifyError::UnknownId)
     );
     // Device going down: ENODEV for COMM_EST, the table for the rest.
-    let (_, passive) = accepted(&mut w);
+    let (_, passive) = w.connect_until_rep(PORT).unwrap();
     w.fabric
         .node(NodeId(0))
         .unwrap()

@@ -10,7 +10,7 @@ use cm_core::{
     NotifyOutcome, QpNum,
 };
 use cm_mock::sim::{
-    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimFabric, SimIdKey,
+    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimIdKey, SimPair,
 };
 use proptest::prelude::*;
 
@@ -108,7 +108,8 @@ fn run_schedule(s: &Schedule) -> Result<(), String> {
         delayed_mra: s.delayed_mra,
         ..SimConfig::default()
     };
-    let fabric = SimFabric::new(config, s.seed);
+    let pair = SimPair::new(config, s.seed);
+    let fabric = &pair.fabric;
     for &(kind, drop, duplicate, delay, reorder) in &s.odds {
         fabric.set_fault_odds(
             kind,
@@ -127,14 +128,14 @@ fn run_schedule(s: &Schedule) -> Result<(), String> {
         rule.nth = nth;
         fabric.add_fault(rule);
     }
-    let server_node = fabric.add_node();
-    let client_node = fabric.add_node();
-    let mut server = server_node.create_channel();
-    let mut client = client_node.create_channel();
-    let mut device = server_node.device();
-    let listener = server.create_id();
-    listener.bind(PORT).map_err(|e| e.to_string())?;
-    listener.listen().map_err(|e| e.to_string())?;
+    let listener = pair.listen(PORT).map_err(|e| e.to_string())?;
+    let SimPair {
+        fabric,
+        server,
+        client,
+    } = pair;
+    let (server_node, mut server, mut device) = (server.node, server.channel, server.device);
+    let mut client = client.channel;
 
     let mut tallies = vec![Tally::default(); s.connections];
     let mut all_ids: Vec<SimCmId> = vec![listener.clone()];

@@ -4,53 +4,26 @@
 use std::time::Duration;
 
 use cm_core::{
-    errno, AsyncEventSource, AsyncEventType, CmError, CmEvent, CmEventSource, CmEventType, CmId,
-    IbCmState, NotifyError, NotifyOutcome,
+    errno, AsyncEventSource, AsyncEventType, CmError, CmEventType, CmId, IbCmState, NotifyError,
+    NotifyOutcome,
 };
 use cm_mock::sim::{
-    FaultAction, FaultOdds, FaultRule, MsgKind, SimChannel, SimCmId, SimConfig, SimFabric,
+    FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimPair, SimSide,
 };
 
 const PORT: u16 = 18515;
 
-struct Pair {
-    fabric: SimFabric,
-    server: SimChannel,
-    client: SimChannel,
-    listener: SimCmId,
-}
-
-fn pair(config: SimConfig, seed: u64) -> Pair {
-    let fabric = SimFabric::new(config, seed);
-    let server_node = fabric.add_node();
-    let client_node = fabric.add_node();
-    let server = server_node.create_channel();
-    let client = client_node.create_channel();
-    let listener = server.create_id();
-    listener.bind(PORT).unwrap();
-    listener.listen().unwrap();
-    Pair {
-        fabric,
-        server,
-        client,
-        listener,
-    }
-}
-
-/// Reads every pending event of `channel`, acking each, as (id, type, status).
-fn drain(channel: &mut SimChannel) -> Vec<(SimCmId, CmEventType, i32)> {
-    let mut out = Vec::new();
-    while let Some(event) = channel.try_next_event().unwrap() {
-        out.push((event.id(), event.event_type(), event.status()));
-        event.ack().unwrap();
-    }
-    out
+/// The pair with a listener on [`PORT`].
+fn pair(config: SimConfig, seed: u64) -> SimPair {
+    let p = SimPair::new(config, seed);
+    p.listen(PORT).unwrap();
+    p
 }
 
 /// Starts `n` connections: resolves, creates QPs, connects, and lets the passive side
 /// accept every request. Returns (active, passive) ids. The active side has not read its
 /// CONNECT_RESPONSE yet (no RTU sent).
-fn start(p: &mut Pair, n: usize) -> Vec<(SimCmId, SimCmId)> {
+fn start(p: &mut SimPair, n: usize) -> Vec<(SimCmId, SimCmId)> {
     start_lossy(p, n)
         .into_iter()
         .map(|(a, b)| (a, b.expect("every REQ reached the passive side")))
@@ -58,29 +31,29 @@ fn start(p: &mut Pair, n: usize) -> Vec<(SimCmId, SimCmId)> {
 }
 
 /// Like [`start`], for fabrics that may lose REQs: the passive id may be missing.
-fn start_lossy(p: &mut Pair, n: usize) -> Vec<(SimCmId, Option<SimCmId>)> {
-    let server_node = p.fabric.node(cm_mock::sim::NodeId(0)).unwrap();
+fn start_lossy(p: &mut SimPair, n: usize) -> Vec<(SimCmId, Option<SimCmId>)> {
+    let server_node = p.server.node.clone();
     let actives: Vec<SimCmId> = (0..n)
         .map(|_| {
-            let id = p.client.create_id();
+            let id = p.client.channel.create_id();
             id.resolve_addr(server_node.id(), PORT).unwrap();
             id
         })
         .collect();
     p.fabric.advance(Duration::from_millis(1));
-    assert_eq!(drain(&mut p.client).len(), n);
+    assert_eq!(p.client.drain().len(), n);
     for id in &actives {
         id.resolve_route().unwrap();
     }
     p.fabric.advance(Duration::from_millis(1));
-    assert_eq!(drain(&mut p.client).len(), n);
+    assert_eq!(p.client.drain().len(), n);
     for id in &actives {
         id.create_qp().unwrap();
         id.connect(&[]).unwrap();
     }
     p.fabric.advance(Duration::from_millis(1));
     let mut passives = vec![None; n];
-    for (id, kind, _) in drain(&mut p.server) {
+    for (id, kind, _) in p.server.drain() {
         assert_eq!(kind, CmEventType::ConnectRequest);
         id.create_qp().unwrap();
         id.accept(&[]).unwrap();
@@ -93,26 +66,27 @@ fn start_lossy(p: &mut Pair, n: usize) -> Vec<(SimCmId, Option<SimCmId>)> {
 
 #[test]
 fn clean_handshake_gives_one_established_per_side_and_kernel_states() {
-    let mut p = pair(SimConfig::default(), 1);
+    let mut p = SimPair::new(SimConfig::default(), 1);
+    let listener = p.listen(PORT).unwrap();
     let conns = start(&mut p, 1);
     let (active, passive) = &conns[0];
     // The delayed MRA: REP received, nothing sent yet, waiting for the application.
     assert_eq!(active.ib_state().unwrap(), Some(IbCmState::MraRepSent));
     assert_eq!(passive.ib_state().unwrap(), Some(IbCmState::RepSent));
-    let active_events = drain(&mut p.client);
+    let active_events = p.client.drain();
     assert_eq!(active_events.len(), 1);
     assert_eq!(active_events[0].1, CmEventType::Established);
     p.fabric.advance(Duration::from_millis(1));
-    let passive_events = drain(&mut p.server);
+    let passive_events = p.server.drain();
     assert_eq!(passive_events.len(), 1);
     assert_eq!(passive_events[0].1, CmEventType::Established);
     assert_eq!(active.ib_state().unwrap(), Some(IbCmState::Established));
     assert_eq!(passive.ib_state().unwrap(), Some(IbCmState::Established));
     // Nothing more ever happens: no retransmission is pending.
     p.fabric.run_until_idle();
-    assert!(drain(&mut p.server).is_empty() && drain(&mut p.client).is_empty());
+    assert!(p.server.drain().is_empty() && p.client.drain().is_empty());
     assert_eq!(p.fabric.stats().retransmissions, 0);
-    assert!(p.listener.is_alive());
+    assert!(listener.is_alive());
 }
 
 #[test]
@@ -121,12 +95,12 @@ fn lost_rtu_is_recovered_by_rep_retransmission_after_the_cm_response_timeout() {
     p.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop).nth(0));
     let conns = start(&mut p, 1);
-    drain(&mut p.client);
+    p.client.drain();
     p.fabric.advance(Duration::from_secs(1));
-    assert!(drain(&mut p.server).is_empty());
+    assert!(p.server.drain().is_empty());
     assert_eq!(conns[0].1.ib_state().unwrap(), Some(IbCmState::RepSent));
     p.fabric.advance(Duration::from_secs(4));
-    let events = drain(&mut p.server);
+    let events = p.server.drain();
     assert_eq!(events.len(), 1, "{}", p.fabric.trace().unwrap());
     assert_eq!(events[0].1, CmEventType::Established);
     assert_eq!(p.fabric.stats().sent_of(MsgKind::Rep), 2);
@@ -139,9 +113,9 @@ fn all_rtus_lost_gives_unreachable_after_sixteen_reps_then_notify_is_einval() {
     p.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
     let conns = start(&mut p, 1);
-    drain(&mut p.client);
+    p.client.drain();
     p.fabric.run_until_idle();
-    let events = drain(&mut p.server);
+    let events = p.server.drain();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].1, CmEventType::Unreachable);
     assert_eq!(events[0].2, -errno::ETIMEDOUT);
@@ -164,9 +138,9 @@ fn slow_active_application_gets_the_passive_side_to_mra_rep_rcvd() {
     p.fabric.advance(Duration::from_secs(5));
     assert_eq!(conns[0].1.ib_state().unwrap(), Some(IbCmState::MraRepRcvd));
     assert_eq!(p.fabric.stats().sent_of(MsgKind::Mra), 1);
-    drain(&mut p.client);
+    p.client.drain();
     p.fabric.advance(Duration::from_millis(1));
-    let events = drain(&mut p.server);
+    let events = p.server.drain();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].1, CmEventType::Established);
 }
@@ -174,10 +148,10 @@ fn slow_active_application_gets_the_passive_side_to_mra_rep_rcvd() {
 #[test]
 fn unacked_events_block_destroy_and_drop_acks() {
     let mut p = pair(SimConfig::default(), 5);
-    let id = p.client.create_id();
+    let id = p.client.channel.create_id();
     id.resolve_addr(cm_mock::sim::NodeId(0), PORT).unwrap();
     p.fabric.advance(Duration::from_millis(1));
-    let event = p.client.try_next_event().unwrap().unwrap();
+    let event = p.client.next_event().unwrap().unwrap();
     assert_eq!(id.unacked_events().unwrap(), 1);
     assert_eq!(
         id.destroy(),
@@ -201,21 +175,16 @@ fn unacked_events_block_destroy_and_drop_acks() {
 #[test]
 fn events_of_a_destroyed_id_are_discarded_and_migration_moves_pending_events() {
     let mut p = pair(SimConfig::default(), 6);
-    let other = p
-        .fabric
-        .node(cm_mock::sim::NodeId(1))
-        .unwrap()
-        .create_channel();
-    let mut other = other;
-    let a = p.client.create_id();
-    let b = p.client.create_id();
+    let mut other = SimSide::new(p.client.node.clone());
+    let a = p.client.channel.create_id();
+    let b = p.client.channel.create_id();
     a.resolve_addr(cm_mock::sim::NodeId(0), PORT).unwrap();
     b.resolve_addr(cm_mock::sim::NodeId(0), PORT).unwrap();
     p.fabric.advance(Duration::from_millis(1));
     a.destroy().unwrap();
-    b.migrate(&other).unwrap();
-    assert!(p.client.try_next_event().unwrap().is_none());
-    let moved = drain(&mut other);
+    b.migrate(&other.channel).unwrap();
+    assert!(p.client.next_event().unwrap().is_none());
+    let moved = other.drain();
     assert_eq!(moved.len(), 1);
     assert_eq!(moved[0].0, b);
     assert_eq!(p.fabric.stats().events_discarded, 1);
@@ -238,12 +207,12 @@ fn same_seed_same_trace_different_seed_different_trace() {
             );
         }
         let conns = start_lossy(&mut p, 8);
-        drain(&mut p.client);
+        p.client.drain();
         for (active, _) in &conns {
             let _ = active.post_send(8);
         }
         p.fabric.run_until_idle();
-        drain(&mut p.server);
+        p.server.drain();
         p.fabric.trace().unwrap()
     };
     let a = run(11);
@@ -259,7 +228,7 @@ fn comm_est_is_raised_once_and_not_in_soft_roce_mode() {
         p.fabric
             .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
         let conns = start(&mut p, 1);
-        drain(&mut p.client);
+        p.client.drain();
         conns[0].0.post_send(16).unwrap();
         conns[0].0.post_send(16).unwrap();
         p.fabric.advance(Duration::from_millis(1));
@@ -286,7 +255,7 @@ fn comm_est_is_raised_once_and_not_in_soft_roce_mode() {
 #[test]
 fn no_listener_rejects_and_bad_calls_are_typed_errors() {
     let mut p = pair(SimConfig::default(), 8);
-    let id = p.client.create_id();
+    let id = p.client.channel.create_id();
     assert!(matches!(id.connect(&[]), Err(CmError::Os { .. })));
     assert!(matches!(id.accept(&[]), Err(CmError::Os { .. })));
     assert!(matches!(id.create_qp(), Err(CmError::Os { .. })));
@@ -299,11 +268,11 @@ fn no_listener_rejects_and_bad_calls_are_typed_errors() {
     p.fabric.advance(Duration::from_millis(1));
     id.resolve_route().unwrap();
     p.fabric.advance(Duration::from_millis(1));
-    drain(&mut p.client);
+    p.client.drain();
     id.create_qp().unwrap();
     id.connect(&[]).unwrap();
     p.fabric.advance(Duration::from_millis(1));
-    let events = drain(&mut p.client);
+    let events = p.client.drain();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].1, CmEventType::Rejected);
     assert_eq!(events[0].2, 8);
@@ -318,7 +287,7 @@ fn check_scale(n: usize) {
     let mut p = pair(SimConfig::default(), 9);
     p.fabric.set_fault_odds(MsgKind::Rtu, FaultOdds::drop(0.1));
     let conns = start(&mut p, n);
-    let active_events = drain(&mut p.client);
+    let active_events = p.client.drain();
     assert!(active_events
         .iter()
         .all(|e| e.1 == CmEventType::Established));
@@ -341,7 +310,7 @@ fn check_scale(n: usize) {
         forced += 1;
     }
     p.fabric.run_until_idle();
-    let passive_events = drain(&mut p.server);
+    let passive_events = p.server.drain();
     assert_eq!(passive_events.len(), n);
     assert!(passive_events
         .iter()
@@ -356,7 +325,7 @@ fn check_scale(n: usize) {
 fn disconnect_follows_the_kernel_and_destroy_tells_the_peer() {
     let mut p = pair(SimConfig::default(), 10);
     // No IB CM id: EINVAL. Any IB CM state: 0, sending what the state allows.
-    let fresh = p.client.create_id();
+    let fresh = p.client.channel.create_id();
     assert!(matches!(fresh.disconnect(), Err(CmError::Os { .. })));
     let conns = start(&mut p, 2);
     let (active, passive) = &conns[0];
@@ -365,28 +334,28 @@ fn disconnect_follows_the_kernel_and_destroy_tells_the_peer() {
     // Destroying the active id before it read its REP: REJ (consumer defined).
     active.destroy().unwrap();
     p.fabric.advance(Duration::from_millis(1));
-    let events = drain(&mut p.server);
+    let events = p.server.drain();
     assert_eq!(events.len(), 1);
     assert_eq!((events[0].1, events[0].2), (CmEventType::Rejected, 28));
     assert_eq!(passive.ib_state().unwrap(), Some(IbCmState::Idle));
     // The second connection: established, then the active side disconnects.
     let (active, passive) = &conns[1];
-    drain(&mut p.client);
+    p.client.drain();
     p.fabric.advance(Duration::from_millis(1));
-    drain(&mut p.server);
+    p.server.drain();
     active.disconnect().unwrap();
     p.fabric.advance(Duration::from_millis(1));
-    let events = drain(&mut p.server);
+    let events = p.server.drain();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].1, CmEventType::Disconnected);
     passive.disconnect().unwrap();
     p.fabric.run_until_idle();
-    let active_events: Vec<CmEventType> = drain(&mut p.client).iter().map(|e| e.1).collect();
+    let active_events: Vec<CmEventType> = p.client.drain().iter().map(|e| e.1).collect();
     assert_eq!(
         active_events,
         [CmEventType::Disconnected, CmEventType::TimewaitExit]
     );
-    let passive_events: Vec<CmEventType> = drain(&mut p.server).iter().map(|e| e.1).collect();
+    let passive_events: Vec<CmEventType> = p.server.drain().iter().map(|e| e.1).collect();
     assert_eq!(passive_events, [CmEventType::TimewaitExit]);
     assert_eq!(active.ib_state().unwrap(), Some(IbCmState::Idle));
 }
@@ -403,9 +372,9 @@ fn duplicated_data_completes_once_and_rules_pick_the_nth_message_of_a_connection
             .nth(0),
     );
     let conns = start(&mut p, 3);
-    drain(&mut p.client);
+    p.client.drain();
     p.fabric.advance(Duration::from_millis(1));
-    let established: Vec<_> = drain(&mut p.server).into_iter().map(|e| e.0).collect();
+    let established: Vec<_> = p.server.drain().into_iter().map(|e| e.0).collect();
     assert_eq!(established.len(), 2);
     assert!(!established.contains(&conns[1].1));
     assert_eq!(conns[1].1.ib_state().unwrap(), Some(IbCmState::RepSent));
@@ -420,7 +389,7 @@ fn duplicated_data_completes_once_and_rules_pick_the_nth_message_of_a_connection
     assert_eq!(p.fabric.stats().duplicated, 1);
     // The REP retransmission brings the resent RTU through.
     p.fabric.advance(Duration::from_secs(5));
-    assert_eq!(drain(&mut p.server).len(), 1);
+    assert_eq!(p.server.drain().len(), 1);
     assert_eq!(conns[1].1.ib_state().unwrap(), Some(IbCmState::Established));
 }
 
@@ -433,7 +402,7 @@ fn trace_is_off_by_default_and_prints_every_step_of_a_forced_establish() {
     p.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
     let conns = start(&mut p, 1);
-    drain(&mut p.client);
+    p.client.drain();
     conns[0].0.post_send(4).unwrap();
     p.fabric.advance(Duration::from_millis(1));
     assert_eq!(

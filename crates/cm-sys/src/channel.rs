@@ -211,7 +211,7 @@ impl EventChannel {
         let decoded = {
             let _fields = self.inner.fields_exclusive();
             if !self.inner.nonblocking.load(Ordering::Acquire)
-                && !ffi::wait_readable(self.inner.fd(), Some(Duration::ZERO))
+                && !crate::poll::wait_readable(self.inner.fd(), Some(Duration::ZERO))
                     .map_err(|e| CmError::from_errno("poll", e))?
             {
                 // Another reader took the event between our poll and the lock.

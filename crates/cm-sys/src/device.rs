@@ -73,6 +73,25 @@ impl AsyncEvents {
         crate::cq::DeviceKey::of(self.context)
     }
 
+    /// The device's name (`ibv_get_device_name`, e.g. `rxe0`, `mlx5_0`).
+    pub fn device_name(&self) -> String {
+        // SAFETY: the context is live while `_id` is; its `device` is set at open and
+        // lives as long as the context; the name is a NUL-terminated string owned by it.
+        unsafe {
+            let device = (*self.context.as_ptr()).device;
+            if device.is_null() {
+                return String::new();
+            }
+            let name = ffi::ibv_get_device_name(device);
+            if name.is_null() {
+                return String::new();
+            }
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+
     fn fd(&self) -> RawFd {
         // SAFETY: the context is live while `_id` is; async_fd is set once at open.
         unsafe { (*self.context.as_ptr()).async_fd }
@@ -196,6 +215,51 @@ impl cm_core::AsyncEventSource for AsyncEvents {
     fn try_next_async_event(&mut self) -> Result<Option<AsyncEvent>, CmError> {
         AsyncEvents::try_next_event(self)
     }
+}
+
+/// Lets librdmacm notice devices that went away (`rdma_get_devices` resynchronises its
+/// device list with libibverbs') and returns the names of the devices still there.
+///
+/// librdmacm keeps a device context open while any id uses it, and closes the context
+/// of a removed device only when it learns that the device is gone with no id left on
+/// it. The kernel's removal of a device without context disassociation (soft-RoCE among
+/// others) waits for that close, so a process that outlives the removal calls this once
+/// its ids on the device are destroyed.
+pub fn refresh_devices() -> Result<Vec<String>, CmError> {
+    let mut count = 0;
+    // SAFETY: plain call; returns a NULL-terminated array (or NULL) that we free below.
+    let list = unsafe { ffi::rdma_get_devices(&mut count) };
+    if list.is_null() {
+        return Err(CmError::from_errno("rdma_get_devices", ffi::last_errno()));
+    }
+    let mut names = Vec::new();
+    let mut index = 0;
+    loop {
+        // SAFETY: `list` is NULL-terminated; every entry before the NULL is a live
+        // context while the list is held.
+        let context = unsafe { *list.add(index) };
+        if context.is_null() {
+            break;
+        }
+        // SAFETY: a live context's `device` and its name, as in `device_name`.
+        unsafe {
+            let device = (*context).device;
+            if !device.is_null() {
+                let name = ffi::ibv_get_device_name(device);
+                if !name.is_null() {
+                    names.push(
+                        std::ffi::CStr::from_ptr(name)
+                            .to_string_lossy()
+                            .into_owned(),
+                    );
+                }
+            }
+        }
+        index += 1;
+    }
+    // SAFETY: the list came from rdma_get_devices and is freed once.
+    unsafe { ffi::rdma_free_devices(list) };
+    Ok(names)
 }
 
 #[cfg(test)]

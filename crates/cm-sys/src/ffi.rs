@@ -19,13 +19,14 @@ pub(crate) use rdma_sys::{ibv_access_flags, ibv_qp_type, ibv_wr_opcode, rdma_por
 pub(crate) use rdma_sys::{
     ibv_ack_async_event, ibv_ack_cq_events, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_create_comp_channel, ibv_create_cq, ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq,
-    ibv_get_async_event, ibv_get_cq_event, ibv_mr, ibv_poll_cq, ibv_post_recv, ibv_post_send,
-    ibv_qp, ibv_qp_init_attr, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_wr, ibv_sge,
-    ibv_srq, ibv_wc, ibv_wq, rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_cm_event,
-    rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_event_channel, rdma_create_id,
-    rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp, rdma_disconnect,
-    rdma_event_channel, rdma_event_str, rdma_get_cm_event, rdma_listen, rdma_migrate_id,
-    rdma_reject, rdma_resolve_addr, rdma_resolve_route,
+    ibv_get_async_event, ibv_get_cq_event, ibv_get_device_name, ibv_mr, ibv_poll_cq, ibv_post_recv,
+    ibv_post_send, ibv_qp, ibv_qp_init_attr, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq,
+    ibv_send_wr, ibv_sge, ibv_srq, ibv_wc, ibv_wq, rdma_accept, rdma_ack_cm_event, rdma_bind_addr,
+    rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_event_channel,
+    rdma_create_id, rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp,
+    rdma_disconnect, rdma_event_channel, rdma_event_str, rdma_free_devices, rdma_get_cm_event,
+    rdma_get_devices, rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr,
+    rdma_resolve_route,
 };
 
 /// `union` member of [`RawAsyncEvent`]: `element` of `struct ibv_async_event`.
@@ -224,16 +225,6 @@ pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<(), i32> {
     Ok(())
 }
 
-/// Waits until `fd` is readable or `timeout` passes (`None`: forever). Retries on EINTR.
-pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, i32> {
-    let mut pollfd = [libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    crate::poll::poll_fds(&mut pollfd, timeout).map(|ready| ready > 0)
-}
-
 /// Milliseconds for librdmacm's `timeout_ms` parameters, saturated.
 pub(crate) fn timeout_ms(timeout: Duration) -> c_int {
     c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX)
@@ -284,12 +275,15 @@ mod tests {
         assert_eq!(is_nonblocking(read_end), Ok(true));
         set_nonblocking(read_end, false).unwrap();
         assert_eq!(is_nonblocking(read_end), Ok(false));
-        assert_eq!(wait_readable(read_end, Some(Duration::ZERO)), Ok(false));
+        assert_eq!(
+            crate::poll::wait_readable(read_end, Some(Duration::ZERO)),
+            Ok(false)
+        );
         // SAFETY: writes one byte from a live buffer to the pipe we own.
         let written = unsafe { libc::write(write_end, [7u8].as_ptr().cast(), 1) };
         assert_eq!(written, 1);
         assert_eq!(
-            wait_readable(read_end, Some(Duration::from_secs(10))),
+            crate::poll::wait_readable(read_end, Some(Duration::from_secs(10))),
             Ok(true)
         );
         // SAFETY: closing the two descriptors this test opened.

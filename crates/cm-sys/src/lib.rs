@@ -15,6 +15,13 @@
 //! - A minimal data path ([`CmId::create_qp`], [`CmId::register_memory`],
 //!   [`CmId::post_send`], [`CmId::post_recv`], [`CmId::poll_recv_cq`]) for tests and
 //!   benches.
+//! - [`CompletionChannel`]: a device's completion channel (non-blocking, pollable);
+//!   [`CmId::create_qp_on`] puts a QP's CQs on it with a token, [`CmId::arm_cq`] and
+//!   [`CmId::poll_cq`] complete the wait → re-arm → poll pattern; [`DeviceKey`] tells
+//!   devices apart.
+//! - Thread safety: reading a CM event (which makes librdmacm write into the event's
+//!   id) holds its channel's lock exclusively; every id call holds it shared;
+//!   [`CmId::notify`] takes no lock.
 //! - [`poll_readable`]: waits on several descriptors at once (a channel, a device's
 //!   asynchronous events, a wake-up descriptor) for event loops.
 //! - [`RdmaBackend`] ties the types to [`cm_core::CmBackend`].
@@ -89,7 +96,7 @@ mod verbs;
 
 pub use channel::EventChannel;
 pub use cq::{CompletionChannel, CqKind, DeviceKey};
-pub use device::AsyncEvents;
+pub use device::{refresh_devices, AsyncEvents};
 pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams};

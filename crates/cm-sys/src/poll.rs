@@ -164,7 +164,7 @@ pub(crate) fn wait_then_read<T>(
             // No timeout, or one too long to represent: wait forever.
             _ => None,
         };
-        if !ffi::wait_readable(fd, left).map_err(|e| CmError::from_errno(op, e))? {
+        if !wait_readable(fd, left).map_err(|e| CmError::from_errno(op, e))? {
             return Ok(None);
         }
         match read()? {
@@ -174,6 +174,16 @@ pub(crate) fn wait_then_read<T>(
             Attempt::Nothing => continue,
         }
     }
+}
+
+/// Waits until `fd` is readable or `timeout` passes (`None`: forever). Retries on EINTR.
+pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, i32> {
+    let mut pollfd = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    poll_fds(&mut pollfd, timeout).map(|ready| ready > 0)
 }
 
 #[cfg(test)]

@@ -23,7 +23,10 @@ mod figure;
 pub use figure::{Figure, FIGURE_PREFIX};
 
 use std::io::Write as _;
+mod fault_row;
 mod nft;
+
+pub use fault_row::{kernel_cm_ids, leaked_cm_ids, FaultRow, FAULT_PREFIX};
 
 pub use nft::{rule_args, CmMadRule, MadAction, RTU_ATTRIBUTE};
 

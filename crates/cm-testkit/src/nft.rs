@@ -35,6 +35,22 @@ impl CmMadRule {
         attribute: u16,
         action: MadAction,
     ) -> Result<CmMadRule, String> {
+        let statement = match action {
+            MadAction::Count => "counter",
+            MadAction::Drop => "counter drop",
+        };
+        Self::install_with(nft, table, to, attribute, statement)
+    }
+
+    /// As [`CmMadRule::install`], with the rule's statement spelled out after the match
+    /// (e.g. `numgen random mod 10 < 3 counter drop`: drop three in ten at random).
+    pub fn install_with(
+        nft: &str,
+        table: &str,
+        to: IpAddr,
+        attribute: u16,
+        statement: &str,
+    ) -> Result<CmMadRule, String> {
         let guard = CmMadRule {
             nft: nft.to_owned(),
             table: table.to_owned(),
@@ -53,13 +69,24 @@ impl CmMadRule {
             "input",
             "{ type filter hook input priority 0; }",
         ])?;
-        guard.run(
-            &rule_args(table, to, attribute, action)
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-        )?;
+        let mut args = rule_args(table, to, attribute, MadAction::Count);
+        args.pop(); // "counter": the statement says what to do
+        args.extend(statement.split(' ').map(str::to_owned));
+        guard.run(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         Ok(guard)
+    }
+
+    /// For a device test: a rule in table `table` dropping every RTU to `to`, or `None`
+    /// after recording a skip of `test` when the environment names no nft.
+    pub fn drop_rtus(test: &str, table: &str, to: IpAddr) -> Option<CmMadRule> {
+        let Some(nft) = Self::nft_from_env() else {
+            crate::skip(test, "CMNOTIFY_NFT names no nft to drop the RTU with");
+            return None;
+        };
+        match Self::install(&nft, table, to, RTU_ATTRIBUTE, MadAction::Drop) {
+            Ok(rule) => Some(rule),
+            Err(e) => panic!("{test}: installing the RTU drop: {e}"),
+        }
     }
 
     /// The nft executable named by `CMNOTIFY_NFT`, if any.

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use cm_core::{CmEvent, CmEventSource, CmEventType, CmId, QpNum};
 use cm_mock::sim::{
-    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimFabric, SimStats,
-    TraceEntry, TraceEvent,
+    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimBackend, SimCmId, SimConfig, SimFabric,
+    SimPair, SimStats, TraceEntry, TraceEvent,
 };
-use cm_verbs::{Control, EventLoop, LoopEvent, NotifyPump, PumpCounters, PumpEvent, Ready, Role};
+use cm_verbs::{
+    BackendLoop, Control, EventLoop, LoopEvent, NotifyPump, PumpCounters, PumpEvent, Ready, Role,
+};
 
 use crate::stats::LatencySummary;
 
@@ -198,7 +200,8 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         SimConfig::default()
     };
     sim_config.trace = config.trace_conn.is_some();
-    let fabric = SimFabric::new(sim_config, config.seed);
+    let pair = SimPair::new(sim_config, config.seed);
+    let fabric = &pair.fabric;
     if config.rtu_loss > 0.0 {
         fabric.set_fault_odds(MsgKind::Rtu, FaultOdds::drop(config.rtu_loss));
     }
@@ -212,16 +215,14 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop).on_conn(ConnId(conn)));
     }
 
-    let server = fabric.add_node();
-    let client = fabric.add_node();
-    let server_channel = server.create_channel();
-    let mut client_channel = client.create_channel();
-    let mut server_cq = server.device();
-    let mut client_cq = client.device();
-
-    let listener = server_channel.create_id();
-    listener.bind(PORT).expect("a fresh node binds");
-    listener.listen().expect("a bound id listens");
+    pair.listen(PORT).expect("a fresh node binds and listens");
+    let SimPair {
+        fabric,
+        server,
+        client,
+    } = pair;
+    let (server_channel, mut server_cq) = (server.channel, server.device);
+    let (mut client_channel, mut client_cq) = (client.channel, client.device);
 
     let mut world = World {
         outcomes: vec![ConnOutcome::default(); config.connections as usize],
@@ -242,13 +243,13 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     };
     for _ in 0..config.connections {
         let id = client_channel.create_id();
-        id.resolve_addr(server.id(), PORT)
+        id.resolve_addr(server.node.id(), PORT)
             .expect("resolving a live node is accepted");
         world.active_ids.push(id);
     }
 
     let pump = NotifyPump::with_policy(Default::default(), config.connections as usize);
-    let mut server_loop = EventLoop::new(server_channel, server.device(), pump);
+    let mut server_loop = EventLoop::new(server_channel, server.node.device(), pump);
     let all = Ready {
         cm_events: true,
         async_events: true,
@@ -549,7 +550,7 @@ impl World {
         &mut self,
         fabric: &SimFabric,
         client_channel: &mut cm_mock::sim::SimChannel,
-        server_loop: &mut EventLoop<cm_mock::sim::SimChannel, cm_mock::sim::SimDevice, SimCmId>,
+        server_loop: &mut BackendLoop<SimBackend>,
     ) -> u64 {
         for id in &self.active_ids {
             let _ = id.disconnect();

@@ -22,7 +22,7 @@ use cm_core::{
 };
 use cm_mock::sim::{
     FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, SimChannel, SimCmEvent, SimCmId, SimConfig,
-    SimDevice, SimFabric,
+    SimDevice, SimFabric, SimPair,
 };
 use cm_tools::sim_run::{run, SimRun};
 use cm_verbs::{NotifyPump, PumpEvent, Role};
@@ -245,27 +245,23 @@ struct Driver {
 
 impl Driver {
     fn new(fault: Fault, pump_on: bool, seed: u64) -> Self {
-        let fabric = SimFabric::new(SimConfig::default(), seed);
-        fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-        fabric.set_fault_odds(MsgKind::Data, jitter());
-        let (server, client) = (fabric.add_node(), fabric.add_node());
-        let server_events = server.create_channel();
-        let client_events = client.create_channel();
-        let listener = server_events.create_id();
-        listener.bind(PORT).expect("a fresh node binds");
-        listener.listen().expect("a bound id listens");
-        let active = client_events.create_id();
+        let pair = SimPair::new(SimConfig::default(), seed);
+        pair.fabric
+            .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+        pair.fabric.set_fault_odds(MsgKind::Data, jitter());
+        let listener = pair.listen(PORT).expect("a fresh node binds and listens");
+        let active = pair.client.channel.create_id();
         active
-            .resolve_addr(server.id(), PORT)
+            .resolve_addr(pair.server.node.id(), PORT)
             .expect("resolving a live node");
         Driver {
             fault,
             pump_on,
             seed,
-            server: server.id(),
-            fabric,
-            server_events,
-            client_events,
+            server: pair.server.node.id(),
+            fabric: pair.fabric,
+            server_events: pair.server.channel,
+            client_events: pair.client.channel,
             listener,
             active,
             passive: None,
@@ -355,7 +351,7 @@ impl Driver {
                 self.disconnect_passive();
             }
             if self.pump_on {
-                let pumped = self.pump.handle_async_event(event);
+                let pumped = self.pump.on_async_event(event);
                 self.pumped(pumped);
             } else if comm_est && self.fault == Fault::DreqInForcedEstablishWindow {
                 // No pump, no forced establish: the DREQ meets a REP_SENT id instead.

@@ -64,7 +64,7 @@ impl<I: CmId> AsyncEventLoop<I> {
     pub async fn next(&mut self) -> Result<Option<LoopEvent<CmEvent>>, CmError> {
         loop {
             if let Some(event) = self.device.get_ref().try_next_event()? {
-                return Ok(Some(LoopEvent::Pump(self.pump.handle_async_event(event))));
+                return Ok(Some(LoopEvent::Pump(self.pump.on_async_event(event))));
             }
             if let Some(event) = self.channel.get_ref().try_next_event()? {
                 self.pump.on_cm_event(event.event_type(), event.qp_num());
@@ -81,7 +81,7 @@ impl<I: CmId> AsyncEventLoop<I> {
                     let mut guard = guard.map_err(readiness)?;
                     match self.device.get_ref().try_next_event()? {
                         Some(event) => {
-                            return Ok(Some(LoopEvent::Pump(self.pump.handle_async_event(event))));
+                            return Ok(Some(LoopEvent::Pump(self.pump.on_async_event(event))));
                         }
                         None => guard.clear_ready(),
                     }

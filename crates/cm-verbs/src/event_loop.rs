@@ -5,7 +5,7 @@
 //! descriptors (`poll(2)` on the real backend, see the `rdma` feature) and over a
 //! simulated fabric that is stepped instead of waited on.
 
-use cm_core::{AsyncEventSource, CmError, CmEvent, CmEventSource, CmId};
+use cm_core::{AsyncEventSource, CmBackend, CmError, CmEvent, CmEventSource, CmId};
 
 use crate::{NotifyPump, PumpEvent};
 
@@ -54,6 +54,13 @@ pub enum Exit {
     Shutdown,
 }
 
+/// The [`EventLoop`] of one backend: its event channel, its device's asynchronous
+/// events and a pump of its ids, named by the backend's [`CmBackend`] marker
+/// (`cm_sys::RdmaBackend`, `cm_mock::sim::SimBackend`, `cm_mock::MockBackend`) so that
+/// the three parts cannot come from different backends.
+pub type BackendLoop<B> =
+    EventLoop<<B as CmBackend>::Events, <B as CmBackend>::AsyncEvents, <B as CmBackend>::Id>;
+
 /// Runs the pump over one CM event channel and one device's asynchronous events.
 pub struct EventLoop<C, A, I> {
     cm_events: C,
@@ -96,7 +103,7 @@ where
     ) -> Result<Control, CmError> {
         if ready.async_events {
             while let Some(event) = self.async_events.try_next_async_event()? {
-                let pumped = self.pump.handle_async_event(event);
+                let pumped = self.pump.on_async_event(event);
                 if handler(&mut self.pump, LoopEvent::Pump(pumped)) == Control::Stop {
                     return Ok(Control::Stop);
                 }

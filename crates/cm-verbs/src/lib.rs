@@ -50,7 +50,7 @@
 //!     Some(PumpEvent::Forced { qp: QpNum(0x2a), trigger: Trigger::ReceiveCompletion })
 //! );
 //! // A COMM_EST raised later still reaches the CM, which answers EISCONN: harmless.
-//! let late = pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0x2a)));
+//! let late = pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0x2a)));
 //! assert!(matches!(late, PumpEvent::AlreadyEstablished { .. }));
 //! // The ESTABLISHED event the CM then delivers is fed back; the connection is settled.
 //! pump.on_cm_event(CmEventType::Established, Some(QpNum(0x2a)));
@@ -82,10 +82,10 @@ pub mod rdma;
 mod rdma_transport;
 
 pub use endpoint::{
-    CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint,
-    EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
+    CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
+    Endpoint, EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
-pub use event_loop::{Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
+pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{
     notify_failure_is_final, NotifyPump, Progress, PumpCounters, PumpEvent, RegisterError,
     Registration, Role, Trigger, EARLY_TRIGGERS,

@@ -269,7 +269,7 @@ impl EarlyTriggers {
 /// pump.register(Accepted, Role::Passive).unwrap();
 /// let event = AsyncEvent::qp(AsyncEventType::CommEst, QpNum(7));
 /// assert_eq!(
-///     pump.handle_async_event(event),
+///     pump.on_async_event(event),
 ///     PumpEvent::Forced { qp: QpNum(7), trigger: Trigger::AsyncEvent(AsyncEventType::CommEst) }
 /// );
 /// assert_eq!(pump.counters().forced, 1);
@@ -418,7 +418,7 @@ impl<I: CmId> NotifyPump<I> {
     }
 
     /// Handles one asynchronous event (already acknowledged by its source).
-    pub fn handle_async_event(&mut self, event: AsyncEvent) -> PumpEvent {
+    pub fn on_async_event(&mut self, event: AsyncEvent) -> PumpEvent {
         match self.policy.route(&event) {
             Route::Application => {
                 self.counters.passed_through += 1;
@@ -452,6 +452,13 @@ impl<I: CmId> NotifyPump<I> {
                 PumpEvent::Unrouted(event)
             }
         }
+    }
+
+    /// The former name of [`NotifyPump::on_async_event`], kept only until cm-sys's
+    /// `lost_rtu_pump` test calls the new name; then removed.
+    #[doc(hidden)]
+    pub fn handle_async_event(&mut self, event: AsyncEvent) -> PumpEvent {
+        self.on_async_event(event)
     }
 
     /// The second trigger: a receive completed on `qp`. When `qp` is a registered
@@ -517,7 +524,7 @@ impl<I: CmId> NotifyPump<I> {
     ) -> Result<usize, CmError> {
         let mut handled = 0;
         while let Some(event) = source.try_next_async_event()? {
-            sink(self.handle_async_event(event));
+            sink(self.on_async_event(event));
             handled += 1;
         }
         Ok(handled)

@@ -205,11 +205,11 @@ fn io_error(op: &'static str, error: &std::io::Error) -> CmError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Control, EventLoop, Exit, LoopEvent, NotifyPump};
-    use cm_mock::{MockAsyncEventSource, MockCmEventSource, MockCmId};
+    use crate::{BackendLoop, Control, EventLoop, Exit, LoopEvent, NotifyPump};
+    use cm_mock::{MockAsyncEventSource, MockBackend, MockCmEventSource, MockCmId};
 
     /// A loop over mocked sources that are always empty.
-    fn empty_loop() -> EventLoop<MockCmEventSource, MockAsyncEventSource, MockCmId> {
+    fn empty_loop() -> BackendLoop<MockBackend> {
         let mut cm = MockCmEventSource::new();
         cm.expect_try_next_event().returning(|| Ok(None));
         let mut device = MockAsyncEventSource::new();

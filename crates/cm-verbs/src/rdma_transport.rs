@@ -23,6 +23,9 @@ use cm_sys::{
     MemoryRegion, QpCaps,
 };
 
+/// How often a pending device removal is retried.
+const REMOVAL_RETRY: Duration = Duration::from_millis(50);
+
 /// The reader of one device context: its asynchronous events and its completion
 /// channel, each read by this endpoint only.
 #[derive(Debug)]
@@ -75,6 +78,8 @@ pub struct RdmaTransport {
     /// Device descriptors the last wait found idle (while something else was ready):
     /// the next read of each is skipped.
     idle: Vec<RawFd>,
+    /// Devices given back after a removal whose context librdmacm has not closed yet.
+    removed: Vec<String>,
 }
 
 impl RdmaTransport {
@@ -89,6 +94,7 @@ impl RdmaTransport {
             scratch: Vec::with_capacity(32),
             channel_idle: false,
             idle: Vec::with_capacity(8),
+            removed: Vec::new(),
         })
     }
 
@@ -265,6 +271,35 @@ impl Transport for RdmaTransport {
             return Ok(None);
         }
         device.events.try_next_event()
+    }
+
+    fn release_device(&mut self, device: RdmaDevice) {
+        let fds = [device.events.as_raw_fd(), device.completions.as_raw_fd()];
+        self.idle.retain(|fd| !fds.contains(fd));
+        self.removed.push(device.events.device_name());
+        drop(device);
+    }
+
+    fn housekeeping(&mut self) -> Option<Duration> {
+        if self.removed.is_empty() {
+            return None;
+        }
+        // The kernel's removal goes on once our ids are destroyed and then waits for the
+        // device context to close; librdmacm closes it when a resync finds the device
+        // gone. Retried at a short interval until then: only during a removal.
+        match cm_sys::refresh_devices() {
+            Ok(present) => self.removed.retain(|name| present.contains(name)),
+            // No device left at all: the removed one is gone too.
+            Err(e) if e.is_no_device() => self.removed.clear(),
+            Err(e) => log::debug!("refreshing the device list: {e}"),
+        }
+        if self.removed.is_empty() {
+            // One more pass closes the context of a device found gone just now.
+            let _ = cm_sys::refresh_devices();
+            None
+        } else {
+            Some(REMOVAL_RETRY)
+        }
     }
 
     fn next_cq_event(&mut self, device: &mut RdmaDevice) -> Result<Option<u64>, CmError> {

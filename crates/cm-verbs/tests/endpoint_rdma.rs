@@ -4,12 +4,14 @@
 //! Without a device each test records a skip.
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_testkit::{addresses, report, CmMadRule};
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{ConnectOptions, Endpoint, EstablishedVia, Event, ListenOptions, Role};
+use cm_verbs::{Endpoint, EstablishedVia, Event, ListenOptions, Role};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -17,15 +19,10 @@ const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 /// `hello` on each once established, waits for the echo, disconnects.
 fn echo_clients(src: IpAddr, to: Vec<SocketAddr>) -> std::thread::JoinHandle<Vec<EstablishedVia>> {
     std::thread::spawn(move || {
-        let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
-        let options = || ConnectOptions {
-            source: Some(SocketAddr::new(src, 0)),
-            timeout: Some(Duration::from_secs(30)),
-            ..ConnectOptions::default()
-        };
+        let mut client = common::endpoint();
         let conns: Vec<_> = to
             .iter()
-            .map(|dst| client.connect(*dst, options()).expect("connect"))
+            .map(|dst| client.connect(*dst, common::from(src)).expect("connect"))
             .collect();
         let mut vias = Vec::new();
         for &conn in &conns {
@@ -65,18 +62,10 @@ fn a_server_on_the_api_rescues_lost_rtus_with_no_application_code() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(rule) = CmMadRule::drop_rtus(TEST, "endpoint_rtu", addrs.addr_a) else {
+        return;
     };
-    let rule = CmMadRule::install(
-        &nft,
-        "endpoint_rtu",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
-    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let mut server = common::endpoint();
     let listen = SocketAddr::new(addrs.addr_a, 7511);
     server
         .listen(
@@ -124,18 +113,10 @@ fn two_listeners_on_one_device_both_get_their_rescues() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(_rule) = CmMadRule::drop_rtus(TEST, "endpoint_two", addrs.addr_a) else {
+        return;
     };
-    let _rule = CmMadRule::install(
-        &nft,
-        "endpoint_two",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
-    let mut server = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let mut server = common::endpoint();
     let first = SocketAddr::new(addrs.addr_a, 7512);
     let second = SocketAddr::new(addrs.addr_a, 7513);
     let one = server

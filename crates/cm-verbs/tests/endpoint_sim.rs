@@ -73,6 +73,37 @@ impl Pair {
     }
 }
 
+impl Pair {
+    /// Listens with a 100 ms establish deadline, connects once, and checks that an
+    /// accept waiting 50 ms times out and the connection then closes with
+    /// `CloseReason::TimedOut`.
+    fn expect_accept_deadline(&mut self) {
+        let options = ListenOptions {
+            establish_timeout: Some(Duration::from_millis(100)),
+            ..ListenOptions::default()
+        };
+        self.server
+            .listen(self.server.transport().addr(PORT), options)
+            .unwrap();
+        self.connect(1, b"");
+        assert_eq!(
+            self.server.accept(Some(Duration::from_millis(50))),
+            Err(ConnError::Timeout)
+        );
+        let closed = self.server.next_event(SECOND).unwrap();
+        assert!(
+            matches!(
+                closed,
+                Some(Event::Closed {
+                    reason: CloseReason::TimedOut,
+                    ..
+                })
+            ),
+            "{closed:?}"
+        );
+    }
+}
+
 fn soft_roce() -> SimConfig {
     SimConfig {
         comm_est: false,
@@ -207,16 +238,14 @@ fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
         .listen(pair.server.transport().addr(PORT), options)
         .unwrap();
     let client_conn = pair.connect(1, b"let me in")[0];
-    let request = loop {
-        match pair.server.next_event(SECOND).unwrap().expect("a request") {
-            Event::Request {
-                conn, private_data, ..
-            } => {
-                assert_eq!(private_data, PrivateData::from(b"let me in"));
-                break conn;
-            }
-            other => panic!("unexpected {other:?}"),
+    let request = match pair.server.next_event(SECOND).unwrap().expect("a request") {
+        Event::Request {
+            conn, private_data, ..
+        } => {
+            assert_eq!(private_data, PrivateData::from(b"let me in"));
+            conn
         }
+        other => panic!("unexpected {other:?}"),
     };
     let too_long = PrivateData::from(vec![0u8; PrivateData::MAX_REJ + 1]);
     assert!(matches!(
@@ -277,30 +306,8 @@ fn an_accept_deadline_ends_in_a_typed_timeout_and_leaks_no_connection() {
     let mut pair = pair(soft_roce(), 7, &[]);
     pair.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    let options = ListenOptions {
-        establish_timeout: Some(Duration::from_millis(100)),
-        ..ListenOptions::default()
-    };
-    pair.server
-        .listen(pair.server.transport().addr(PORT), options)
-        .unwrap();
-    pair.connect(1, b"");
     // The client sends nothing, so nothing can rescue the connection.
-    assert_eq!(
-        pair.server.accept(Some(Duration::from_millis(50))),
-        Err(ConnError::Timeout)
-    );
-    let closed = pair.server.next_event(SECOND).unwrap();
-    assert!(
-        matches!(
-            closed,
-            Some(Event::Closed {
-                reason: CloseReason::TimedOut,
-                ..
-            })
-        ),
-        "{closed:?}"
-    );
+    pair.expect_accept_deadline();
     assert_eq!(pair.server.connection_count(), 0);
 }
 
@@ -337,4 +344,195 @@ fn sends_and_messages_are_checked() {
         },
     );
     assert!(matches!(refused, Err(ConnError::PrivateDataTooLong { .. })));
+}
+
+#[test]
+fn completed_sends_are_reported_and_setup_steps_are_timed_in_order() {
+    let mut pair = pair(SimConfig::default(), 7, &[b"ping"]);
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    let client_conn = pair.connect(1, b"")[0];
+    let conn = pair.server.accept(SECOND).unwrap();
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"ping");
+    pair.server.send(conn, b"pong").unwrap();
+    let mut sent = false;
+    while let Some(event) = pair.server.next_event(SECOND).unwrap() {
+        if event == (Event::Sent { conn }) {
+            sent = true;
+            break;
+        }
+    }
+    assert!(sent, "the send's completion is reported");
+
+    let times = pair.server.info(conn).unwrap().times;
+    assert_eq!((times.addr_resolved, times.route_resolved), (None, None));
+    let passive = [
+        Some(times.started),
+        times.create_qp_called,
+        times.qp_created,
+        times.connect_called,
+        times.connect_returned,
+        times.established,
+    ];
+    assert!(passive.iter().all(Option::is_some), "{times:?}");
+    assert!(passive.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+
+    let times = pair.client.borrow().info(client_conn).unwrap().times;
+    let active = [
+        Some(times.started),
+        times.addr_resolved,
+        times.route_resolved,
+        times.create_qp_called,
+        times.qp_created,
+        times.connect_called,
+        times.connect_returned,
+        times.established,
+    ];
+    assert!(active.iter().all(Option::is_some), "{times:?}");
+    assert!(active.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+}
+
+#[test]
+fn with_notify_off_a_lost_rtu_is_not_rescued() {
+    let mut pair = pair(soft_roce(), 8, &[b"data"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server.set_notify(false);
+    pair.expect_accept_deadline();
+    assert_eq!(pair.server.counters().forced, 0);
+    assert_eq!(pair.server.counters().receive_triggers, 0);
+}
+
+#[test]
+fn two_listeners_on_one_device_share_its_reader_and_both_get_their_rescues() {
+    let mut pair = pair(soft_roce(), 9, &[b"m"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    let first = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    let second = pair
+        .server
+        .listen(
+            pair.server.transport().addr(PORT + 1),
+            ListenOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(
+        pair.server.device_count(),
+        1,
+        "one reader for the node's device"
+    );
+    for port in [PORT, PORT + 1] {
+        let to = pair.server.transport().addr(port);
+        pair.client
+            .borrow_mut()
+            .connect(to, ConnectOptions::default())
+            .unwrap();
+    }
+    let mut listeners = Vec::new();
+    for _ in 0..2 {
+        let conn = pair.server.accept(SECOND).unwrap();
+        let info = pair.server.info(conn).unwrap();
+        assert_eq!(
+            info.established,
+            Some(EstablishedVia::Notify(Trigger::ReceiveCompletion))
+        );
+        listeners.push(info.listener.unwrap());
+        assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"m");
+    }
+    listeners.sort();
+    assert_eq!(listeners, vec![first, second]);
+}
+
+#[test]
+fn a_removed_device_closes_its_listener_and_connections_and_its_reader() {
+    let mut pair = pair(SimConfig::default(), 10, &[]);
+    let listener = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    let told = pair.server.transport().node().remove_device().unwrap();
+    assert_eq!(told, 2, "the listener's id and the connection's");
+    let mut ended = Vec::new();
+    while let Some(event) = pair.server.next_event(SECOND).unwrap() {
+        ended.push(event);
+    }
+    assert!(ended.contains(&Event::Closed {
+        conn,
+        reason: CloseReason::DeviceRemoved
+    }));
+    assert!(ended.contains(&Event::ListenerClosed {
+        listener,
+        reason: CloseReason::DeviceRemoved
+    }));
+    assert_eq!(
+        ended
+            .iter()
+            .filter(|e| matches!(e, Event::Closed { .. } | Event::ListenerClosed { .. }))
+            .count(),
+        2,
+        "each reported once: {ended:?}"
+    );
+    assert_eq!(
+        (
+            pair.server.connection_count(),
+            pair.server.listener_count(),
+            pair.server.device_count()
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn a_fatal_device_error_ends_what_is_on_the_device_and_is_reported_first() {
+    let mut pair = pair(SimConfig::default(), 11, &[]);
+    let listener = pair
+        .server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    let fatal = cm_verbs::AsyncEvent {
+        event_type: cm_verbs::AsyncEventType::DeviceFatal,
+        element: cm_verbs::core::EventElement::Port(1),
+    };
+    pair.server.transport().node().device().raise(fatal);
+    let port_down = cm_verbs::AsyncEvent {
+        event_type: cm_verbs::AsyncEventType::PortErr,
+        element: cm_verbs::core::EventElement::Port(1),
+    };
+    let events: Vec<Event> = std::iter::from_fn(|| pair.server.poll().unwrap()).collect();
+    assert_eq!(
+        events,
+        vec![
+            Event::Device(fatal),
+            Event::Closed {
+                conn,
+                reason: CloseReason::DeviceFatal
+            },
+            Event::ListenerClosed {
+                listener,
+                reason: CloseReason::DeviceFatal
+            },
+        ]
+    );
+    assert_eq!(pair.server.device_count(), 0);
+    // A port event on a device still read reaches the application as it is.
+    let mut other = pair_with_port_event(port_down);
+    assert_eq!(other.server.poll().unwrap(), Some(Event::Device(port_down)));
+}
+
+/// A listening server whose device then reports `event`.
+fn pair_with_port_event(event: cm_verbs::AsyncEvent) -> Pair {
+    let mut pair = pair(SimConfig::default(), 12, &[]);
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.server.transport().node().device().raise(event);
+    pair
 }

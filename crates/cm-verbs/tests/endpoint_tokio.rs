@@ -3,13 +3,15 @@
 //! dropped `accept` future loses nothing. Without a device the test records a skip.
 #![cfg(feature = "tokio")]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_testkit::{addresses, report, CmMadRule};
 use cm_verbs::async_endpoint::AsyncEndpoint;
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{ConnectOptions, Endpoint, EstablishedVia, ListenOptions};
+use cm_verbs::{EstablishedVia, ListenOptions};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -19,17 +21,9 @@ fn an_async_server_rescues_a_lost_rtu_and_a_cancelled_accept_loses_nothing() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(_rule) = CmMadRule::drop_rtus(TEST, "endpoint_tokio", addrs.addr_a) else {
+        return;
     };
-    let _rule = CmMadRule::install(
-        &nft,
-        "endpoint_tokio",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
     let listen = SocketAddr::new(addrs.addr_a, 7514);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -46,15 +40,10 @@ fn an_async_server_rescues_a_lost_rtu_and_a_cancelled_accept_loses_nothing() {
         let cancelled = tokio::time::timeout(Duration::from_millis(50), server.accept()).await;
         assert!(cancelled.is_err(), "nobody connected yet");
 
-        let src = SocketAddr::new(addrs.addr_b, 0);
+        let src = addrs.addr_b;
         let client = std::thread::spawn(move || {
-            let mut client = Endpoint::new(RdmaTransport::new().expect("client transport"));
-            let options = ConnectOptions {
-                source: Some(src),
-                ..ConnectOptions::default()
-            };
-            let conn = client.connect(listen, options).expect("connect");
-            client.established(conn, WAIT).expect("client established");
+            let mut client = common::endpoint();
+            let conn = common::connected(&mut client, src, listen);
             client.send(conn, b"over tokio").expect("send");
             let echo = client.recv(conn, WAIT).expect("echo");
             client.disconnect(conn).expect("disconnect");

@@ -14,19 +14,19 @@ fn pumped_events_allocate_nothing_after_warm_up() {
             .unwrap();
     }
     // Warm-up: one event of each kind.
-    pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0)));
+    pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, QpNum(0)));
 
     let mut forced = 0u32;
     let info = allocation_counter::measure(|| {
         for n in 0..CONNECTIONS {
             let qp = QpNum(n);
             if let PumpEvent::Forced { .. } =
-                pump.handle_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qp))
+                pump.on_async_event(AsyncEvent::qp(AsyncEventType::CommEst, qp))
             {
                 forced += 1;
             }
-            pump.handle_async_event(AsyncEvent::qp(AsyncEventType::QpFatal, qp));
-            pump.handle_async_event(AsyncEvent::qp(
+            pump.on_async_event(AsyncEvent::qp(AsyncEventType::QpFatal, qp));
+            pump.on_async_event(AsyncEvent::qp(
                 AsyncEventType::CommEst,
                 QpNum(n + CONNECTIONS),
             ));

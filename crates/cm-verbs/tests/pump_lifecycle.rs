@@ -131,7 +131,7 @@ fn a_transient_failure_of_comm_est_is_retried_by_a_receive_completion() {
     let id = TestId::new(QP, &[Err(NotifyError::ShortWrite)]);
     let mut pump = NotifyPump::new();
     pump.register(id.clone(), Role::Passive).unwrap();
-    assert!(pump.handle_async_event(comm_est(QP)).is_failure());
+    assert!(pump.on_async_event(comm_est(QP)).is_failure());
     assert!(matches!(
         pump.on_receive_completion(QP),
         Some(PumpEvent::Forced { .. })
@@ -157,11 +157,11 @@ fn a_final_failure_stops_receive_triggers() {
 fn comm_est_before_register_is_replayed_once_at_register() {
     let mut pump = NotifyPump::new();
     assert_eq!(
-        pump.handle_async_event(comm_est(QP)),
+        pump.on_async_event(comm_est(QP)),
         PumpEvent::Unrouted(comm_est(QP))
     );
     // The same event raised twice is kept once.
-    pump.handle_async_event(comm_est(QP));
+    pump.on_async_event(comm_est(QP));
     assert_eq!(pump.early_triggers(), 1);
     let id = TestId::new(QP, &[]);
     let registration = pump.register(id.clone(), Role::Passive).unwrap();
@@ -219,7 +219,7 @@ fn a_receive_completion_before_register_is_replayed_for_a_passive_id_only() {
 #[test]
 fn both_early_triggers_lead_to_exactly_one_notify() {
     let mut pump = NotifyPump::new();
-    pump.handle_async_event(comm_est(QP));
+    pump.on_async_event(comm_est(QP));
     pump.on_receive_completion(QP);
     let id = TestId::new(QP, &[]);
     let replayed = pump.register(id.clone(), Role::Passive).unwrap().replayed;
@@ -240,7 +240,7 @@ fn early_triggers_are_bounded_the_oldest_evicted_and_counted() {
     let mut pump = NotifyPump::new();
     let first = 1000;
     for n in 0..=EARLY_TRIGGERS as u32 {
-        pump.handle_async_event(comm_est(QpNum(first + n)));
+        pump.on_async_event(comm_est(QpNum(first + n)));
     }
     assert_eq!(pump.early_triggers(), EARLY_TRIGGERS);
     assert_eq!(pump.counters().early_evicted, 1);
@@ -274,7 +274,7 @@ fn early_triggers_are_bounded_the_oldest_evicted_and_counted() {
 #[test]
 fn unregister_leaves_the_early_triggers_of_other_qps_alone() {
     let mut pump = NotifyPump::new();
-    pump.handle_async_event(comm_est(QpNum(1)));
+    pump.on_async_event(comm_est(QpNum(1)));
     pump.on_receive_completion(QpNum(2));
     let other = TestId::new(QpNum(3), &[]);
     pump.register(other, Role::Passive).unwrap();
@@ -314,7 +314,7 @@ fn registering_a_reused_qp_number_replaces_the_stale_entry_and_hands_it_back() {
     assert_eq!(pump.progress(QP), Some(Progress::Pending));
     assert_eq!(pump.len(), 1);
     assert_eq!(
-        pump.handle_async_event(comm_est(QP)),
+        pump.on_async_event(comm_est(QP)),
         PumpEvent::Forced {
             qp: QP,
             trigger: COMM_EST
@@ -332,7 +332,7 @@ fn comm_est_of_a_reused_qp_before_its_register_never_reaches_the_stale_id() {
     old.destroy_qp();
     // The new QP with the same number raises COMM_EST before its id is registered.
     assert_eq!(
-        pump.handle_async_event(comm_est(QP)),
+        pump.on_async_event(comm_est(QP)),
         PumpEvent::Unrouted(comm_est(QP))
     );
     assert_eq!(old.calls(), 0);
@@ -383,7 +383,7 @@ fn a_successful_path_mig_is_path_migrated_not_forced() {
     );
     pump.register(id.clone(), Role::Passive).unwrap();
     assert_eq!(
-        pump.handle_async_event(AsyncEvent::qp(AsyncEventType::PathMig, QP)),
+        pump.on_async_event(AsyncEvent::qp(AsyncEventType::PathMig, QP)),
         PumpEvent::PathMigrated { qp: QP }
     );
     let c = pump.counters();

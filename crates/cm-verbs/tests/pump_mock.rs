@@ -40,7 +40,7 @@ fn comm_est(qp: QpNum) -> AsyncEvent {
 fn comm_est_forces_established() {
     let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::Established)));
     assert_eq!(
-        pump.handle_async_event(comm_est(QP)),
+        pump.on_async_event(comm_est(QP)),
         PumpEvent::Forced {
             qp: QP,
             trigger: COMM_EST
@@ -58,7 +58,7 @@ fn comm_est_forces_established() {
 fn eisconn_is_success() {
     let mut pump = passive_pump(id_answering(1, Ok(NotifyOutcome::AlreadyEstablished)));
     assert_eq!(
-        pump.handle_async_event(comm_est(QP)),
+        pump.on_async_event(comm_est(QP)),
         PumpEvent::AlreadyEstablished {
             qp: QP,
             trigger: COMM_EST
@@ -80,7 +80,7 @@ fn every_notify_error_is_surfaced_typed_with_its_errno() {
     ];
     for (i, error) in errors.into_iter().enumerate() {
         let mut pump = passive_pump(id_answering(1, Err(error)));
-        let event = pump.handle_async_event(comm_est(QP));
+        let event = pump.on_async_event(comm_est(QP));
         assert_eq!(
             event,
             PumpEvent::NotifyFailed {
@@ -106,7 +106,7 @@ fn every_notify_error_is_surfaced_typed_with_its_errno() {
 fn comm_est_for_an_unregistered_qp_is_unrouted_not_lost() {
     let mut pump: NotifyPump<MockCmId> = NotifyPump::new();
     let event = comm_est(QpNum(9));
-    assert_eq!(pump.handle_async_event(event), PumpEvent::Unrouted(event));
+    assert_eq!(pump.on_async_event(event), PumpEvent::Unrouted(event));
     assert_eq!(pump.counters().unrouted, 1);
     // After unregistering, the same holds, and the id is given back.
     pump.register(
@@ -116,7 +116,7 @@ fn comm_est_for_an_unregistered_qp_is_unrouted_not_lost() {
     .unwrap();
     assert!(pump.unregister(QP).is_some());
     assert_eq!(
-        pump.handle_async_event(comm_est(QP)),
+        pump.on_async_event(comm_est(QP)),
         PumpEvent::Unrouted(comm_est(QP))
     );
     assert!(pump.is_empty());
@@ -136,22 +136,19 @@ fn application_events_pass_through_without_notify() {
             continue;
         }
         let event = AsyncEvent::qp(kind, QP);
-        assert_eq!(
-            pump.handle_async_event(event),
-            PumpEvent::PassThrough(event)
-        );
+        assert_eq!(pump.on_async_event(event), PumpEvent::PassThrough(event));
     }
     let port = AsyncEvent {
         event_type: AsyncEventType::PortErr,
         element: EventElement::Port(1),
     };
-    assert_eq!(pump.handle_async_event(port), PumpEvent::PassThrough(port));
+    assert_eq!(pump.on_async_event(port), PumpEvent::PassThrough(port));
     let unknown = AsyncEvent {
         event_type: AsyncEventType::Unknown(99),
         element: EventElement::Unknown,
     };
     assert_eq!(
-        pump.handle_async_event(unknown),
+        pump.on_async_event(unknown),
         PumpEvent::PassThrough(unknown)
     );
     assert_eq!(
@@ -177,7 +174,7 @@ fn path_mig_goes_to_the_cm_only_when_configured() {
     pump.register(id, Role::Passive).unwrap();
     let event = AsyncEvent::qp(AsyncEventType::PathMig, QP);
     assert_eq!(
-        pump.handle_async_event(event),
+        pump.on_async_event(event),
         PumpEvent::NotifyFailed {
             qp: QP,
             trigger: Trigger::AsyncEvent(AsyncEventType::PathMig),

@@ -3,12 +3,12 @@
 //! Without a device it records a skip.
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm_testkit::{addresses, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
-use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{ConnectOptions, Endpoint};
+use cm_testkit::{addresses, CmMadRule};
 
 #[allow(dead_code)]
 #[path = "../examples/server.rs"]
@@ -27,29 +27,19 @@ fn the_readme_server_rescues_a_lost_rtu() {
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop the RTU with");
+    let Some(rule) = CmMadRule::drop_rtus(TEST, "readme_rtu", addrs.addr_a) else {
+        return;
     };
-    let rule = CmMadRule::install(
-        &nft,
-        "readme_rtu",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("install the RTU drop");
     let addr = SocketAddr::new(addrs.addr_a, 7515);
     let server = std::thread::spawn(move || example::serve(addr, 1));
-    let mut client = Endpoint::new(RdmaTransport::new().expect("transport"));
+    let mut client = common::endpoint();
     let wait = Some(Duration::from_secs(30));
     // The server may not listen yet: retry a refused connect for a while.
     let mut attempts = 0;
     let conn = loop {
-        let options = ConnectOptions {
-            source: Some(SocketAddr::new(addrs.addr_b, 0)),
-            ..ConnectOptions::default()
-        };
-        let conn = client.connect(addr, options).expect("connect");
+        let conn = client
+            .connect(addr, common::from(addrs.addr_b))
+            .expect("connect");
         match client.established(conn, wait) {
             Ok(_) => break conn,
             Err(e) if attempts < 50 => {

@@ -63,6 +63,7 @@
 //! ```
 
 mod fabric;
+mod pair;
 mod rng;
 mod schedule;
 mod tables;
@@ -82,6 +83,7 @@ use cm_core::{
 };
 
 use fabric::Fabric;
+pub use pair::{SimPair, SimSide};
 pub use rng::SplitMix64;
 pub use trace::{Trace, TraceEntry, TraceEvent};
 pub use transport::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};
@@ -268,6 +270,13 @@ impl SimNode {
             fabric: self.fabric.clone(),
             node: self.id,
         }
+    }
+
+    /// Removes the node's device, as `rdma link delete` does: every id bound to it gets
+    /// a DEVICE_REMOVAL event, and notify answers ENODEV from now on. Returns how many
+    /// ids were told.
+    pub fn remove_device(&self) -> Result<usize, CmError> {
+        self.fabric.inner.borrow_mut().remove_device(self.id)
     }
 
     /// Marks the device as going away (notify(COMM_EST) then answers ENODEV) or back.

@@ -25,8 +25,8 @@ use cm_core::{
 use crate::{NotifyPump, PumpCounters, PumpEvent, Role};
 
 pub use types::{
-    CloseReason, ConnError, ConnectOptions, ConnectionId, EstablishedVia, Event, ListenOptions,
-    ListenerId, PrivateData, QpErrorDetail,
+    CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, EstablishedVia, Event,
+    ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
 
 /// Completions read per `poll_cq` call.
@@ -64,6 +64,8 @@ pub struct ConnectionInfo<A> {
     pub local_addr: Option<A>,
     /// The peer's address.
     pub peer_addr: Option<A>,
+    /// When it passed each step of its setup.
+    pub times: ConnTimes,
 }
 
 struct Listener<T: Transport> {
@@ -91,6 +93,35 @@ struct Conn<T: Transport> {
     request: PrivateData,
     resolve_timeout: Duration,
     peer_private: PrivateData,
+    times: ConnTimes,
+}
+
+impl<T: Transport> Conn<T> {
+    /// A connection that has just begun, on its id, with nothing set up yet.
+    fn new(id: T::Id, role: Role, state: ConnState, caps: QueueCaps, now: Duration) -> Self {
+        Conn {
+            times: ConnTimes {
+                started: now,
+                ..ConnTimes::default()
+            },
+            id,
+            role,
+            state,
+            listener: None,
+            device: None,
+            qp: None,
+            caps,
+            buffers: None,
+            free_send: Vec::new(),
+            deadline: None,
+            via: None,
+            established: None,
+            held: Vec::new(),
+            request: PrivateData::empty(),
+            resolve_timeout: Duration::ZERO,
+            peer_private: PrivateData::empty(),
+        }
+    }
 }
 
 struct Slot<T: Transport> {
@@ -127,6 +158,11 @@ pub struct Endpoint<T: Transport> {
     by_qp: FxHashMap<QpNum, ConnectionId>,
     events: VecDeque<Event>,
     completions: Vec<WorkCompletion>,
+    /// When the transport asked to run its housekeeping again.
+    housekeeping_due: Option<Duration>,
+    /// A device reader was given back since the housekeeping last ran.
+    device_released: bool,
+    notify: bool,
 }
 
 impl<T: Transport> std::fmt::Debug for Endpoint<T> {
@@ -154,7 +190,18 @@ impl<T: Transport> Endpoint<T> {
             by_qp: FxHashMap::default(),
             events: VecDeque::new(),
             completions: Vec::with_capacity(POLL_BATCH),
+            housekeeping_due: None,
+            device_released: false,
+            notify: true,
         }
+    }
+
+    /// Turns the notify path on (the default) or off for connections set up from now
+    /// on. Off, no COMM_EST or receive completion is forwarded with `rdma_notify`: a
+    /// passive connection whose RTU is lost then waits for the CM's REP retries (or its
+    /// establish deadline). For showing what the notify path prevents.
+    pub fn set_notify(&mut self, on: bool) {
+        self.notify = on;
     }
 
     /// The transport.
@@ -241,24 +288,11 @@ impl<T: Transport> Endpoint<T> {
         self.transport
             .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
         let now = self.transport.now();
-        let conn = self.insert(Conn {
-            id,
-            role: Role::Active,
-            state: ConnState::Resolving,
-            listener: None,
-            device: None,
-            qp: None,
-            caps: options.caps,
-            buffers: None,
-            free_send: Vec::new(),
-            deadline: options.timeout.map(|t| now.saturating_add(t)),
-            via: None,
-            established: None,
-            held: Vec::new(),
-            request: options.private_data,
-            resolve_timeout: options.resolve_timeout,
-            peer_private: PrivateData::empty(),
-        });
+        let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
+        entry.deadline = options.timeout.map(|t| now.saturating_add(t));
+        entry.request = options.private_data;
+        entry.resolve_timeout = options.resolve_timeout;
+        let conn = self.insert(entry);
         Ok(conn)
     }
 
@@ -362,6 +396,7 @@ impl<T: Transport> Endpoint<T> {
             listener: entry.listener,
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),
+            times: entry.times,
         })
     }
 
@@ -461,6 +496,7 @@ impl<T: Transport> Endpoint<T> {
             .filter_map(|s| s.conn.as_ref())
             .filter(|c| c.state != ConnState::Established)
             .filter_map(|c| c.deadline)
+            .chain(self.housekeeping_due)
             .min()
     }
 
@@ -488,13 +524,25 @@ impl<T: Transport> Endpoint<T> {
             self.on_cm_event(event);
         }
         self.expire();
+        // The clock is read only when housekeeping is pending (a read per pass shows on
+        // the notify path).
+        if self.device_released || self.housekeeping_due.is_some() {
+            let now = self.transport.now();
+            if self.device_released || self.housekeeping_due.is_some_and(|due| due <= now) {
+                self.device_released = false;
+                self.housekeeping_due = self
+                    .transport
+                    .housekeeping()
+                    .map(|after| now.saturating_add(after));
+            }
+        }
         Ok(())
     }
 
     // ----- inputs ----------------------------------------------------------------
 
     fn on_async_event(&mut self, device: usize, event: AsyncEvent) {
-        match self.pump.handle_async_event(event) {
+        match self.pump.on_async_event(event) {
             PumpEvent::PassThrough(event) => self.on_device_event(device, event),
             PumpEvent::Unrouted(event) => {
                 log::debug!("{event}: no connection owns it");
@@ -513,10 +561,11 @@ impl<T: Transport> Endpoint<T> {
                 }
             }
             AsyncEventType::DeviceFatal => {
+                // Reported before the listeners and connections it ends.
+                self.events.push_back(Event::Device(event));
                 let key = self.device_keys[device];
-                for conn in self.conns_on(key) {
-                    self.close(conn, CloseReason::DeviceFatal, false);
-                }
+                self.device_lost(key, &CloseReason::DeviceFatal);
+                return;
             }
             _ => {}
         }
@@ -596,6 +645,7 @@ impl<T: Transport> Endpoint<T> {
             CqKind::Send => {
                 if let Some(entry) = self.slot_mut(conn) {
                     entry.free_send.push(completion.wr_id as u32);
+                    self.events.push_back(Event::Sent { conn });
                 }
             }
             CqKind::Recv => self.on_received(conn, completion),
@@ -696,24 +746,11 @@ impl<T: Transport> Endpoint<T> {
         else {
             return;
         };
-        let conn = self.insert(Conn {
-            id,
-            role: Role::Passive,
-            state: ConnState::Requested,
-            listener: Some(listener),
-            device: None,
-            qp: None,
-            caps: options.caps,
-            buffers: None,
-            free_send: Vec::new(),
-            deadline: None,
-            via: None,
-            established: None,
-            held: Vec::new(),
-            request: PrivateData::empty(),
-            resolve_timeout: Duration::ZERO,
-            peer_private: PrivateData::from(event.private_data()),
-        });
+        let now = self.transport.now();
+        let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
+        entry.listener = Some(listener);
+        entry.peer_private = PrivateData::from(event.private_data());
+        let conn = self.insert(entry);
         if options.auto_accept {
             if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
                 let id = self.slot(conn).map(|c| c.id.clone());
@@ -746,9 +783,12 @@ impl<T: Transport> Endpoint<T> {
             .and_then(|l| self.listeners.get(l.0 as usize))
             .and_then(|l| l.as_ref())
             .and_then(|l| l.options.establish_timeout);
+        let called = self.transport.now();
         self.transport.accept(&id, private_data)?;
         let now = self.transport.now();
         if let Some(entry) = self.slot_mut(conn) {
+            entry.times.connect_called = Some(called);
+            entry.times.connect_returned = Some(now);
             entry.state = ConnState::Accepted;
             entry.deadline = timeout.map(|t| now.saturating_add(t));
         }
@@ -764,9 +804,15 @@ impl<T: Transport> Endpoint<T> {
                     reason: "the id is not bound to a device",
                 })?;
         let caps = self.slot(conn).expect("live connection").caps;
+        let called = self.transport.now();
         let qp = self
             .transport
             .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
+        let created = self.transport.now();
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.times.create_qp_called = Some(called);
+            entry.times.qp_created = Some(created);
+        }
         let buffers = self.transport.register_buffers(&id, &caps)?;
         for slot in 0..caps.recv_depth {
             self.transport
@@ -780,6 +826,9 @@ impl<T: Transport> Endpoint<T> {
         entry.free_send = (0..caps.send_depth).rev().collect();
         // Registered before the REQ or REP leaves, so no trigger can come first; one
         // that did (a COMM_EST read for a QP number not yet known) is replayed now.
+        if !self.notify {
+            return Ok(());
+        }
         match self.pump.register(id, role) {
             Ok(registration) => {
                 if let Some(pumped) = registration.replayed {
@@ -795,13 +844,23 @@ impl<T: Transport> Endpoint<T> {
         let status = event.status();
         let result = match event.event_type() {
             CmEventType::AddrResolved => {
-                let (id, timeout) = match self.slot(conn) {
-                    Some(c) => (c.id.clone(), c.resolve_timeout),
+                let now = self.transport.now();
+                let (id, timeout) = match self.slot_mut(conn) {
+                    Some(c) => {
+                        c.times.addr_resolved = Some(now);
+                        (c.id.clone(), c.resolve_timeout)
+                    }
                     None => return,
                 };
                 self.transport.resolve_route(&id, timeout)
             }
-            CmEventType::RouteResolved => self.connect_resolved(conn),
+            CmEventType::RouteResolved => {
+                let now = self.transport.now();
+                if let Some(c) = self.slot_mut(conn) {
+                    c.times.route_resolved = Some(now);
+                }
+                self.connect_resolved(conn)
+            }
             CmEventType::Established => {
                 if let Some(qp) = self.slot(conn).and_then(|c| c.qp) {
                     self.pump.on_cm_event(CmEventType::Established, Some(qp));
@@ -809,27 +868,12 @@ impl<T: Transport> Endpoint<T> {
                 self.on_established(conn, event.private_data());
                 Ok(())
             }
-            CmEventType::AddrError => {
-                self.close(conn, CloseReason::AddressError { status }, false);
-                Ok(())
-            }
-            CmEventType::RouteError => {
-                self.close(conn, CloseReason::RouteError { status }, false);
-                Ok(())
-            }
-            CmEventType::Unreachable => {
-                self.close(conn, CloseReason::Unreachable { status }, false);
-                Ok(())
-            }
-            CmEventType::ConnectError => {
-                self.close(conn, CloseReason::ConnectError { status }, false);
-                Ok(())
-            }
-            CmEventType::Rejected => {
-                let reason = CloseReason::Rejected {
-                    reason: RejectReason::from_status(status),
-                    private_data: PrivateData::from(event.private_data()),
-                };
+            CmEventType::AddrError
+            | CmEventType::RouteError
+            | CmEventType::Unreachable
+            | CmEventType::ConnectError
+            | CmEventType::Rejected => {
+                let reason = failure_reason(event.event_type(), status, event.private_data());
                 self.close(conn, reason, false);
                 Ok(())
             }
@@ -861,14 +905,19 @@ impl<T: Transport> Endpoint<T> {
         let entry = self.slot_mut(conn).expect("set up above");
         let request = std::mem::take(&mut entry.request);
         let id = entry.id.clone();
+        let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
+        let now = self.transport.now();
         if let Some(entry) = self.slot_mut(conn) {
+            entry.times.connect_called = Some(called);
+            entry.times.connect_returned = Some(now);
             entry.state = ConnState::Connecting;
         }
         Ok(())
     }
 
     fn on_established(&mut self, conn: ConnectionId, private_data: &[u8]) {
+        let now = self.transport.now();
         let Some(entry) = self.slot_mut(conn) else {
             return;
         };
@@ -877,6 +926,7 @@ impl<T: Transport> Endpoint<T> {
         }
         let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
         entry.established = Some(via);
+        entry.times.established = Some(now);
         entry.state = ConnState::Established;
         entry.deadline = None;
         let role = entry.role;
@@ -937,8 +987,15 @@ impl<T: Transport> Endpoint<T> {
     /// The device is going away: every connection and listener on it is torn down, and
     /// its reader closed, so that nothing of ours keeps it open.
     fn device_removed(&mut self, key: T::DeviceKey) {
+        self.device_lost(key, &CloseReason::DeviceRemoved);
+    }
+
+    /// The device is gone (removed) or unusable (fatal error): every connection and
+    /// listener on it ends with `reason`, and its reader is given back to the transport,
+    /// so that nothing of ours keeps the device open.
+    fn device_lost(&mut self, key: T::DeviceKey, reason: &CloseReason) {
         for conn in self.conns_on(key) {
-            self.close(conn, CloseReason::DeviceRemoved, false);
+            self.close(conn, reason.clone(), false);
         }
         for index in 0..self.listeners.len() {
             let on_device = self.listeners[index]
@@ -950,19 +1007,26 @@ impl<T: Transport> Endpoint<T> {
                 }
                 self.events.push_back(Event::ListenerClosed {
                     listener: ListenerId(index as u32),
-                    reason: CloseReason::DeviceRemoved,
+                    reason: reason.clone(),
                 });
             }
         }
         if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
             self.device_keys.swap_remove(index);
-            drop(self.devices.swap_remove(index));
+            let device = self.devices.swap_remove(index);
+            self.transport.release_device(device);
+            self.device_released = true;
         }
     }
 
+    /// Every connection on the device, those not set up yet (a request waiting for an
+    /// answer, an address being resolved) included.
     fn conns_on(&self, key: T::DeviceKey) -> Vec<ConnectionId> {
         self.live()
-            .filter(|(_, c)| c.device == Some(key))
+            .filter(|(_, c)| {
+                c.device == Some(key)
+                    || (c.device.is_none() && self.transport.device_key(&c.id) == Some(key))
+            })
             .map(|(conn, _)| conn)
             .collect()
     }
@@ -1071,6 +1135,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// For the async flavour: handles what is ready and looks for an event.
+    #[cfg(feature = "tokio")]
     pub(crate) fn take_with<R>(
         &mut self,
         take: &mut impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
@@ -1082,8 +1147,23 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// For the async flavour: the transport and the device readers.
+    #[cfg(feature = "tokio")]
     pub(crate) fn parts(&self) -> (&T, &[T::Device]) {
         (&self.transport, &self.devices)
+    }
+}
+
+/// Why a connection failed, from the CM event that says so.
+fn failure_reason(kind: CmEventType, status: i32, private_data: &[u8]) -> CloseReason {
+    match kind {
+        CmEventType::AddrError => CloseReason::AddressError { status },
+        CmEventType::RouteError => CloseReason::RouteError { status },
+        CmEventType::Unreachable => CloseReason::Unreachable { status },
+        CmEventType::Rejected => CloseReason::Rejected {
+            reason: RejectReason::from_status(status),
+            private_data: PrivateData::from(private_data),
+        },
+        _ => CloseReason::ConnectError { status },
     }
 }
 

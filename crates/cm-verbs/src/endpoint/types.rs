@@ -187,6 +187,31 @@ pub enum EstablishedVia {
     RtuWonRace(Trigger),
 }
 
+/// When a connection passed the steps of its setup, on the transport's clock
+/// ([`Transport::now`](cm_core::Transport::now)). A step not (yet) passed, or one this
+/// side never takes (address and route resolution on a passive side), is `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ConnTimes {
+    /// [`Endpoint::connect`](crate::Endpoint::connect) was called (active side), or the
+    /// connection request was handled (passive side).
+    pub started: Duration,
+    /// ADDR_RESOLVED was handled (active side).
+    pub addr_resolved: Option<Duration>,
+    /// ROUTE_RESOLVED was handled (active side).
+    pub route_resolved: Option<Duration>,
+    /// QP creation began (`rdma_create_qp` called).
+    pub create_qp_called: Option<Duration>,
+    /// QP creation returned.
+    pub qp_created: Option<Duration>,
+    /// `rdma_connect` (active) or `rdma_accept` (passive) was called, after the buffers
+    /// were registered and the receives posted.
+    pub connect_called: Option<Duration>,
+    /// `rdma_connect` or `rdma_accept` returned.
+    pub connect_returned: Option<Duration>,
+    /// The connection was found established (the event or the notify that did it).
+    pub established: Option<Duration>,
+}
+
 /// Why a connection (or a listener) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseReason {
@@ -273,6 +298,12 @@ pub enum Event {
         /// The peer's private data (the REQ's for a passive side, the REP's for an
         /// active side).
         private_data: PrivateData,
+    },
+    /// A message sent with [`Endpoint::send`](crate::Endpoint::send) completed: the
+    /// peer's queue pair acknowledged it and its send buffer is free again.
+    Sent {
+        /// The connection.
+        conn: ConnectionId,
     },
     /// A message arrived. Messages that arrive before the connection is reported
     /// established are held and reported right after [`Event::Established`].

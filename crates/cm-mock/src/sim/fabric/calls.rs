@@ -1,0 +1,595 @@
+//! What the handles call: verbs (async events, completions, QPs, sends), the rdma_cm
+//! calls (bind, listen, resolve, connect, accept, reject, disconnect, destroy,
+//! migrate, notify), the event channels and inspection.
+
+use std::collections::VecDeque;
+
+use cm_core::kernel_model::{ib_cm_notify, notify_delivers_established, LapState};
+use cm_core::{
+    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CmIdState, IbCmState, NotifyError,
+    NotifyOutcome, QpNum,
+};
+
+use super::{
+    gone, nanos, os, Action, ConnRecord, Fabric, MaybeConn, MaybeKey, Message, Private, Qp,
+    QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED,
+    REJ_TIMEOUT,
+};
+use crate::sim::types::{ConnId, DeviceKind, MsgKind, NodeId, RecvCompletion, SimIdKey};
+
+impl Fabric {
+    // ----- verbs -------------------------------------------------------------------
+
+    pub(crate) fn next_async_event(&mut self, node: NodeId) -> Option<AsyncEvent> {
+        self.nodes
+            .get_mut(node.0 as usize)?
+            .async_events
+            .pop_front()
+    }
+
+    pub(crate) fn poll_cq(&mut self, node: NodeId) -> Option<RecvCompletion> {
+        self.nodes
+            .get_mut(node.0 as usize)?
+            .completions
+            .pop_front()
+            .map(|(completion, _)| completion)
+    }
+
+    /// The next receive completion and its payload, appended to `out`.
+    pub(crate) fn poll_cq_data(
+        &mut self,
+        node: NodeId,
+        out: &mut Vec<u8>,
+    ) -> Option<RecvCompletion> {
+        let (completion, payload) = self
+            .nodes
+            .get_mut(node.0 as usize)?
+            .completions
+            .pop_front()?;
+        out.extend_from_slice(self.privates.get(payload));
+        Some(completion)
+    }
+
+    /// Whether the node's device has asynchronous events or completions waiting.
+    pub(crate) fn device_pending(&self, node: NodeId) -> bool {
+        self.nodes
+            .get(node.0 as usize)
+            .is_some_and(|n| !n.async_events.is_empty() || !n.completions.is_empty())
+    }
+
+    pub(crate) fn raise_async_event(&mut self, node: NodeId, event: AsyncEvent) {
+        if let Some(n) = self.nodes.get_mut(node.0 as usize) {
+            n.async_events.push_back(event);
+            self.record(|| TraceEvent::AsyncEvent { node, event });
+        }
+    }
+
+    pub(crate) fn create_qp(&mut self, key: SimIdKey) -> Result<QpNum, CmError> {
+        const OP: &str = "rdma_create_qp";
+        let qpn = QpNum(FIRST_QPN + self.qps.len() as u32);
+        let id = self.live(key, OP)?;
+        if !id.device {
+            return Err(os(OP, errno::EINVAL));
+        }
+        if id.qp.is_some() {
+            return Err(os(OP, errno::EBUSY));
+        }
+        id.qp = Some(qpn);
+        let node = id.node;
+        self.qps.push(Qp {
+            node,
+            owner: key,
+            state: QpState::Init,
+            peer: None,
+            got_first_packet: false,
+            alive: true,
+        });
+        Ok(qpn)
+    }
+
+    pub(crate) fn post_send(&mut self, key: SimIdKey, len: u32) -> Result<(), CmError> {
+        self.post_send_payload(key, len, Private::default())
+    }
+
+    /// A SEND carrying `data` (stored once, like private data: the store grows with
+    /// every distinct payload, which suits tests, not long soaks).
+    pub(crate) fn post_send_data(&mut self, key: SimIdKey, data: &[u8]) -> Result<(), CmError> {
+        let len = u32::try_from(data.len()).map_err(|_| os("ibv_post_send", errno::EINVAL))?;
+        self.live(key, "ibv_post_send")?;
+        let payload = self.privates.store(data);
+        self.post_send_payload(key, len, payload)
+    }
+
+    pub(super) fn post_send_payload(
+        &mut self,
+        key: SimIdKey,
+        len: u32,
+        payload: Private,
+    ) -> Result<(), CmError> {
+        const OP: &str = "ibv_post_send";
+        let id = self.live(key, OP)?;
+        let (conn, node) = (id.conn.get(), id.node);
+        let qpn = id.qp.ok_or(os(OP, errno::EINVAL))?;
+        let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
+        if !qp.alive || qp.state != QpState::Rts {
+            return Err(os(OP, errno::EINVAL));
+        }
+        let peer = qp.peer.ok_or(os(OP, errno::EINVAL))?;
+        let to = self.qp(peer).map_or(node, |q| q.node);
+        let mut msg = Message::new(MsgKind::Data, conn, node, to);
+        msg.qp = peer;
+        msg.value = i32::try_from(len).unwrap_or(i32::MAX);
+        msg.private = payload;
+        self.send(msg);
+        Ok(())
+    }
+
+    pub(crate) fn qp_state(&self, key: SimIdKey) -> Option<QpState> {
+        let qp = self.id(key)?.qp?;
+        self.qp(qp).filter(|q| q.alive).map(|q| q.state)
+    }
+
+    // ----- rdma_cm calls -----------------------------------------------------------
+
+    pub(crate) fn bind(&mut self, key: SimIdKey, port: u16) -> Result<(), CmError> {
+        const OP: &str = "rdma_bind_addr";
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::Idle {
+            return Err(os(OP, errno::EINVAL));
+        }
+        id.cm_state = CmIdState::AddrBound;
+        id.device = true;
+        id.port = port;
+        Ok(())
+    }
+
+    pub(crate) fn listen(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_listen";
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::AddrBound {
+            return Err(os(OP, errno::EINVAL));
+        }
+        let at = (id.node, id.port);
+        if self.listener(at).is_some() {
+            return Err(os(OP, EADDRINUSE));
+        }
+        if let Some(id) = self.id_mut(key) {
+            id.cm_state = CmIdState::Listen;
+        }
+        self.listeners.push((at, key));
+        self.set_ib(key, IbCmState::Listen);
+        Ok(())
+    }
+
+    pub(crate) fn resolve_addr(
+        &mut self,
+        key: SimIdKey,
+        to: NodeId,
+        port: u16,
+    ) -> Result<(), CmError> {
+        const OP: &str = "rdma_resolve_addr";
+        if !self.node_exists(to) {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "no such node",
+            });
+        }
+        let delay = nanos(self.config.resolve_delay);
+        let id = self.live(key, OP)?;
+        if !matches!(id.cm_state, CmIdState::Idle | CmIdState::AddrBound) {
+            return Err(os(OP, errno::EINVAL));
+        }
+        id.cm_state = CmIdState::AddrQuery;
+        id.dst = Some((to, port));
+        self.schedule(delay, Action::AddrResolved(key));
+        Ok(())
+    }
+
+    pub(crate) fn resolve_route(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_resolve_route";
+        let delay = nanos(self.config.resolve_delay);
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::AddrResolved {
+            return Err(os(OP, errno::EINVAL));
+        }
+        id.cm_state = CmIdState::RouteQuery;
+        self.schedule(delay, Action::RouteResolved(key));
+        Ok(())
+    }
+
+    pub(crate) fn connect(&mut self, key: SimIdKey, private: &[u8]) -> Result<ConnId, CmError> {
+        const OP: &str = "rdma_connect";
+        let conn = ConnId(self.conns.len() as u32);
+        let private = self.privates.store(private);
+        let id = self.live(key, OP)?;
+        if id.cm_state != CmIdState::RouteResolved {
+            return Err(os(OP, errno::EINVAL));
+        }
+        if id.qp.is_none() {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "the simulated fabric needs a QP before connect (rdma_create_qp)",
+            });
+        }
+        id.cm_state = CmIdState::Connect;
+        id.conn = MaybeConn::new(Some(conn));
+        id.private = private;
+        self.conns.push(ConnRecord::default());
+        self.set_ib(key, IbCmState::ReqSent);
+        self.send_req(key, false);
+        self.start_retry(key, MsgKind::Req);
+        Ok(conn)
+    }
+
+    pub(crate) fn accept(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
+        const OP: &str = "rdma_accept";
+        let private = self.privates.store(private);
+        let id = self.live(key, OP)?;
+        if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
+            return Err(os(OP, errno::EINVAL));
+        }
+        let qp = id.qp.ok_or(CmError::InvalidArgument {
+            op: OP,
+            reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
+        })?;
+        id.private = private;
+        let peer = id.remote_qp;
+        // librdmacm moves the QP to RTR and RTS before it sends the REP.
+        if let Some(q) = self.qp_mut(qp) {
+            q.peer = peer;
+            q.state = QpState::Rts;
+        }
+        self.set_ib(key, IbCmState::RepSent);
+        self.send_rep(key, false);
+        self.start_retry(key, MsgKind::Rep);
+        Ok(())
+    }
+
+    pub(crate) fn reject(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
+        const OP: &str = "rdma_reject";
+        let id = self.live(key, OP)?;
+        if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
+            return Err(os(OP, errno::EINVAL));
+        }
+        if let Some(mut msg) = self.to_peer(key, MsgKind::Rej) {
+            msg.value = REJ_CONSUMER_DEFINED;
+            msg.private = self.privates.store(private);
+            self.send(msg);
+        }
+        self.cancel_timer(key);
+        self.set_ib(key, IbCmState::Idle);
+        Ok(())
+    }
+
+    pub(crate) fn disconnect(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_disconnect";
+        let id = self.live(key, OP)?;
+        let (ib, qp) = (id.ib, id.qp);
+        if ib.is_none() {
+            return Err(os(OP, errno::EINVAL));
+        }
+        // librdmacm moves the QP to the error state first.
+        self.set_qp_state(qp, QpState::Error);
+        // DREQ from ESTABLISHED, else DREP from DREQ_RCVD, else nothing: the kernel's
+        // rdma_disconnect ignores both sends' errors and returns 0.
+        match ib {
+            Some(IbCmState::Established) => {
+                self.set_ib(key, IbCmState::DreqSent);
+                self.send_to_peer(key, MsgKind::Dreq, 0);
+                self.start_retry(key, MsgKind::Dreq);
+            }
+            Some(IbCmState::DreqRcvd) => {
+                self.send_to_peer(key, MsgKind::Drep, 0);
+                self.enter_timewait(key);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) fn destroy(&mut self, key: SimIdKey) -> Result<(), CmError> {
+        const OP: &str = "rdma_destroy_id";
+        let id = self.live(key, OP)?;
+        if id.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                op: OP,
+                unacked: id.unacked as usize,
+            });
+        }
+        let (ib, qp, node, port) = (id.ib, id.qp, id.node, id.port);
+        let from_req = id.remote.filter(|_| id.from_req);
+        // What ib_destroy_cm_id tells the peer, by state.
+        use IbCmState as S;
+        match ib {
+            Some(S::Established) => self.send_to_peer(key, MsgKind::Dreq, 0),
+            Some(S::DreqRcvd) => self.send_to_peer(key, MsgKind::Drep, 0),
+            Some(S::ReqSent | S::MraReqRcvd) => self.send_to_peer_or_req(key, REJ_TIMEOUT),
+            Some(
+                S::ReqRcvd
+                | S::MraReqSent
+                | S::RepSent
+                | S::MraRepRcvd
+                | S::RepRcvd
+                | S::MraRepSent,
+            ) => self.send_to_peer(key, MsgKind::Rej, REJ_CONSUMER_DEFINED),
+            _ => {}
+        }
+        if ib == Some(S::Listen) && self.listener((node, port)) == Some(key) {
+            self.listeners.retain(|&(at, _)| at != (node, port));
+        }
+        if let Some(from) = from_req {
+            self.remote_reqs.remove(from.0, from.1);
+        }
+        if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
+            q.alive = false;
+        }
+        let slot = self
+            .ids
+            .get_mut(key.index as usize)
+            .expect("a live id's slot");
+        slot.data = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_ids.push(key.index);
+        Ok(())
+    }
+
+    /// REJ to the peer; an active id whose peer is not known yet (REQ_SENT) addresses
+    /// the REJ by its own id, which the passive side's duplicate-REQ table knows.
+    pub(super) fn send_to_peer_or_req(&mut self, key: SimIdKey, reason: i32) {
+        if self.id(key).is_some_and(|id| id.remote.is_some()) {
+            self.send_to_peer(key, MsgKind::Rej, reason);
+        } else if let Some(id) = self.id(key) {
+            if let Some((to, _)) = id.dst {
+                let mut msg = Message::new(MsgKind::Rej, id.conn.get(), id.node, to);
+                msg.src = MaybeKey(key);
+                msg.value = reason;
+                // The passive id, if the REQ got there (as in the kernel, a REJ
+                // overtaking its REQ finds no id and is dropped).
+                msg.dst = MaybeKey::new(self.remote_reqs.get(id.node, key));
+                self.send(msg);
+            }
+        }
+    }
+
+    pub(crate) fn channel_closed(&self, channel: usize) -> bool {
+        self.channels.get(channel).is_none_or(|c| c.closed)
+    }
+
+    /// `rdma_destroy_event_channel`. Closing the channel's file makes the kernel destroy
+    /// every id still on it (ucma_close), each telling its peer as `destroy` does. Refused
+    /// while events of those ids are unacknowledged: their memory belongs to the channel.
+    pub(crate) fn destroy_channel(&mut self, channel: usize) -> Result<(), CmError> {
+        const OP: &str = "rdma_destroy_event_channel";
+        if self.channel_closed(channel) {
+            return Err(CmError::Gone {
+                op: OP,
+                what: "channel",
+            });
+        }
+        let mut keys = Vec::new();
+        let mut unacked = 0;
+        for (index, slot) in self.ids.iter().enumerate() {
+            if let Some(id) = slot
+                .data
+                .as_ref()
+                .filter(|id| id.channel as usize == channel)
+            {
+                unacked += id.unacked as usize;
+                keys.push(SimIdKey {
+                    index: index as u32,
+                    generation: slot.generation,
+                });
+            }
+        }
+        if unacked > 0 {
+            return Err(CmError::UnackedEvents { op: OP, unacked });
+        }
+        for key in keys {
+            self.destroy(key)?;
+        }
+        let closed = &mut self.channels[channel];
+        closed.closed = true;
+        self.stats.events_discarded += closed.queue.len() as u64;
+        closed.queue.clear();
+        Ok(())
+    }
+
+    pub(crate) fn migrate(&mut self, key: SimIdKey, channel: usize) -> Result<(), CmError> {
+        const OP: &str = "rdma_migrate_id";
+        if self.channel_closed(channel) {
+            return Err(CmError::Gone {
+                op: OP,
+                what: "channel",
+            });
+        }
+        let id = self.live(key, OP)?;
+        if id.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                op: OP,
+                unacked: id.unacked as usize,
+            });
+        }
+        let old = id.channel as usize;
+        id.channel = channel as u32;
+        if old != channel {
+            // Pending events follow the id (linear in the old queue, like the kernel).
+            let queue = std::mem::take(&mut self.channels[old].queue);
+            let (moving, staying): (VecDeque<_>, VecDeque<_>) =
+                queue.into_iter().partition(|e| e.id == key);
+            self.channels[old].queue = staying;
+            self.channels[channel].queue.extend(moving);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn notify(
+        &mut self,
+        key: SimIdKey,
+        event: AsyncEventType,
+    ) -> Result<NotifyOutcome, NotifyError> {
+        let result = self.notify_inner(key, event);
+        let conn = self.id(key).and_then(|id| id.conn.get());
+        self.record(|| TraceEvent::Notify {
+            id: key,
+            conn,
+            event,
+            result,
+        });
+        result
+    }
+
+    pub(super) fn notify_inner(
+        &mut self,
+        key: SimIdKey,
+        event: AsyncEventType,
+    ) -> Result<NotifyOutcome, NotifyError> {
+        // ucma: a destroyed id's handle is unknown to the kernel.
+        let Some(id) = self.id(key) else {
+            return Err(NotifyError::UnknownId);
+        };
+        // ucma: no device bound yet; rdma_notify: no IB CM id attached.
+        if !id.device {
+            return Err(NotifyError::WrongState);
+        }
+        let Some(state) = id.ib else {
+            return Err(NotifyError::WrongState);
+        };
+        let node = &self.nodes[id.node.0 as usize];
+        if node.kind == DeviceKind::Iwarp {
+            return Ok(NotifyOutcome::Established);
+        }
+        if event == AsyncEventType::CommEst && node.going_down {
+            return Err(NotifyError::NoDevice);
+        }
+        let result = ib_cm_notify(state, id.lap, event);
+        if result.is_ok() && notify_delivers_established(state, event) {
+            self.cancel_timer(key);
+            self.set_ib(key, IbCmState::Established);
+            self.stats.forced_establishes += 1;
+            let delay = nanos(self.config.establish_work_delay);
+            self.schedule(delay, Action::EstablishWork(key));
+        }
+        result
+    }
+
+    // ----- event channels ----------------------------------------------------------
+
+    pub(crate) fn next_event(&mut self, channel: usize) -> Option<ReadEvent> {
+        loop {
+            let queued = self.channels.get_mut(channel)?.queue.pop_front()?;
+            if !self.is_alive(queued.id) {
+                self.stats.events_discarded += 1;
+                continue;
+            }
+            let (event_type, status, private) = match queued.kind {
+                QueuedKind::Event(t) => (t, queued.status, queued.private),
+                QueuedKind::ConnectResponse => self.process_connect_response(queued.id),
+            };
+            let id = self.id_mut(queued.id)?;
+            id.unacked += 1;
+            let qp = id.qp;
+            self.stats.events_delivered += 1;
+            return Some(ReadEvent {
+                id: queued.id,
+                listen_id: queued.listen_id,
+                event_type,
+                status,
+                qp,
+                private: self.privates.get(private).into(),
+            });
+        }
+    }
+
+    /// What librdmacm does with CONNECT_RESPONSE: QP to RTR and RTS, send the RTU
+    /// (ucma accept), and report ESTABLISHED with the REP's private data.
+    pub(super) fn process_connect_response(
+        &mut self,
+        key: SimIdKey,
+    ) -> (CmEventType, i32, Private) {
+        let Some(id) = self.id_mut(key) else {
+            return (
+                CmEventType::ConnectError,
+                -errno::EINVAL,
+                Private::default(),
+            );
+        };
+        let ready = matches!(id.ib, Some(IbCmState::RepRcvd | IbCmState::MraRepSent));
+        if !ready || id.cm_state != CmIdState::Connect {
+            return (
+                CmEventType::ConnectError,
+                -errno::EINVAL,
+                Private::default(),
+            );
+        }
+        let private = std::mem::take(&mut id.peer_private);
+        let (qp, peer) = (id.qp, id.remote_qp);
+        if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
+            q.peer = peer;
+            q.state = QpState::Rts;
+        }
+        self.send_to_peer(key, MsgKind::Rtu, 0);
+        self.set_ib(key, IbCmState::Established);
+        let conn = self.id(key).and_then(|id| id.conn.get());
+        self.record(|| TraceEvent::CmEvent {
+            id: key,
+            conn,
+            event: CmEventType::Established,
+            status: 0,
+        });
+        (CmEventType::Established, 0, private)
+    }
+
+    pub(crate) fn ack(&mut self, key: SimIdKey) {
+        if let Some(id) = self.id_mut(key) {
+            id.unacked = id.unacked.saturating_sub(1);
+        }
+        self.stats.events_acked += 1;
+    }
+
+    pub(crate) fn channel_len(&self, channel: usize) -> usize {
+        self.channels.get(channel).map_or(0, |c| c.queue.len())
+    }
+
+    // ----- inspection --------------------------------------------------------------
+
+    pub(crate) fn ib_state(&self, key: SimIdKey) -> Result<Option<IbCmState>, CmError> {
+        self.id(key).map(|id| id.ib).ok_or(gone("ib_state"))
+    }
+
+    pub(crate) fn cm_state(&self, key: SimIdKey) -> Result<CmIdState, CmError> {
+        self.id(key).map(|id| id.cm_state).ok_or(gone("cm_state"))
+    }
+
+    pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {
+        self.id(key)?.qp
+    }
+
+    pub(crate) fn id_conn(&self, key: SimIdKey) -> Option<ConnId> {
+        self.id(key)?.conn.get()
+    }
+
+    pub(crate) fn id_node(&self, key: SimIdKey) -> Option<NodeId> {
+        self.id(key).map(|id| id.node)
+    }
+
+    pub(crate) fn id_unacked(&self, key: SimIdKey) -> Option<u32> {
+        self.id(key).map(|id| id.unacked)
+    }
+
+    pub(crate) fn force_ib_state(
+        &mut self,
+        key: SimIdKey,
+        state: IbCmState,
+    ) -> Result<(), CmError> {
+        let id = self.live(key, "force_ib_state")?;
+        id.device = true;
+        self.cancel_timer(key);
+        self.set_ib(key, state);
+        Ok(())
+    }
+
+    pub(crate) fn set_lap_state(&mut self, key: SimIdKey, lap: LapState) -> Result<(), CmError> {
+        self.live(key, "set_lap_state")?.lap = lap;
+        Ok(())
+    }
+}

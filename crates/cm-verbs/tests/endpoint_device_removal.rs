@@ -1,0 +1,153 @@
+//! Device removal on the real kernel (soft-RoCE in the VM): `rdma link delete` of the
+//! device a server listens on, with one connection established on it. The endpoint
+//! reports the listener and the connection closed with `DeviceRemoved` and drops all it
+//! holds on the device, so the kernel's removal (which waits for every id on the device
+//! to be destroyed) completes; the device is added back afterwards. Without a device the
+//! test records a skip.
+#![cfg(feature = "rdma")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, FaultRow};
+use cm_verbs::{CloseReason, Event, ListenOptions};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+
+fn rdma(args: &[&str]) -> std::process::Output {
+    Command::new("rdma").args(args).output().expect("run rdma")
+}
+
+/// Adds the soft-RoCE device back on its netdev and waits until its port is active.
+fn add_back(device: &str, netdev: &str) {
+    let added = rdma(&["link", "add", device, "type", "rxe", "netdev", netdev]);
+    assert!(
+        added.status.success(),
+        "rdma link add: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    for _ in 0..200 {
+        let show = rdma(&["link", "show", &format!("{device}/1")]);
+        if String::from_utf8_lossy(&show.stdout).contains("state ACTIVE") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{device} did not come back ACTIVE");
+}
+
+/// Adds the device back when the test ends, however it ends, so that later tests in
+/// the same VM still have it.
+struct AddBack {
+    device: String,
+    netdev: String,
+}
+
+impl Drop for AddBack {
+    fn drop(&mut self) {
+        let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
+        if !show.status.success() {
+            add_back(&self.device, &self.netdev);
+        }
+    }
+}
+
+#[test]
+fn removing_the_device_closes_listener_and_connection_and_the_removal_completes() {
+    const TEST: &str =
+        "removing_the_device_closes_listener_and_connection_and_the_removal_completes";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let (Ok(device), Ok(netdev)) = (
+        std::env::var("CMNOTIFY_DEV_A"),
+        std::env::var("CMNOTIFY_NETDEV_A"),
+    ) else {
+        return skip(
+            TEST,
+            "CMNOTIFY_DEV_A/CMNOTIFY_NETDEV_A name no device to remove",
+        );
+    };
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
+    let mut server = common::endpoint();
+    let listen = SocketAddr::new(addrs.addr_a, 7517);
+    let listener = server
+        .listen(listen, ListenOptions::default())
+        .expect("listen");
+    let src = addrs.addr_b;
+    let (client_done, client_end) = mpsc::channel();
+    let client = std::thread::spawn(move || {
+        let mut client = common::endpoint();
+        let conn = common::connected(&mut client, src, listen);
+        // Wait (bounded) for the peer's removal to reach this side in any form.
+        let end = client.recv(conn, Some(Duration::from_secs(60)));
+        let _ = client_done.send(format!("{end:?}"));
+    });
+    let conn = server.accept(WAIT).expect("accept");
+
+    let _add_back = AddBack {
+        device: device.clone(),
+        netdev: netdev.clone(),
+    };
+    let removal = {
+        let device = device.clone();
+        std::thread::spawn(move || rdma(&["link", "delete", &device]))
+    };
+    let (mut listener_closed, mut conn_closed) = (false, false);
+    while !(listener_closed && conn_closed) {
+        match server
+            .next_event(WAIT)
+            .expect("event")
+            .expect("the removal within the wait")
+        {
+            Event::ListenerClosed {
+                listener: l,
+                reason,
+            } => {
+                assert_eq!((l, reason), (listener, CloseReason::DeviceRemoved));
+                listener_closed = true;
+            }
+            Event::Closed { conn: c, reason } => {
+                assert_eq!((c, reason), (conn, CloseReason::DeviceRemoved));
+                conn_closed = true;
+            }
+            other => report(&format!("removal: also saw {other:?}")),
+        }
+    }
+    assert_eq!(server.device_count(), 0, "the device's reader is closed");
+    assert_eq!(server.connection_count(), 0);
+    assert_eq!(server.listener_count(), 0);
+    // The kernel's removal waits for our ids: it completes now that they are gone.
+    let (done, deleted) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(removal.join());
+    });
+    let output = deleted
+        .recv_timeout(Duration::from_secs(60))
+        .expect("rdma link delete returned: the removal did not hang on us")
+        .expect("removal thread");
+    assert!(
+        output.status.success(),
+        "rdma link delete: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    report(&format!(
+        "removal: listener and connection closed, `rdma link delete {device}` returned; client saw {:?}",
+        client_end.recv_timeout(Duration::from_secs(90)).ok()
+    ));
+    client.join().expect("client thread");
+    drop(server);
+    FaultRow {
+        fault: "device removed under a listener and a connection".into(),
+        connections: 1,
+        established: 1,
+        rescued: 0,
+        failed: 1,
+        leaked_ids: leaked_cm_ids(baseline),
+    }
+    .report();
+}
