@@ -7,8 +7,8 @@
 //! - [`sim`]: ids and fixtures on the mock and simulated backends (an established
 //!   simulated connection, an id answering like the kernel) and the scale runs.
 //! - `real` (feature `rdma`): measurements on a real RDMA device: cm-sys notify, the
-//!   lost-RTU trigger to ESTABLISHED through the pump and through a hand-written loop,
-//!   and connection setup per step.
+//!   lost-RTU trigger to ESTABLISHED through the pump, through the connection API
+//!   (`Endpoint`) and through hand-written loops, and connection setup per step.
 //!
 //! ```
 //! use cm_benches::sim::{scale_config, KernelLikeId};

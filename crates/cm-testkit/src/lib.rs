@@ -4,7 +4,8 @@
 //!   none appends `<test>: skipped: no RDMA device (<reason>)` to the file named by
 //!   [`SKIP_LOG_VAR`] and says it on stderr; `cargo xtask ci` counts these lines, and
 //!   inside the VM (where the devices exist) any such line fails the run.
-//! - [`addresses`]: the VM's two soft-RoCE test addresses, or a recorded skip.
+//! - [`addresses`]: the VM's two soft-RoCE test addresses, or a recorded skip
+//!   ([`probe_addresses`]: the same probe, returning the reason instead).
 //! - [`report`]: a line on stderr that libtest does not capture, for the console log.
 //! - [`Figure`]: a benchmark figure's line, written by the benches and by tests that
 //!   measure inside the VM, read back by `cargo xtask bench`; [`host_cpu`] names the
@@ -67,26 +68,35 @@ pub struct Addresses {
 
 /// The two devices' addresses, or `None` after recording a skip for `test`.
 pub fn addresses(test: &str) -> Option<Addresses> {
+    match probe_addresses() {
+        Ok(addrs) => Some(addrs),
+        Err(reason) => {
+            skip(test, &reason);
+            None
+        }
+    }
+}
+
+/// The two devices' addresses, or why there are none (the reason [`addresses`] records
+/// in its skip line), recording nothing: for a caller that reports the reason itself,
+/// as the benches do in their figures.
+pub fn probe_addresses() -> Result<Addresses, String> {
     if !Path::new("/dev/infiniband/rdma_cm").exists() {
-        skip(test, "/dev/infiniband/rdma_cm does not exist");
-        return None;
+        return Err("/dev/infiniband/rdma_cm does not exist".into());
     }
     let has_device = std::fs::read_dir("/sys/class/infiniband")
         .map(|mut entries| entries.next().is_some())
         .unwrap_or(false);
     if !has_device {
-        skip(test, "/sys/class/infiniband is empty");
-        return None;
+        return Err("/sys/class/infiniband is empty".into());
     }
     let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     let (Some(addr_a), Some(addr_b)) = (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) else {
-        skip(
-            test,
-            "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses",
+        return Err(
+            "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses".into(),
         );
-        return None;
     };
-    Some(Addresses { addr_a, addr_b })
+    Ok(Addresses { addr_a, addr_b })
 }
 
 /// The host's CPU for a report's machine column: "`model name`, `N` cores", from `/proc/cpuinfo`.

@@ -6,9 +6,15 @@
 //! channel shared by the queues of every connection on the device. Completion events
 //! are acknowledged in batches by cm-sys; queues are re-armed before they are polled,
 //! so no completion is missed and none is polled on a timer.
+//!
+//! After a wait that found something ready, the endpoint reads every source; a
+//! descriptor `poll(2)` reported idle is skipped by that read, once (no syscall to hear
+//! EAGAIN). `poll(2)` is level-triggered: what arrives on a skipped descriptor meanwhile
+//! makes the next wait return at once, so nothing is lost. With one or two device
+//! contexts a wait allocates nothing.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEvent, CmError, CqKind, QpNum, QueueCaps, Transport, WorkCompletion};
@@ -66,6 +72,12 @@ pub struct RdmaTransport {
     channel: EventChannel,
     origin: Instant,
     scratch: Vec<Completion>,
+    /// The last wait found the CM channel idle (and something else ready): its next read
+    /// is skipped.
+    channel_idle: bool,
+    /// Device descriptors the last wait found idle (while something else was ready):
+    /// the next read of each is skipped.
+    idle: Vec<RawFd>,
     /// Devices given back after a removal whose context librdmacm has not closed yet.
     removed: Vec<String>,
 }
@@ -80,6 +92,8 @@ impl RdmaTransport {
             channel,
             origin: Instant::now(),
             scratch: Vec::with_capacity(32),
+            channel_idle: false,
+            idle: Vec::with_capacity(8),
             removed: Vec::new(),
         })
     }
@@ -87,6 +101,52 @@ impl RdmaTransport {
     /// The CM event channel's descriptor.
     pub fn channel_fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()
+    }
+
+    /// Whether the last wait found `fd` idle and it was not read since (forgotten now).
+    fn take_idle(&mut self, fd: RawFd) -> bool {
+        match self.idle.iter().position(|&idle| idle == fd) {
+            Some(index) => {
+                self.idle.swap_remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `poll(2)` on the CM channel and every device's asynchronous event and completion
+    /// descriptors, in that order.
+    fn poll(
+        &self,
+        devices: &[RdmaDevice],
+        timeout: Option<Duration>,
+    ) -> Result<cm_sys::ReadySet, CmError> {
+        let channel = self.channel.as_fd();
+        match devices {
+            [] => cm_sys::poll_readable(&[channel], timeout),
+            [a] => {
+                cm_sys::poll_readable(&[channel, a.events.as_fd(), a.completions.as_fd()], timeout)
+            }
+            [a, b] => cm_sys::poll_readable(
+                &[
+                    channel,
+                    a.events.as_fd(),
+                    a.completions.as_fd(),
+                    b.events.as_fd(),
+                    b.completions.as_fd(),
+                ],
+                timeout,
+            ),
+            _ => {
+                let mut fds = Vec::with_capacity(1 + 2 * devices.len());
+                fds.push(channel);
+                for device in devices {
+                    fds.push(device.events.as_fd());
+                    fds.push(device.completions.as_fd());
+                }
+                cm_sys::poll_readable(&fds, timeout)
+            }
+        }
     }
 }
 
@@ -132,6 +192,9 @@ impl Transport for RdmaTransport {
     }
 
     fn next_cm_event(&mut self) -> Result<Option<CmEvent>, CmError> {
+        if std::mem::take(&mut self.channel_idle) {
+            return Ok(None);
+        }
         self.channel.try_next_event()
     }
 
@@ -204,10 +267,15 @@ impl Transport for RdmaTransport {
     }
 
     fn next_async_event(&mut self, device: &mut RdmaDevice) -> Result<Option<AsyncEvent>, CmError> {
+        if self.take_idle(device.events.as_raw_fd()) {
+            return Ok(None);
+        }
         device.events.try_next_event()
     }
 
     fn release_device(&mut self, device: RdmaDevice) {
+        let fds = [device.events.as_raw_fd(), device.completions.as_raw_fd()];
+        self.idle.retain(|fd| !fds.contains(fd));
         self.removed.push(device.events.device_name());
         drop(device);
     }
@@ -235,6 +303,9 @@ impl Transport for RdmaTransport {
     }
 
     fn next_cq_event(&mut self, device: &mut RdmaDevice) -> Result<Option<u64>, CmError> {
+        if self.take_idle(device.completions.as_raw_fd()) {
+            return Ok(None);
+        }
         device.completions.try_next()
     }
 
@@ -308,7 +379,13 @@ impl Transport for RdmaTransport {
     ) -> Result<(), CmError> {
         check_slot("read_recv", slot, buffers.caps.recv_depth)?;
         let len = len.min(buffers.caps.buffer_size as usize);
-        out.extend_from_slice(&id.read_memory(&buffers.region, buffers.recv_range(slot, len))?);
+        let message = id.read_memory(&buffers.region, buffers.recv_range(slot, len))?;
+        if out.is_empty() {
+            // The copy cm-sys made is the message: no second allocation and copy.
+            *out = message;
+        } else {
+            out.extend_from_slice(&message);
+        }
         Ok(())
     }
 
@@ -340,13 +417,22 @@ impl Transport for RdmaTransport {
     }
 
     fn wait(&mut self, devices: &[RdmaDevice], timeout: Option<Duration>) -> Result<bool, CmError> {
-        let mut fds = Vec::with_capacity(1 + 2 * devices.len());
-        fds.push(self.channel.as_fd());
-        for device in devices {
-            fds.push(device.events.as_fd());
-            fds.push(device.completions.as_fd());
+        self.channel_idle = false;
+        self.idle.clear();
+        let ready = self.poll(devices, timeout)?;
+        if ready.is_empty() {
+            // Timed out: the next reads look at every source, as before any wait.
+            return Ok(false);
         }
-        let ready = cm_sys::poll_readable(&fds, timeout)?;
-        Ok((0..fds.len()).any(|i| ready.is_ready(i)))
+        self.channel_idle = !ready.is_ready(0);
+        for (index, device) in devices.iter().enumerate() {
+            if !ready.is_ready(1 + 2 * index) {
+                self.idle.push(device.events.as_raw_fd());
+            }
+            if !ready.is_ready(2 + 2 * index) {
+                self.idle.push(device.completions.as_raw_fd());
+            }
+        }
+        Ok(true)
     }
 }

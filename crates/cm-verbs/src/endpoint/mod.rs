@@ -524,13 +524,17 @@ impl<T: Transport> Endpoint<T> {
             self.on_cm_event(event);
         }
         self.expire();
-        let now = self.transport.now();
-        if self.device_released || self.housekeeping_due.is_some_and(|due| due <= now) {
-            self.device_released = false;
-            self.housekeeping_due = self
-                .transport
-                .housekeeping()
-                .map(|after| now.saturating_add(after));
+        // The clock is read only when housekeeping is pending (a read per pass shows on
+        // the notify path).
+        if self.device_released || self.housekeeping_due.is_some() {
+            let now = self.transport.now();
+            if self.device_released || self.housekeeping_due.is_some_and(|due| due <= now) {
+                self.device_released = false;
+                self.housekeeping_due = self
+                    .transport
+                    .housekeeping()
+                    .map(|after| now.saturating_add(after));
+            }
         }
         Ok(())
     }
@@ -658,7 +662,8 @@ impl<T: Transport> Endpoint<T> {
         let Some((transport, entry)) = self.split(conn) else {
             return;
         };
-        let mut data = Vec::with_capacity(completion.byte_len as usize);
+        // Empty: the transport fills it with the message's one copy.
+        let mut data = Vec::new();
         let read = match entry.buffers.as_ref() {
             Some(buffers) => transport
                 .read_recv(

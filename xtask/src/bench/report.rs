@@ -1,18 +1,9 @@
-//! `cargo xtask bench`: runs the criterion benches of the notify path (`cm-benches`) and
-//! ends with one table (also written to `target/bench-report.md`), the scale curve as
-//! an SVG next to it and criterion's HTML report under `target/criterion/`.
-//!
-//! The figures come from criterion's `new/estimates.json` files (median point estimate)
-//! and from the results file the benches write for what criterion does not measure
-//! (allocations, peak memory, outcomes, real-device figures, skips).
+//! The report's rows (criterion figures against their baselines, the scale curve's
+//! verdicts, the real-device figures) and its markdown table.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
-use cm_testkit::{Figure, FIGURE_PREFIX};
-
-use crate::run::{cargo, status, workspace_root};
+use cm_testkit::Figure;
 
 /// The scale points the benches run, in connections.
 const SCALE_POINTS: [u64; 3] = [1_000, 10_000, 100_000];
@@ -23,282 +14,17 @@ const FLAT_RATIO: f64 = 1.25;
 /// count as the same work (10% RTU loss draws a slightly different share at each N).
 const WORK_TOLERANCE: f64 = 0.02;
 
-/// glibc keeps freed memory (no trimming; blocks up to 32 MiB from the heap, not fresh
-/// mappings). Criterion repeats each scale run: with glibc's defaults the 1k run reuses
-/// its already-mapped heap while the 100k run (75 MB) gets it mapped and faulted in
-/// afresh every time (~0.3 µs per connection), which measures the allocator's trimming,
-/// not the simulation. The report prints page faults per connection either way.
-const WARM_HEAP_TUNABLES: &str =
-    "glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554432";
-
-/// Runs the benches (`--smoke`: the short CI mode; `--vm`: also the real-device quick
-/// mode inside the soft-RoCE VM, its figures folded into the table) and prints the report.
-pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    let (mut smoke, mut vm) = (false, false);
-    for arg in args {
-        match arg.as_str() {
-            "--smoke" => smoke = true,
-            "--vm" => vm = true,
-            other => return Err(format!("bench: unknown option `{other}`")),
-        }
-    }
-    if smoke && !vm {
-        let summary = ci_smoke()?;
-        println!("{summary}");
-        return Ok(());
-    }
-    let report = bench(smoke, vm)?;
-    println!("\n{}", report.markdown);
-    println!("report: {}", report.path.display());
-    println!("scale curve: {}", report.svg.display());
-    println!("criterion HTML report: {}", report.html.display());
-    Ok(())
-}
-
-/// The VM manifest of the real-device quick mode (see `ci/vm/payload.txt`).
-const VM_MANIFEST: &str = "\
-cargo-bin cm-benches cm-bench-real rdma
-exec bench-real timeout=240 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-real 300
-cargo-test cm-sys test=notify_overhead timeout=120
-";
-
-/// Runs the real-device quick mode in the VM and returns the figures it printed (the
-/// `cm-benches: ` lines of the console log), labelled with the VM as their machine.
-///
-/// The VM payload is a dev build; here it is optimised (in its own target folder, so
-/// the usual dev build stays cached), or unoptimised code shows in the ratios: measured,
-/// pump / hand loop 1.41 unoptimised against 0.98 optimised.
-fn vm_figures(target: &Path) -> Result<BTreeMap<String, Figure>, String> {
-    let manifest = target.join("cm-benches/vm-payload.txt");
-    std::fs::write(&manifest, VM_MANIFEST).map_err(|e| format!("{}: {e}", manifest.display()))?;
-    let vm_target = target.join("bench-vm");
-    let optimised = [
-        ("CARGO_TARGET_DIR", vm_target.display().to_string()),
-        ("CARGO_PROFILE_DEV_OPT_LEVEL", "3".to_string()),
-        ("CARGO_PROFILE_DEV_DEBUG_ASSERTIONS", "false".to_string()),
-        ("CARGO_PROFILE_DEV_OVERFLOW_CHECKS", "false".to_string()),
-    ];
-    let saved: Vec<_> = optimised
-        .iter()
-        .map(|(name, _)| (*name, std::env::var_os(name)))
-        .collect();
-    // xtask is single-threaded here: the VM runner's cargo builds inherit these.
-    for (name, value) in &optimised {
-        std::env::set_var(name, value);
-    }
-    let ran = crate::vm::run(&["--manifest".to_string(), manifest.display().to_string()]);
-    for (name, value) in saved {
-        match value {
-            Some(value) => std::env::set_var(name, value),
-            None => std::env::remove_var(name),
-        }
-    }
-    let console = vm_target.join("vm/console.log");
-    let log =
-        std::fs::read_to_string(&console).map_err(|e| format!("{}: {e}", console.display()))?;
-    let lines: String = log
-        .lines()
-        .filter_map(|l| {
-            l.split_once(FIGURE_PREFIX)
-                .map(|(_, figure)| format!("{figure}\n"))
-        })
-        .collect();
-    let figures = parse_results(&lines);
-    match (ran, figures.is_empty()) {
-        (Err(e), true) => Err(format!("the VM run gave no figures: {e}")),
-        _ => Ok(figures),
-    }
-}
-
-/// The CI step: compiles the benches, runs them in smoke mode (short samples, no 100k
-/// scale point) and returns a one-line summary.
-pub(crate) fn ci_smoke() -> Result<String, String> {
-    status(
-        cargo(&["bench", "--no-run", "-p", "cm-benches"]).env("CARGO_TARGET_DIR", target_dir()),
-    )?;
-    let report = bench(true, false)?;
-    println!("\n{}", report.markdown);
-    Ok(format!(
-        "{} figures, smoke mode (100k scale point skipped); {}",
-        report.rows,
-        report.path.display()
-    ))
-}
-
-/// Where a report went.
-struct Written {
-    markdown: String,
-    rows: usize,
-    path: PathBuf,
-    svg: PathBuf,
-    html: PathBuf,
-}
-
-/// `--features rdma` where librdmacm's headers are installed (the real-device benches
-/// then run, or report the missing device), nothing elsewhere.
-fn features() -> Vec<&'static str> {
-    if Path::new("/usr/include/rdma/rdma_cma.h").exists() {
-        vec!["--features", "rdma"]
-    } else {
-        Vec::new()
-    }
-}
-
-/// The cargo target folder (`CARGO_TARGET_DIR`, else `target/`).
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|p| {
-            if p.is_relative() {
-                workspace_root().join(p)
-            } else {
-                p
-            }
-        })
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
-fn bench(smoke: bool, vm: bool) -> Result<Written, String> {
-    let target = target_dir();
-    let criterion_home = target.join("criterion");
-    let out = target.join("cm-benches");
-    let results = out.join("results.tsv");
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    if results.exists() {
-        std::fs::remove_file(&results).map_err(|e| format!("{}: {e}", results.display()))?;
-    }
-    let started = SystemTime::now();
-    let mut args = vec!["bench", "-p", "cm-benches"];
-    args.extend(features());
-    let mut cmd = cargo(&args);
-    cmd.env("CARGO_TARGET_DIR", &target)
-        .env("CRITERION_HOME", &criterion_home)
-        .env("CMNOTIFY_BENCH_OUT", &out)
-        .env("GLIBC_TUNABLES", WARM_HEAP_TUNABLES);
-    if smoke {
-        cmd.env("CMNOTIFY_BENCH_SMOKE", "1");
-    }
-    status(&mut cmd)?;
-
-    let extra = std::fs::read_to_string(&results)
-        .map_err(|e| format!("the benches wrote no {}: {e}", results.display()))?;
-    let mut figures = Figures {
-        estimates: read_estimates(&criterion_home, started),
-        extra: parse_results(&extra),
-        vm: BTreeMap::new(),
-    };
-    if vm {
-        match vm_figures(&target) {
-            Ok(found) => figures.vm = found,
-            Err(e) => eprintln!("bench: {e}"),
-        }
-    }
-    let machine = host_machine();
-    let rows = figures.rows(&machine);
-    let scale = figures.scale_points();
-    let markdown = render_markdown(&rows, &machine, smoke);
-    let path = target.join("bench-report.md");
-    let svg = target.join("bench-scale.svg");
-    std::fs::write(&path, &markdown).map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::write(&svg, render_svg(&scale)).map_err(|e| format!("{}: {e}", svg.display()))?;
-    Ok(Written {
-        markdown,
-        rows: rows.len(),
-        path,
-        svg,
-        html: criterion_home.join("report/index.html"),
-    })
-}
-
-/// Criterion's median estimates (ns per iteration) by benchmark id (`group/name`), from
-/// `estimates.json` files written after `since` (older ones are from another run).
-fn read_estimates(criterion_home: &Path, since: SystemTime) -> BTreeMap<String, f64> {
-    let mut estimates = BTreeMap::new();
-    let mut stack = vec![criterion_home.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let is_new_estimate = path.file_name().is_some_and(|n| n == "estimates.json")
-                && path
-                    .parent()
-                    .and_then(Path::file_name)
-                    .is_some_and(|n| n == "new");
-            if !is_new_estimate {
-                continue;
-            }
-            let fresh = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|modified| modified >= since);
-            let Some(id) = path
-                .parent()
-                .and_then(Path::parent)
-                .and_then(|bench| bench.strip_prefix(criterion_home).ok())
-                .map(|id| id.to_string_lossy().replace('\\', "/"))
-            else {
-                continue;
-            };
-            let median = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|json| json_point_estimate(&json, "median"));
-            if let (true, Some(median)) = (fresh, median) {
-                estimates.insert(id, median);
-            }
-        }
-    }
-    estimates
-}
-
-/// The `point_estimate` of the statistic `name` in criterion's estimates.json, found
-/// with plain string search (xtask has no dependencies).
-fn json_point_estimate(json: &str, name: &str) -> Option<f64> {
-    let start = json.find(&format!("\"{name}\""))?;
-    let rest = &json[start..];
-    let value = &rest[rest.find("\"point_estimate\"")? + "\"point_estimate\"".len()..];
-    let value = value.trim_start().strip_prefix(':')?.trim_start();
-    let end = value
-        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
-        .unwrap_or(value.len());
-    value[..end].parse().ok()
-}
-
-/// Parses the results file (lines of [`Figure::to_line`]) into figures by key; lines
-/// that do not parse are dropped.
-fn parse_results(text: &str) -> BTreeMap<String, Figure> {
-    let mut map = BTreeMap::new();
-    for figure in text.lines().filter_map(Figure::from_line) {
-        // A measured figure wins over a skipped one of the same key (the bench binary
-        // skips `real/notify`, which cm-sys's own test measures in the same VM run).
-        if figure.value.is_none()
-            && map
-                .get(&figure.key)
-                .is_some_and(|f: &Figure| f.value.is_some())
-        {
-            continue;
-        }
-        map.insert(figure.key.clone(), figure);
-    }
-    map
-}
-
 /// Everything measured in one run.
-struct Figures {
-    estimates: BTreeMap<String, f64>,
-    extra: BTreeMap<String, Figure>,
+pub(super) struct Figures {
+    pub(super) estimates: BTreeMap<String, f64>,
+    pub(super) extra: BTreeMap<String, Figure>,
     /// The real-device figures measured inside the VM (`--vm`).
-    vm: BTreeMap<String, Figure>,
+    pub(super) vm: BTreeMap<String, Figure>,
 }
 
 /// One row of the report.
 #[derive(Debug, Clone, PartialEq)]
-struct Row {
+pub(super) struct Row {
     figure: String,
     value: String,
     baseline: String,
@@ -328,10 +54,10 @@ fn ratio(value: Option<f64>, baseline: Option<f64>) -> String {
 
 /// One point of the scale curve.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct ScalePoint {
-    connections: u64,
-    ns_per_conn: Option<f64>,
-    bytes_per_conn: Option<f64>,
+pub(super) struct ScalePoint {
+    pub(super) connections: u64,
+    pub(super) ns_per_conn: Option<f64>,
+    pub(super) bytes_per_conn: Option<f64>,
 }
 
 impl Figures {
@@ -343,7 +69,7 @@ impl Figures {
         self.extra.get(key)
     }
 
-    fn scale_points(&self) -> Vec<ScalePoint> {
+    pub(super) fn scale_points(&self) -> Vec<ScalePoint> {
         SCALE_POINTS
             .iter()
             .map(|&n| ScalePoint {
@@ -385,7 +111,7 @@ impl Figures {
         }
     }
 
-    fn rows(&self, machine: &str) -> Vec<Row> {
+    pub(super) fn rows(&self, machine: &str) -> Vec<Row> {
         let mut rows = vec![
             self.timed(
                 "notify through the trait: mockall mock",
@@ -537,6 +263,11 @@ impl Figures {
                 "trigger→ESTABLISHED: pump / raw loop",
                 "≤ 1.05",
             ),
+            (
+                "real/api_to_established",
+                "send→ESTABLISHED: Endpoint API / hand loop",
+                "≤ 1.05",
+            ),
             ("real/setup", "connection setup per step (cmtime-like)", "-"),
         ] {
             let vm_machine = "VM (qemu TCG, soft-RoCE; absolute times are emulation)";
@@ -598,7 +329,7 @@ impl Figures {
     }
 }
 
-fn render_markdown(rows: &[Row], machine: &str, smoke: bool) -> String {
+pub(super) fn render_markdown(rows: &[Row], machine: &str, smoke: bool) -> String {
     let mut text = String::from("# Notify path benchmarks\n\n");
     text.push_str(&format!(
         "Machine: {machine}. Times are criterion medians{}. Ratio = figure / baseline.\n\n",
@@ -628,121 +359,11 @@ fn render_markdown(rows: &[Row], machine: &str, smoke: bool) -> String {
     text
 }
 
-/// What one panel of the scale curve plots.
-type PanelValue = fn(&ScalePoint) -> Option<f64>;
-
-/// The scale curve: time and peak heap per connection against connections (log scale),
-/// two panels of hand-written SVG.
-fn render_svg(points: &[ScalePoint]) -> String {
-    const W: f64 = 360.0;
-    const H: f64 = 240.0;
-    const PAD: f64 = 50.0;
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
-        2.0 * W,
-        H + 30.0
-    );
-    svg.push_str("<text x=\"10\" y=\"16\" font-size=\"13\">SimFabric, 10% RTU loss: cost per connection vs connections</text>\n");
-    let panels: [(&str, &str, PanelValue); 2] = [
-        ("time per connection", "µs", |p| {
-            p.ns_per_conn.map(|v| v / 1e3)
-        }),
-        ("peak heap per connection", "bytes", |p| p.bytes_per_conn),
-    ];
-    let (min_n, max_n) = (
-        points
-            .iter()
-            .map(|p| p.connections)
-            .min()
-            .unwrap_or(1)
-            .max(1) as f64,
-        points
-            .iter()
-            .map(|p| p.connections)
-            .max()
-            .unwrap_or(1)
-            .max(1) as f64,
-    );
-    for (i, (title, unit, value)) in panels.iter().enumerate() {
-        let x0 = i as f64 * W + PAD;
-        let (plot_w, plot_h, top) = (W - PAD - 20.0, H - PAD - 20.0, 40.0);
-        let max_v = points
-            .iter()
-            .filter_map(value)
-            .fold(0.0_f64, f64::max)
-            .max(1e-9)
-            * 1.15;
-        svg.push_str(&format!(
-            "<text x=\"{x0}\" y=\"{}\">{title} ({unit})</text>\n<rect x=\"{x0}\" y=\"{top}\" width=\"{plot_w}\" height=\"{plot_h}\" fill=\"none\" stroke=\"#888\"/>\n",
-            top - 6.0
-        ));
-        svg.push_str(&format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{max_v:.1}</text>\n<text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>\n", x0 - 4.0, top + 10.0, x0 - 4.0, top + plot_h));
-        let span = (max_n / min_n).log10().max(1e-9);
-        let mut line = Vec::new();
-        for p in points {
-            let x = x0 + plot_w * ((p.connections as f64 / min_n).log10() / span);
-            svg.push_str(&format!(
-                "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}k</text>\n",
-                top + plot_h + 14.0,
-                p.connections / 1000
-            ));
-            if let Some(v) = value(p) {
-                let y = top + plot_h * (1.0 - v / max_v);
-                line.push(format!("{x:.1},{y:.1}"));
-                svg.push_str(&format!(
-                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"#1f77b4\"/>\n<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{v:.1}</text>\n",
-                    y - 6.0
-                ));
-            } else {
-                svg.push_str(&format!("<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#999\">not run</text>\n", top + plot_h / 2.0));
-            }
-        }
-        if line.len() > 1 {
-            svg.push_str(&format!(
-                "<polyline points=\"{}\" fill=\"none\" stroke=\"#1f77b4\"/>\n",
-                line.join(" ")
-            ));
-        }
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
-
-/// The host, for the report's machine column.
-fn host_machine() -> String {
-    format!("host hardware ({})", cm_testkit::host_cpu())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const ESTIMATES: &str = r#"{"mean":{"confidence_interval":{"confidence_level":0.95,"lower_bound":1.0,"upper_bound":3.0},"point_estimate":2.5,"standard_error":0.1},"median":{"confidence_interval":{"confidence_level":0.95,"lower_bound":1.0,"upper_bound":2.0},"point_estimate":1.75e2,"standard_error":0.1}}"#;
-
-    #[test]
-    fn point_estimates_come_from_the_named_statistic() {
-        assert_eq!(json_point_estimate(ESTIMATES, "median"), Some(175.0));
-        assert_eq!(json_point_estimate(ESTIMATES, "mean"), Some(2.5));
-        assert_eq!(json_point_estimate(ESTIMATES, "slope"), None);
-    }
-
-    #[test]
-    fn results_lines_parse_and_bad_ones_are_dropped() {
-        let map = parse_results(
-            "scale/1000/peak_bytes_per_conn\t1182.3\tbytes\tpeak heap\nreal/notify\tskipped\t\tno RDMA device\nbroken\nx\tnan-ish\tns\t\n",
-        );
-        assert_eq!(map.len(), 2);
-        assert_eq!(map["scale/1000/peak_bytes_per_conn"].value, Some(1182.3));
-        assert_eq!(map["real/notify"].value, None);
-        assert_eq!(map["real/notify"].note, "no RDMA device");
-        // Measured beats skipped, whichever comes first.
-        for lines in [
-            "real/notify\t1.01\tratio\tmeasured\nreal/notify\tskipped\t\telsewhere\n",
-            "real/notify\tskipped\t\telsewhere\nreal/notify\t1.01\tratio\tmeasured\n",
-        ] {
-            assert_eq!(parse_results(lines)["real/notify"].value, Some(1.01));
-        }
-    }
+    use crate::bench::estimates::parse_results;
+    use crate::bench::svg::render_svg;
 
     #[test]
     fn scale_growth_past_the_flat_ratio_is_called_so() {
@@ -810,7 +431,11 @@ mod tests {
         let figures = Figures {
             estimates,
             extra,
-            vm: parse_results("real/trigger_to_established\t1.01\tratio\tpump / hand\n"),
+            vm: parse_results(
+                "real/trigger_to_established\t1.01\tratio\tpump / hand\n\
+                 real/api_to_established\t1.03\tratio\tapi / hand\n\
+                 real/api_to_established/api\t300000\tns\tVM\n",
+            ),
         };
         let rows = figures.rows("test machine");
         let pump = rows
@@ -833,6 +458,19 @@ mod tests {
         assert!(hundred_k.note.contains("smoke mode"));
         let vm_row = rows.iter().find(|r| r.machine.starts_with("VM")).unwrap();
         assert_eq!(vm_row.ratio, "1.010");
+        let api = rows
+            .iter()
+            .find(|r| r.figure == "send→ESTABLISHED: Endpoint API / hand loop")
+            .unwrap();
+        assert_eq!(
+            (api.ratio.as_str(), api.target.as_str()),
+            ("1.030", "≤ 1.05")
+        );
+        let api_median = rows
+            .iter()
+            .find(|r| r.figure == "send→ESTABLISHED: Endpoint API / hand loop: api")
+            .unwrap();
+        assert_eq!(api_median.value, "300.00 µs");
         // The host's skip goes where the VM measured the figure, stays where it did not.
         let trigger_rows = rows
             .iter()

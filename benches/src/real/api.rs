@@ -1,0 +1,114 @@
+//! The server written only against the public connection API: an
+//! `Endpoint<RdmaTransport>` whose listener reports each request, which the server
+//! accepts; [`Endpoint::accept`] then returns once the connection is ESTABLISHED. The
+//! notify path is the endpoint's own: its reader sees the receive completion on the
+//! device's completion channel and forwards it with `rdma_notify`, with no application
+//! code.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cm_verbs::rdma::RdmaTransport;
+use cm_verbs::{ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions, PrivateData};
+
+use super::fixture::{Setup, WAIT};
+
+/// `op: error` for the endpoint's errors.
+fn conn_err(op: &str) -> impl Fn(cm_verbs::ConnError) -> String + '_ {
+    move |e| format!("{op}: {e}")
+}
+
+/// The `Endpoint` server.
+pub(super) struct ApiServer {
+    endpoint: Endpoint<RdmaTransport>,
+    pub(super) addr: SocketAddr,
+}
+
+impl ApiServer {
+    /// An endpoint listening on the setup's A address, reporting each request.
+    pub(super) fn new(setup: &Setup) -> Result<ApiServer, String> {
+        let transport = RdmaTransport::new().map_err(|e| format!("RdmaTransport::new: {e}"))?;
+        let mut endpoint = Endpoint::new(transport);
+        let options = ListenOptions {
+            auto_accept: false,
+            ..ListenOptions::default()
+        };
+        let listener = endpoint
+            .listen(SocketAddr::new(setup.addrs.addr_a, 0), options)
+            .map_err(conn_err("listen"))?;
+        let addr = endpoint
+            .listener_addr(listener)
+            .map_err(conn_err("listener_addr"))?
+            .ok_or("the listener has no address")?;
+        Ok(ApiServer { endpoint, addr })
+    }
+
+    /// Waits for the next request and accepts it (QP, receives posted and the REP, all
+    /// the endpoint's); other events meanwhile are ignored.
+    pub(super) fn accept_one(&mut self) -> Result<ConnectionId, String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .endpoint
+                .next_event(Some(left))
+                .map_err(conn_err("next_event"))?
+            {
+                Some(Event::Request { conn, .. }) => {
+                    self.endpoint
+                        .accept_request(conn, &PrivateData::empty())
+                        .map_err(conn_err("accept_request"))?;
+                    return Ok(conn);
+                }
+                Some(_) => {}
+                None => return Err("no connection request".into()),
+            }
+        }
+    }
+
+    /// The client's send to [`Endpoint::accept`] returning the connection: everything
+    /// in between (the wait, the completion event, re-arming and polling the queues,
+    /// the notify, reading ESTABLISHED) is the endpoint's. The connection must have
+    /// been established by the notify path.
+    pub(super) fn send_to_established(
+        &mut self,
+        conn: ConnectionId,
+        sent: Instant,
+    ) -> Result<Duration, String> {
+        let accepted = self
+            .endpoint
+            .accept(Some(WAIT))
+            .map_err(conn_err("accept"))?;
+        let elapsed = sent.elapsed();
+        if accepted != conn {
+            return Err(format!("accepted {accepted}, expected {conn}"));
+        }
+        match self
+            .endpoint
+            .info(conn)
+            .map_err(conn_err("info"))?
+            .established
+        {
+            Some(EstablishedVia::Notify(_)) => Ok(elapsed),
+            other => Err(format!("established via {other:?} with the RTU dropped")),
+        }
+    }
+
+    /// Waits until the endpoint closed `conn` on the client's DISCONNECTED (it answers
+    /// with its own DREP); the message it received meanwhile is dropped.
+    pub(super) fn answer_disconnect(&mut self, conn: ConnectionId) -> Result<(), String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .endpoint
+                .next_event(Some(left))
+                .map_err(conn_err("next_event"))?
+            {
+                Some(Event::Closed { conn: closed, .. }) if closed == conn => return Ok(()),
+                Some(_) => {}
+                None => return Err(format!("{conn} not closed")),
+            }
+        }
+    }
+}
