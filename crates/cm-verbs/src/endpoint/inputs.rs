@@ -1,0 +1,444 @@
+//! What the endpoint does with each input: asynchronous events, completion events, CM
+//! events and deadlines. Every handler runs inside `Endpoint::process`.
+
+use cm_core::{
+    AsyncEvent, AsyncEventType, CmEvent, CmEventType, CqKind, Transport, WorkCompletion,
+};
+
+use super::{
+    failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, EstablishedVia, Event,
+    ListenerId, Owner, PrivateData, QpErrorDetail, POLL_BATCH,
+};
+use crate::{PumpEvent, Role};
+
+impl<T: Transport> Endpoint<T> {
+    // ----- inputs ----------------------------------------------------------------
+
+    pub(super) fn on_async_event(&mut self, device: usize, event: AsyncEvent) {
+        match self.pump.on_async_event(event) {
+            PumpEvent::PassThrough(event) => self.on_device_event(device, event),
+            PumpEvent::Unrouted(event) => {
+                log::debug!("{event}: no connection owns it");
+            }
+            pumped => self.on_pumped(pumped),
+        }
+    }
+
+    pub(super) fn on_device_event(&mut self, device: usize, event: AsyncEvent) {
+        match event.event_type {
+            AsyncEventType::QpFatal | AsyncEventType::QpReqErr | AsyncEventType::QpAccessErr => {
+                if let Some(&conn) = event.qp_num().and_then(|qp| self.by_qp.get(&qp)) {
+                    let detail = QpErrorDetail::AsyncEvent(event);
+                    self.close(conn, CloseReason::QpError { detail }, true);
+                    return;
+                }
+            }
+            AsyncEventType::DeviceFatal => {
+                // Reported before the listeners and connections it ends.
+                self.events.push_back(Event::Device(event));
+                let key = self.device_keys[device];
+                self.device_lost(key, &CloseReason::DeviceFatal);
+                return;
+            }
+            _ => {}
+        }
+        self.events.push_back(Event::Device(event));
+    }
+
+    pub(super) fn on_pumped(&mut self, pumped: PumpEvent) {
+        let (qp, via) = match pumped {
+            PumpEvent::Forced { qp, trigger } => (qp, EstablishedVia::Notify(trigger)),
+            PumpEvent::AlreadyEstablished { qp, trigger } => {
+                (qp, EstablishedVia::RtuWonRace(trigger))
+            }
+            PumpEvent::NotifyFailed { qp, error, .. } => {
+                if let Some(&conn) = self.by_qp.get(&qp) {
+                    self.events
+                        .push_back(Event::NotifyFailed { conn, qp, error });
+                }
+                return;
+            }
+            PumpEvent::PathMigrated { .. } | PumpEvent::Unrouted(_) | PumpEvent::PassThrough(_) => {
+                return
+            }
+        };
+        if let Some(&conn) = self.by_qp.get(&qp) {
+            if let Some(entry) = self.slot_mut(conn) {
+                if entry.established.is_none() && entry.via.is_none() {
+                    entry.via = Some(via);
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_cq_event(&mut self, conn: ConnectionId) {
+        let Some(entry) = self.slot(conn) else {
+            return; // a connection closed since: its queues are gone
+        };
+        let id = entry.id.clone();
+        // Re-armed before polling, so a completion landing in between raises a new event.
+        for kind in [CqKind::Recv, CqKind::Send] {
+            if let Err(error) = self.transport.arm_cq(&id, kind) {
+                log::warn!("{conn}: re-arming the {kind:?} queue failed: {error}");
+            }
+        }
+        for kind in [CqKind::Recv, CqKind::Send] {
+            loop {
+                let mut batch = std::mem::take(&mut self.completions);
+                batch.clear();
+                let polled = self.transport.poll_cq(&id, kind, &mut batch, POLL_BATCH);
+                let n = match polled {
+                    Ok(n) => n,
+                    Err(error) => {
+                        log::warn!("{conn}: polling the {kind:?} queue failed: {error}");
+                        0
+                    }
+                };
+                for completion in batch.iter().copied() {
+                    self.on_completion(conn, completion);
+                }
+                self.completions = batch;
+                if n < POLL_BATCH || self.slot(conn).is_none() {
+                    break;
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_completion(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+        if self.slot(conn).is_none() {
+            return; // closed by an earlier completion of the batch
+        }
+        if !completion.is_success() {
+            let detail = QpErrorDetail::Completion(completion.status);
+            self.close(conn, CloseReason::QpError { detail }, true);
+            return;
+        }
+        match completion.kind {
+            CqKind::Send => {
+                if let Some(entry) = self.slot_mut(conn) {
+                    entry.free_send.push(completion.wr_id as u32);
+                    self.events.push_back(Event::Sent { conn });
+                }
+            }
+            CqKind::Recv => self.on_received(conn, completion),
+        }
+    }
+
+    pub(super) fn on_received(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+        // The trigger first: on a passive connection whose RTU is late, this receive is
+        // what forces the establish.
+        if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
+            self.on_pumped(pumped);
+        }
+        let slot = completion.wr_id as u32;
+        let Some((transport, entry)) = self.split(conn) else {
+            return;
+        };
+        // Empty: the transport fills it with the message's one copy.
+        let mut data = Vec::new();
+        let read = match entry.buffers.as_ref() {
+            Some(buffers) => transport
+                .read_recv(
+                    &entry.id,
+                    buffers,
+                    slot,
+                    completion.byte_len as usize,
+                    &mut data,
+                )
+                .and_then(|()| transport.post_recv(&entry.id, buffers, slot, u64::from(slot))),
+            None => Ok(()),
+        };
+        if let Err(error) = read {
+            self.close(conn, CloseReason::SetupFailed(error), true);
+            return;
+        }
+        let Some(entry) = self.slot_mut(conn) else {
+            return;
+        };
+        if entry.state == ConnState::Established {
+            self.events.push_back(Event::Received { conn, data });
+        } else {
+            entry.held.push(data);
+        }
+    }
+
+    pub(super) fn on_cm_event(&mut self, event: T::Event) {
+        let kind = event.event_type();
+        if kind == CmEventType::ConnectRequest {
+            self.on_connect_request(&event);
+            return;
+        }
+        let Some(id) = self.transport.event_id(&event) else {
+            return;
+        };
+        let owner = self.by_id.get(&self.transport.id_key(&id)).copied();
+        match owner {
+            Some(Owner::Listener(listener)) => self.on_listener_event(listener, kind),
+            Some(Owner::Conn(conn)) => self.on_conn_event(conn, &event),
+            None => log::debug!("{kind} for an id no longer owned"),
+        }
+    }
+
+    pub(super) fn on_listener_event(&mut self, listener: ListenerId, kind: CmEventType) {
+        if kind == CmEventType::DeviceRemoval {
+            let Some(entry) = self.listeners[listener.0 as usize].take() else {
+                return;
+            };
+            self.by_id.remove(&self.transport.id_key(&entry.id));
+            let key = self.transport.device_key(&entry.id);
+            drop(entry);
+            if let Some(key) = key {
+                self.device_removed(key);
+            }
+            self.events.push_back(Event::ListenerClosed {
+                listener,
+                reason: CloseReason::DeviceRemoved,
+            });
+        }
+    }
+
+    pub(super) fn on_connect_request(&mut self, event: &T::Event) {
+        let (Some(id), Some(listen_id)) = (
+            self.transport.event_id(event),
+            self.transport.event_listener(event),
+        ) else {
+            return;
+        };
+        let listener = match self.by_id.get(&self.transport.id_key(&listen_id)) {
+            Some(&Owner::Listener(listener)) => listener,
+            _ => {
+                // The listener is gone: refuse rather than leave the peer retrying.
+                let _ = self.transport.reject(&id, &[]);
+                return;
+            }
+        };
+        let Some(options) = self.listeners[listener.0 as usize]
+            .as_ref()
+            .map(|l| l.options.clone())
+        else {
+            return;
+        };
+        let now = self.transport.now();
+        let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
+        entry.listener = Some(listener);
+        entry.peer_private = PrivateData::from(event.private_data());
+        let conn = self.insert(entry);
+        if options.auto_accept {
+            if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
+                let id = self.slot(conn).map(|c| c.id.clone());
+                if let Some(id) = id {
+                    let _ = self.transport.reject(&id, &[]);
+                }
+                self.close(conn, CloseReason::SetupFailed(error), false);
+            }
+        } else {
+            self.events.push_back(Event::Request {
+                listener,
+                conn,
+                private_data: PrivateData::from(event.private_data()),
+            });
+        }
+    }
+
+    /// QP, buffers, posted receives and the pump registration, all before the REP
+    /// leaves: no trigger can arrive before the pump knows the QP.
+    pub(super) fn setup_and_accept(
+        &mut self,
+        conn: ConnectionId,
+        private_data: &[u8],
+    ) -> Result<(), cm_core::CmError> {
+        self.setup_qp(conn, Role::Passive)?;
+        let entry = self.slot(conn).expect("set up above");
+        let id = entry.id.clone();
+        let timeout = entry
+            .listener
+            .and_then(|l| self.listeners.get(l.0 as usize))
+            .and_then(|l| l.as_ref())
+            .and_then(|l| l.options.establish_timeout);
+        let called = self.transport.now();
+        self.transport.accept(&id, private_data)?;
+        let now = self.transport.now();
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.times.connect_called = Some(called);
+            entry.times.connect_returned = Some(now);
+            entry.state = ConnState::Accepted;
+            entry.deadline = timeout.map(|t| now.saturating_add(t));
+        }
+        Ok(())
+    }
+
+    pub(super) fn setup_qp(
+        &mut self,
+        conn: ConnectionId,
+        role: Role,
+    ) -> Result<(), cm_core::CmError> {
+        let id = self.slot(conn).expect("live connection").id.clone();
+        let (device_index, key) =
+            self.device_for(&id)?
+                .ok_or(cm_core::CmError::InvalidArgument {
+                    op: "create_qp",
+                    reason: "the id is not bound to a device",
+                })?;
+        let caps = self.slot(conn).expect("live connection").caps;
+        let called = self.transport.now();
+        let qp = self
+            .transport
+            .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
+        let created = self.transport.now();
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.times.create_qp_called = Some(called);
+            entry.times.qp_created = Some(created);
+        }
+        let buffers = self.transport.register_buffers(&id, &caps)?;
+        for slot in 0..caps.recv_depth {
+            self.transport
+                .post_recv(&id, &buffers, slot, u64::from(slot))?;
+        }
+        self.by_qp.insert(qp, conn);
+        let entry = self.slot_mut(conn).expect("live connection");
+        entry.device = Some(key);
+        entry.qp = Some(qp);
+        entry.buffers = Some(buffers);
+        entry.free_send = (0..caps.send_depth).rev().collect();
+        // Registered before the REQ or REP leaves, so no trigger can come first; one
+        // that did (a COMM_EST read for a QP number not yet known) is replayed now.
+        if !self.notify {
+            return Ok(());
+        }
+        match self.pump.register(id, role) {
+            Ok(registration) => {
+                if let Some(pumped) = registration.replayed {
+                    self.on_pumped(pumped);
+                }
+            }
+            Err(error) => log::warn!("{qp}: {error}"),
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_conn_event(&mut self, conn: ConnectionId, event: &T::Event) {
+        let status = event.status();
+        let result = match event.event_type() {
+            CmEventType::AddrResolved => {
+                let now = self.transport.now();
+                let (id, timeout) = match self.slot_mut(conn) {
+                    Some(c) => {
+                        c.times.addr_resolved = Some(now);
+                        (c.id.clone(), c.resolve_timeout)
+                    }
+                    None => return,
+                };
+                self.transport.resolve_route(&id, timeout)
+            }
+            CmEventType::RouteResolved => {
+                let now = self.transport.now();
+                if let Some(c) = self.slot_mut(conn) {
+                    c.times.route_resolved = Some(now);
+                }
+                self.connect_resolved(conn)
+            }
+            CmEventType::Established => {
+                if let Some(qp) = self.slot(conn).and_then(|c| c.qp) {
+                    self.pump.on_cm_event(CmEventType::Established, Some(qp));
+                }
+                self.on_established(conn, event.private_data());
+                Ok(())
+            }
+            CmEventType::AddrError
+            | CmEventType::RouteError
+            | CmEventType::Unreachable
+            | CmEventType::ConnectError
+            | CmEventType::Rejected => {
+                let reason = failure_reason(event.event_type(), status, event.private_data());
+                self.close(conn, reason, false);
+                Ok(())
+            }
+            CmEventType::Disconnected => {
+                // Our DREP: the peer's teardown waits for it.
+                self.close(conn, CloseReason::Disconnected, true);
+                Ok(())
+            }
+            CmEventType::DeviceRemoval => {
+                let key = self.slot(conn).and_then(|c| c.device);
+                self.close(conn, CloseReason::DeviceRemoved, false);
+                if let Some(key) = key {
+                    self.device_removed(key);
+                }
+                Ok(())
+            }
+            other => {
+                log::debug!("{conn}: {other} ignored");
+                Ok(())
+            }
+        };
+        if let Err(error) = result {
+            self.close(conn, CloseReason::SetupFailed(error), false);
+        }
+    }
+
+    pub(super) fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
+        self.setup_qp(conn, Role::Active)?;
+        let entry = self.slot_mut(conn).expect("set up above");
+        let request = std::mem::take(&mut entry.request);
+        let id = entry.id.clone();
+        let called = self.transport.now();
+        self.transport.connect(&id, request.as_bytes())?;
+        let now = self.transport.now();
+        if let Some(entry) = self.slot_mut(conn) {
+            entry.times.connect_called = Some(called);
+            entry.times.connect_returned = Some(now);
+            entry.state = ConnState::Connecting;
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_established(&mut self, conn: ConnectionId, private_data: &[u8]) {
+        let now = self.transport.now();
+        let Some(entry) = self.slot_mut(conn) else {
+            return;
+        };
+        if entry.established.is_some() {
+            return; // exactly once, whatever the CM says twice
+        }
+        let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
+        entry.established = Some(via);
+        entry.times.established = Some(now);
+        entry.state = ConnState::Established;
+        entry.deadline = None;
+        let role = entry.role;
+        let held = std::mem::take(&mut entry.held);
+        let private_data = match role {
+            Role::Passive => std::mem::take(&mut entry.peer_private),
+            Role::Active => PrivateData::from(private_data),
+        };
+        self.events.push_back(Event::Established {
+            conn,
+            role,
+            via,
+            private_data,
+        });
+        for data in held {
+            self.events.push_back(Event::Received { conn, data });
+        }
+    }
+
+    pub(super) fn expire(&mut self) {
+        let Some(next) = self.next_deadline() else {
+            return;
+        };
+        let now = self.transport.now();
+        if next > now {
+            return;
+        }
+        let expired: Vec<ConnectionId> = self
+            .live()
+            .filter(|(_, c)| c.state != ConnState::Established)
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(conn, _)| conn)
+            .collect();
+        for conn in expired {
+            self.close(conn, CloseReason::TimedOut, false);
+        }
+    }
+}
