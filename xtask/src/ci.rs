@@ -133,6 +133,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             "cm-benches",
             "--exclude",
             "cm-testkit",
+            "--exclude",
+            "cm-device-tests",
             "--no-verify",
             "--allow-dirty",
             "--quiet",

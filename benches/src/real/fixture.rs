@@ -49,6 +49,7 @@ impl Setup {
             RTU_ATTRIBUTE,
             MadAction::Drop,
         )
+        .map_err(|e| format!("installing the RTU drop: {e}"))
     }
 }
 

@@ -28,7 +28,7 @@ mod nft;
 
 pub use fault_row::{kernel_cm_ids, leaked_cm_ids, FaultRow, FAULT_PREFIX};
 
-pub use nft::{rule_args, CmMadRule, MadAction, RTU_ATTRIBUTE};
+pub use nft::{parse_hits, rule_args, run_tool, CmMadRule, MadAction, RTU_ATTRIBUTE};
 
 use std::net::IpAddr;
 use std::path::Path;

@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 
+use cm_core::CmError;
+
 use crate::report;
 
 /// The CM MAD attribute of the RTU (ReadyToUse).
@@ -34,7 +36,7 @@ impl CmMadRule {
         to: IpAddr,
         attribute: u16,
         action: MadAction,
-    ) -> Result<CmMadRule, String> {
+    ) -> Result<CmMadRule, CmError> {
         let statement = match action {
             MadAction::Count => "counter",
             MadAction::Drop => "counter drop",
@@ -50,7 +52,7 @@ impl CmMadRule {
         to: IpAddr,
         attribute: u16,
         statement: &str,
-    ) -> Result<CmMadRule, String> {
+    ) -> Result<CmMadRule, CmError> {
         let guard = CmMadRule {
             nft: nft.to_owned(),
             table: table.to_owned(),
@@ -94,27 +96,20 @@ impl CmMadRule {
         std::env::var("CMNOTIFY_NFT").ok()
     }
 
-    fn run(&self, args: &[&str]) -> Result<String, String> {
-        let output = std::process::Command::new(&self.nft)
-            .args(args)
-            .output()
-            .map_err(|e| format!("{} {args:?}: {e}", self.nft))?;
-        if !output.status.success() {
-            let line = format!(
-                "{} {args:?}: {}",
-                self.nft,
-                String::from_utf8_lossy(&output.stderr)
-            );
-            report(&line);
-            return Err(line);
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    fn run(&self, args: &[&str]) -> Result<String, CmError> {
+        run_tool(&self.nft, args)
     }
 
     /// How many MADs the rule matched so far.
-    pub fn hits(&self) -> Result<u64, String> {
+    pub fn hits(&self) -> Result<u64, CmError> {
         let listing = self.run(&["list", "table", "inet", &self.table])?;
-        parse_hits(&listing).ok_or_else(|| format!("no counter in the listing: {listing}"))
+        parse_hits(&listing).ok_or_else(|| {
+            report(&format!("no counter in the listing: {listing}"));
+            CmError::InvalidArgument {
+                op: "nft list table",
+                reason: "no counter in the listing",
+            }
+        })
     }
 }
 
@@ -122,6 +117,30 @@ impl Drop for CmMadRule {
     fn drop(&mut self) {
         let _ = self.run(&["delete", "table", "inet", &self.table]);
     }
+}
+
+/// Runs `program` (nft, tc) with `args`; its stdout, or an error after reporting the
+/// command and its stderr on the console.
+pub fn run_tool(program: &str, args: &[&str]) -> Result<String, CmError> {
+    let failed = CmError::InvalidArgument {
+        op: "nft/tc",
+        reason: "a wire-fault command failed",
+    };
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| {
+            report(&format!("{program} {args:?}: {e}"));
+            failed.clone()
+        })?;
+    if !output.status.success() {
+        report(&format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+        return Err(failed);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The `nft add rule` arguments: RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY (QP1), MAD
@@ -143,7 +162,8 @@ pub fn rule_args(table: &str, to: IpAddr, attribute: u16, action: MadAction) -> 
     args
 }
 
-fn parse_hits(listing: &str) -> Option<u64> {
+/// The packet count of the first `counter` in an `nft list` output.
+pub fn parse_hits(listing: &str) -> Option<u64> {
     listing
         .split("counter packets ")
         .nth(1)

@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use cm_core::{CmError, CmEventType};
@@ -23,6 +23,7 @@ pub(crate) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// under emulation (16 REP sends), so this leaves room without letting a hang last.
 pub(crate) const REP_RETRIES_BOUND: Duration = Duration::from_secs(100);
 
+#[allow(unused_imports)] // each test binary uses its own part
 pub(crate) use cm_testkit::{addresses, report, skip, Addresses};
 
 /// The VM's test setup.
@@ -118,25 +119,9 @@ pub(crate) fn expect_event(channel: &EventChannel, expected: CmEventType) -> CmE
 /// Whether `channel` has an event pending within `timeout`, without reading it: reading
 /// the active side's CONNECT_RESPONSE is what makes librdmacm send the RTU.
 pub(crate) fn wait_readable(channel: &EventChannel, timeout: Duration) -> bool {
-    let mut pollfd = libc::pollfd {
-        fd: channel.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    let deadline = Instant::now() + timeout;
-    loop {
-        // SAFETY: one valid pollfd for the duration of the call; the channel keeps the fd
-        // open.
-        let ready = unsafe { libc::poll(&mut pollfd, 1, millis) };
-        if ready > 0 {
-            return true;
-        }
-        if ready == 0 || Instant::now() >= deadline {
-            return false;
-        }
-        // EINTR: poll again (the deadline bounds the retries).
-    }
+    cm_sys::poll_readable(&[channel.as_fd()], Some(timeout))
+        .map(|ready| ready.is_ready(0))
+        .unwrap_or(false)
 }
 
 /// Polls `poll` until it yields a completion, for at most [`WAIT`].
@@ -235,117 +220,15 @@ pub(crate) const REP: u16 = 0x0013;
 /// CM MAD attribute id of an RTU.
 pub(crate) const RTU: u16 = 0x0014;
 
-/// What a [`CmMadRule`] does with the MADs it matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MadAction {
-    /// Count them and let them through.
-    Count,
-    /// Count them and drop them.
-    Drop,
-}
-
-/// An nftables table whose INPUT hook chain counts (and maybe drops) every CM MAD of one
-/// attribute addressed to one IP. Never the OUTPUT hook: a local send failure makes
-/// soft-RoCE retry in a tight loop (see the VM spec). The table is deleted on drop.
-#[derive(Debug)]
-pub(crate) struct CmMadRule {
-    nft: String,
-    table: String,
-}
-
-impl CmMadRule {
-    /// Installs the table `table` with one rule for `attribute` MADs to `to`.
-    pub(crate) fn install(
-        nft: &str,
-        table: &str,
-        to: IpAddr,
-        attribute: u16,
-        action: MadAction,
-    ) -> Result<CmMadRule, CmError> {
-        let guard = CmMadRule {
-            nft: nft.to_owned(),
-            table: table.to_owned(),
-        };
-        // A table left by a killed run would make `add chain` fail: start clean (quietly:
-        // normally there is none to delete).
-        let _ = std::process::Command::new(nft)
-            .args(["delete", "table", "inet", table])
-            .stderr(std::process::Stdio::null())
-            .status();
-        guard.run(&["add", "table", "inet", table])?;
-        guard.run(&[
-            "add",
-            "chain",
-            "inet",
-            table,
-            "input",
-            "{ type filter hook input priority 0; }",
-        ])?;
-        // RoCEv2 (UDP 4791), BTH opcode UD SEND_ONLY (QP1), MAD class CM, the attribute.
-        let verdict = match action {
-            MadAction::Count => "",
-            MadAction::Drop => " drop",
-        };
-        let rule = format!(
-            "ip daddr {to} udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 \
-             {attribute:#06x} counter{verdict}"
-        );
-        let mut args = vec!["add", "rule", "inet", table, "input"];
-        args.extend(rule.split(' '));
-        guard.run(&args)?;
-        Ok(guard)
-    }
-
-    fn run(&self, args: &[&str]) -> Result<String, CmError> {
-        run_tool(&self.nft, args)
-    }
-
-    /// How many MADs the rule matched so far.
-    pub(crate) fn hits(&self) -> Result<u64, CmError> {
-        first_counter(&self.run(&["list", "table", "inet", &self.table])?)
-    }
-}
-
-impl Drop for CmMadRule {
-    fn drop(&mut self) {
-        let _ = self.run(&["delete", "table", "inet", &self.table]);
-    }
-}
-
-/// Runs `program` with `args`; its stdout, or an error after reporting its stderr.
-fn run_tool(program: &str, args: &[&str]) -> Result<String, CmError> {
-    let failed = CmError::InvalidArgument {
-        op: "nft/tc",
-        reason: "a wire-fault command failed",
-    };
-    let output = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| {
-            report(&format!("{program} {args:?}: {e}"));
-            failed.clone()
-        })?;
-    if !output.status.success() {
-        report(&format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-        return Err(failed);
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
+#[allow(unused_imports)] // each test binary uses its own part
+pub(crate) use cm_testkit::{run_tool, CmMadRule, MadAction};
 
 /// The packet count of the first `counter` in an `nft list` output.
 fn first_counter(listing: &str) -> Result<u64, CmError> {
-    listing
-        .split("counter packets ")
-        .nth(1)
-        .and_then(|after| after.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .ok_or(CmError::InvalidArgument {
-            op: "nft list table",
-            reason: "no counter in the listing",
-        })
+    cm_testkit::parse_hits(listing).ok_or(CmError::InvalidArgument {
+        op: "nft list",
+        reason: "no counter in the listing",
+    })
 }
 
 /// Every CM RTU to one address held back on the wire by netem: an nftables rule in the

@@ -13,6 +13,7 @@
 //! completion is the only trigger; on the VM's COMM_EST device (`rxe-reload comm-est`)
 //! `comm_est_pump` covers the same rescue with COMM_EST as the trigger.
 
+#[path = "../../cm-sys/tests/common/mod.rs"]
 mod common;
 
 use std::net::IpAddr;

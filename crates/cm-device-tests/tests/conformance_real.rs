@@ -16,6 +16,7 @@
 //! runs on lane B while every other runs on lane A, so the suite takes about as long as
 //! that one scenario.
 
+#[path = "../../cm-sys/tests/common/mod.rs"]
 mod common;
 
 use std::net::{IpAddr, SocketAddr};

@@ -14,6 +14,7 @@
 //! a loop that drains the async fd after polling the CQ and before handing the
 //! completions to the pump always shows the pump COMM_EST first.
 
+#[path = "../../cm-sys/tests/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};
