@@ -109,13 +109,17 @@ pub(crate) fn ci_step(kernel: &str) -> Result<String, String> {
     })
 }
 
-/// Where the VM's files go: `<target dir>/vm`.
-fn vm_dir() -> PathBuf {
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+/// The workspace's target directory (`CARGO_TARGET_DIR`, or `target`).
+pub(crate) fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => workspace_root().join(dir),
         None => workspace_root().join("target"),
-    };
-    target.join("vm")
+    }
+}
+
+/// Where the VM's files go: `<target dir>/vm`.
+fn vm_dir() -> PathBuf {
+    target_dir().join("vm")
 }
 
 /// Where one kernel's run goes (share, image, console log): `<target dir>/vm` for the

@@ -6,9 +6,9 @@
 //! which `ci/vm/init` runs in order.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
-use crate::run::cargo;
+use crate::run::{cargo, status, workspace_root};
 use crate::vm::console::TEST_ENTRY_PREFIX;
 
 /// The manifest, relative to the workspace root.
@@ -34,6 +34,9 @@ pub(crate) enum Item {
         /// Appended to the entry names (`label=NAME`), to tell apart a second run of
         /// the same executable (e.g. on another device).
         label: Option<String>,
+        /// Built with ThreadSanitizer (`tsan`: the nightly toolchain, `-Zsanitizer=thread`
+        /// with a rebuilt standard library) and run with any report failing the test.
+        tsan: bool,
     },
     /// A named binary, put on PATH inside.
     CargoBin {
@@ -91,9 +94,12 @@ fn parse_item(line: &str) -> Result<Item, String> {
             let mut timeout_secs = TEST_TIMEOUT_SECS;
             let mut test = None;
             let mut label = None;
+            let mut tsan = false;
             let mut rest = Vec::new();
             for word in words {
-                if let Some(secs) = word.strip_prefix("timeout=") {
+                if word == "tsan" {
+                    tsan = true;
+                } else if let Some(secs) = word.strip_prefix("timeout=") {
                     timeout_secs = secs.parse().map_err(|_| bad())?;
                 } else if let Some(name) = word.strip_prefix("test=") {
                     test = Some(name.to_string()).filter(|n| !n.is_empty());
@@ -116,6 +122,7 @@ fn parse_item(line: &str) -> Result<Item, String> {
                 timeout_secs,
                 test,
                 label,
+                tsan,
             })
         }
         "cargo-bin" => match words.as_slice() {
@@ -211,6 +218,7 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 timeout_secs,
                 test,
                 label,
+                tsan,
             } => {
                 let mut args = vec!["test", "--no-run", "--message-format=json", "-p", &package];
                 if let Some(f) = &features {
@@ -219,9 +227,17 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 if let Some(name) = &test {
                     args.extend(["--test", name]);
                 }
+                if tsan {
+                    args.extend(["-Zbuild-std", "--target", TSAN_TARGET]);
+                }
                 // Only test harnesses: `cargo test` also builds the package's examples and
                 // binaries, which are not tests and expect arguments of their own.
-                let executables = cargo_test_executables(&args)?;
+                let executables = if tsan {
+                    tsan_prerequisites()?;
+                    test_executables(&run_json(&mut tsan_cargo(&args))?)
+                } else {
+                    cargo_test_executables(&args)?
+                };
                 if executables.is_empty() {
                     return Err(format!(
                         "`cargo test -p {package}` built no test executable"
@@ -230,7 +246,13 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 for exe in executables {
                     let file = copy_into(&exe, &bin, None)?;
                     payload.executables.push(exe);
-                    let script = format!("exec /mnt/host/bin/{file} --test-threads=1\n");
+                    // Any ThreadSanitizer report fails the test (exit 66).
+                    let env = if tsan {
+                        "TSAN_OPTIONS=halt_on_error=1 "
+                    } else {
+                        ""
+                    };
+                    let script = format!("{env}exec /mnt/host/bin/{file} --test-threads=1\n");
                     let suffix = label.as_ref().map_or(String::new(), |l| format!(" {l}"));
                     add_entry(
                         &mut payload,
@@ -301,13 +323,65 @@ fn cargo_test_executables(args: &[&str]) -> Result<Vec<PathBuf>, String> {
 /// messages, one per line.
 fn cargo_json(args: &[&str]) -> Result<String, String> {
     println!("vm: cargo {}", args.join(" "));
-    let out = cargo(args)
+    run_json(&mut cargo(args))
+}
+
+/// The target triple ThreadSanitizer builds name (`-Zbuild-std` needs one).
+const TSAN_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// `cargo` on the nightly toolchain with ThreadSanitizer, in a target directory of its
+/// own (`<target>/tsan`) so that the ordinary builds stay as they are.
+fn tsan_cargo(args: &[&str]) -> Command {
+    println!(
+        "vm: RUSTFLAGS=-Zsanitizer=thread cargo +nightly {}",
+        args.join(" ")
+    );
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo"])
+        .args(args)
+        .current_dir(workspace_root())
+        .env("RUSTFLAGS", "-Zsanitizer=thread")
+        .env("CARGO_TARGET_DIR", crate::vm::target_dir().join("tsan"))
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env_remove("RUSTUP_TOOLCHAIN");
+    cmd
+}
+
+/// The nightly toolchain and its standard library's source, which `-Zbuild-std` needs;
+/// the source component is added when missing (it comes from the toolchain's own
+/// distribution, like the toolchain).
+fn tsan_prerequisites() -> Result<(), String> {
+    let installed = Command::new("rustup")
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .output()
+        .map_err(|e| format!("ThreadSanitizer build: cannot run rustup: {e}"))?;
+    if !installed.status.success() {
+        return Err(
+            "ThreadSanitizer build: no nightly toolchain (rustup toolchain install nightly)".into(),
+        );
+    }
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|l| l.trim() == "rust-src")
+    {
+        return Ok(());
+    }
+    status(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+        .map_err(|e| format!("ThreadSanitizer build needs nightly's rust-src: {e}"))
+}
+
+/// Runs `cmd` and returns its standard output (cargo's JSON messages).
+fn run_json(cmd: &mut Command) -> Result<String, String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("could not start cargo: {e}"))?;
+        .map_err(|e| format!("could not start {shown}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
+        return Err(format!("{shown} failed ({})", out.status));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -371,6 +445,7 @@ cargo-test cm-sys
 cargo-test cm-verbs real-device,extra timeout=90
 cargo-test cm-sys test=notify_overhead
 cargo-test cm-sys test=conformance_real label=comm-est
+cargo-test cm-sys test=fields_race tsan label=tsan
 cargo-bin cm-sys notify-peer
 exec ibv-devices ibv_devices
 exec rping timeout=30 \\
@@ -387,6 +462,7 @@ exec rping timeout=30 \\
                     timeout_secs: TEST_TIMEOUT_SECS,
                     test: None,
                     label: None,
+                    tsan: false,
                 },
                 Item::CargoTest {
                     package: "cm-verbs".into(),
@@ -394,6 +470,7 @@ exec rping timeout=30 \\
                     timeout_secs: 90,
                     test: None,
                     label: None,
+                    tsan: false,
                 },
                 Item::CargoTest {
                     package: "cm-sys".into(),
@@ -401,6 +478,7 @@ exec rping timeout=30 \\
                     timeout_secs: TEST_TIMEOUT_SECS,
                     test: Some("notify_overhead".into()),
                     label: None,
+                    tsan: false,
                 },
                 Item::CargoTest {
                     package: "cm-sys".into(),
@@ -408,6 +486,15 @@ exec rping timeout=30 \\
                     timeout_secs: TEST_TIMEOUT_SECS,
                     test: Some("conformance_real".into()),
                     label: Some("comm-est".into()),
+                    tsan: false,
+                },
+                Item::CargoTest {
+                    package: "cm-sys".into(),
+                    features: None,
+                    timeout_secs: TEST_TIMEOUT_SECS,
+                    test: Some("fields_race".into()),
+                    label: Some("tsan".into()),
+                    tsan: true,
                 },
                 Item::CargoBin {
                     package: "cm-sys".into(),

@@ -63,7 +63,10 @@ pub(crate) fn command(config: &VmConfig) -> Command {
         Accel::Kvm => cmd.args(["-accel", "kvm"]),
         Accel::Tcg => cmd.args(["-accel", "tcg,thread=multi"]),
     };
-    cmd.args(["-m", &config.memory_mib.to_string()])
+    // Every CPU feature the accelerator can give: the ThreadSanitizer runtime uses
+    // SSE4.1, which qemu's default CPU model lacks.
+    cmd.args(["-cpu", "max"])
+        .args(["-m", &config.memory_mib.to_string()])
         .args(["-smp", &config.cpus.to_string()])
         .args(["-nodefaults", "-no-reboot", "-display", "none"])
         .args(["-monitor", "none", "-serial", "stdio"])
