@@ -128,9 +128,10 @@ impl AsyncEndpoint {
                 return found;
             }
             self.sync_fds()?;
-            let deadline = self.endpoint.next_deadline().map(|d| {
+            // A deadline beyond what the clock can count is no deadline.
+            let deadline = self.endpoint.next_deadline().and_then(|d| {
                 let left = d.saturating_sub(cm_core::Transport::now(self.endpoint.transport()));
-                tokio::time::Instant::now() + left
+                tokio::time::Instant::now().checked_add(left)
             });
             let watched = &self.watched;
             // Readiness is cleared only here, just before the endpoint reads every

@@ -109,6 +109,49 @@ pub(crate) fn ci_step(kernel: &str) -> Result<String, String> {
     })
 }
 
+/// Prints the real-kernel fault rows the payload reported and adds them to
+/// `target/fault-matrix.md` (whose simulated rows the host tests wrote), one section per
+/// kernel.
+fn record_fault_rows(release: &str, log: &str) {
+    let rows = fault_rows(log);
+    if rows.is_empty() {
+        return;
+    }
+    let mut section = format!(
+        "\n## Real kernel {release} (soft-RoCE VM)\n\n{}\n",
+        cm_testkit::FaultRow::TABLE_HEADER
+    );
+    for row in &rows {
+        println!(
+            "vm: fault {}: {} connections, {} established, {} rescued, {} failed, {} leaked ids",
+            row.fault, row.connections, row.established, row.rescued, row.failed, row.leaked_ids
+        );
+        section.push_str(&row.table_row());
+        section.push('\n');
+    }
+    let path = target_dir().join("fault-matrix.md");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, section.as_bytes()));
+    if let Err(e) = written {
+        println!(
+            "vm: could not add the fault rows to {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// The fault rows in a console log (a test's stderr may share the line with libtest's
+/// `test … ` prefix).
+fn fault_rows(log: &str) -> Vec<cm_testkit::FaultRow> {
+    log.lines()
+        .filter_map(|line| line.split_once(cm_testkit::FAULT_PREFIX))
+        .filter_map(|(_, row)| cm_testkit::FaultRow::from_line(row.trim_end()))
+        .collect()
+}
+
 /// The workspace's target directory (`CARGO_TARGET_DIR`, or `target`).
 pub(crate) fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
@@ -207,6 +250,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
         ),
     };
     println!("vm: {summary}");
+    record_fault_rows(&release, &log);
     println!("vm: console log: {}", config.console_log.display());
     if !problems.is_empty() {
         return Err(format!(
@@ -298,6 +342,14 @@ fn print_entries(report: &ConsoleReport) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fault_rows_are_read_from_the_console() {
+        let log = "boot\ntest random ... cm-fault: RTUs dropped\t200\t200\t53\t0\t0\nok\ncm-fault: broken line\n";
+        let rows = super::fault_rows(log);
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].connections, rows[0].rescued), (200, 53));
+    }
+
     use super::*;
 
     #[test]
