@@ -32,6 +32,44 @@ const REMOVAL_RETRY: Duration = Duration::from_millis(50);
 pub struct RdmaDevice {
     events: AsyncEvents,
     completions: CompletionChannel,
+    /// Holds the device's place in [`READERS`] while this reader lives.
+    _claim: ReaderClaim,
+}
+
+/// The device contexts an endpoint of this process reads. A device's asynchronous
+/// events form one stream per context: two readers would each get part of them, and a
+/// COMM_EST read by the wrong one would never reach its connection's CM. So a second
+/// endpoint on a device is refused, with a typed error, instead of losing events.
+static READERS: std::sync::Mutex<Vec<DeviceKey>> = std::sync::Mutex::new(Vec::new());
+
+/// One device context's entry in [`READERS`], removed on drop.
+#[derive(Debug)]
+struct ReaderClaim(DeviceKey);
+
+impl ReaderClaim {
+    fn take(key: DeviceKey) -> Result<ReaderClaim, CmError> {
+        let mut readers = READERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if readers.contains(&key) {
+            return Err(CmError::Busy {
+                op: "open_device",
+                reason: "another endpoint of this process reads this device's events: \
+                         share one Endpoint among the listeners and connections on a device",
+            });
+        }
+        readers.push(key);
+        Ok(ReaderClaim(key))
+    }
+}
+
+impl Drop for ReaderClaim {
+    fn drop(&mut self) {
+        let mut readers = READERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        readers.retain(|key| *key != self.0);
+    }
 }
 
 impl RdmaDevice {
@@ -258,11 +296,13 @@ impl Transport for RdmaTransport {
 
     fn open_device(&mut self, id: &CmId) -> Result<RdmaDevice, CmError> {
         let events = id.async_events()?;
+        let claim = ReaderClaim::take(events.device_key())?;
         events.set_nonblocking(true)?;
         let completions = CompletionChannel::new(id)?;
         Ok(RdmaDevice {
             events,
             completions,
+            _claim: claim,
         })
     }
 

@@ -144,7 +144,10 @@ enum Owner {
 ///
 /// Device contexts are read once each, whatever number of listeners and connections
 /// share them, and every CM-bound asynchronous event is routed to the connection that
-/// owns its QP.
+/// owns its QP. A device's asynchronous events form one stream per process, so put every
+/// listener and connection on a device in one endpoint: the real backend refuses a
+/// second endpoint on a device ([`cm_core::CmError::Busy`]) rather than let the two
+/// split its COMM_ESTs.
 pub struct Endpoint<T: Transport> {
     transport: T,
     pump: NotifyPump<T::Id>,
