@@ -1,4 +1,5 @@
-//! The ABI numbers and strings of cm-core match the spec and the C libraries.
+//! The ABI numbers and strings of cm-core match the C libraries (the tables of
+//! docs/notify-semantics.md, "Numbers").
 
 use cm_core::{AsyncEventType, CmEventType, CmIdState, EventObject, IbCmState};
 

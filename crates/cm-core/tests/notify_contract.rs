@@ -7,7 +7,7 @@ use cm_core::{
 };
 
 #[test]
-fn errno_table_is_the_spec_table() {
+fn errno_table_is_the_documented_table() {
     let table: [(i32, Result<NotifyOutcome, NotifyError>); 7] = [
         (0, Ok(NotifyOutcome::Established)),
         (106, Ok(NotifyOutcome::AlreadyEstablished)),

@@ -150,13 +150,13 @@ pub enum Verdict {
 /// the backend did. cm-mock's one error type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConformanceError {
-    /// A check saw something other than the spec's answer.
+    /// A check saw something other than the documented answer (docs/notify-semantics.md).
     Mismatch {
         /// The scenario.
         scenario: &'static str,
         /// The check within it.
         check: String,
-        /// The spec's answer.
+        /// The documented answer.
         expected: String,
         /// The backend's answer.
         got: String,
@@ -195,7 +195,8 @@ impl fmt::Display for ConformanceError {
 
 impl std::error::Error for ConformanceError {}
 
-/// A notify answer written the way the spec writes it: "0", "EISCONN", "EINVAL (22)".
+/// A notify answer written with its errno, as docs/notify-semantics.md writes it: "0",
+/// "EISCONN", "EINVAL (22)".
 pub fn describe_notify(result: &Result<NotifyOutcome, NotifyError>) -> String {
     match result {
         Ok(NotifyOutcome::Established) => "Ok(Established) (0)".to_owned(),
@@ -642,7 +643,7 @@ fn dreq_before_work_item_suppresses_established<H: Harness>(
     Ok(Verdict::Passed)
 }
 
-/// The spec's answer for any event number other than COMM_EST: PATH_MIG is accepted
+/// The answer for any event number other than COMM_EST (docs/notify-semantics.md): PATH_MIG is accepted
 /// only on an ESTABLISHED id (LAP state UNINIT), everything else is EINVAL.
 fn other_event_numbers<H: Harness>(h: &mut H) -> Result<Verdict, ConformanceError> {
     let cx = Ctx {

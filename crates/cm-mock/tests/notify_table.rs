@@ -1,6 +1,6 @@
 //! notify's answer in every one of the 16 IB CM states, for every event number: ids are
 //! driven into each state by the handshake where it can reach it (and by the test hook
-//! for the SIDR states), then checked against the spec's table written out here.
+//! for the SIDR states), then checked against the table of docs/notify-semantics.md, written out here.
 
 use std::time::Duration;
 
@@ -14,8 +14,8 @@ use cm_mock::sim::{
 const PORT: u16 = 7471;
 const MS: Duration = Duration::from_millis(1);
 
-/// The spec's table (notify-semantics.md), independent of the code under test.
-fn spec(state: IbCmState, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
+/// The IB CM table of docs/notify-semantics.md, independent of the code under test.
+fn documented(state: IbCmState, event: AsyncEventType) -> Result<NotifyOutcome, NotifyError> {
     match (event, state) {
         (AsyncEventType::CommEst, IbCmState::RepSent | IbCmState::MraRepRcvd) => {
             Ok(NotifyOutcome::Established)
@@ -181,7 +181,7 @@ fn event_numbers() -> Vec<AsyncEventType> {
 
 fn check_state(w: &mut World, id: &SimCmId, server: bool, state: IbCmState, how: &str) {
     for event in event_numbers() {
-        let expected = spec(state, event);
+        let expected = documented(state, event);
         let got = id.notify(event);
         assert_eq!(
             got,
@@ -203,7 +203,7 @@ fn check_state(w: &mut World, id: &SimCmId, server: bool, state: IbCmState, how:
     w.fabric.advance(MS);
     let channel = if server { &mut w.server } else { &mut w.client };
     let events = drain(channel);
-    let forced = spec(state, AsyncEventType::CommEst) == Ok(NotifyOutcome::Established);
+    let forced = documented(state, AsyncEventType::CommEst) == Ok(NotifyOutcome::Established);
     let rep_pending = !server && matches!(state, IbCmState::RepRcvd | IbCmState::MraRepSent);
     let established = events
         .iter()

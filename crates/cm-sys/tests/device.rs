@@ -1,5 +1,6 @@
-//! The measured facts of the spec, on a real RDMA device (soft-RoCE in the test VM:
-//! `cargo xtask vm`). Without a device every test records a skip and returns.
+//! The kernel facts of docs/notify-semantics.md ("Measured on the real kernel"; figures in
+//! docs/spec-notes.md), on a real RDMA device (soft-RoCE in the test VM: `cargo xtask vm`).
+//! Without a device every test records a skip and returns.
 //!
 //! Addresses: `CMNOTIFY_ADDR_A` (listener side) and `CMNOTIFY_ADDR_B` (connecting side),
 //! set by the VM's /init (10.77.1.1 and 10.77.1.2 on two soft-RoCE devices over a veth).
@@ -186,7 +187,7 @@ fn loopback_connection_establishes_then_notify_is_already_established() {
     assert_eq!(established.id(), Some(&server));
     established.ack().expect("ack");
 
-    // The spec's measured fact: after ESTABLISHED, notify is EISCONN on either side.
+    // Measured (docs/spec-notes.md): after ESTABLISHED, notify is EISCONN on either side.
     assert_eq!(
         server.notify(AsyncEventType::CommEst),
         Ok(NotifyOutcome::AlreadyEstablished)
