@@ -16,6 +16,9 @@
 
 #[path = "../../cm-sys/tests/common/mod.rs"]
 mod common;
+mod pump;
+
+use pump::teardown;
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +44,20 @@ struct Observed {
 /// The application's loop over one connection: receive completions, device async events
 /// and CM events into the pump, for [`WAIT`], or until `after` past the passive side's
 /// first ESTABLISHED.
+/// Prints what one run of the loop saw, for the console log.
+fn report_run(label: &str, raises: bool, seen: &Observed, pump: &NotifyPump<cm_sys::CmId>) {
+    for event in &seen.pump_events {
+        common::report(&format!("comm_est_pump ({label}): {event:?}"));
+    }
+    common::report(&format!(
+        "comm_est_pump ({label}): device raises COMM_EST: {raises}; async events {:?}; \
+         passive CM events {:?}; counters {:?}",
+        seen.async_events,
+        seen.cm_events,
+        pump.counters()
+    ));
+}
+
 fn run_loop(
     conn: &EarlySender,
     device: &AsyncEvents,
@@ -89,23 +106,6 @@ fn event_is_established(events: &[(CmEventType, i32)]) -> bool {
     events.last() == Some(&(CmEventType::Established, 0))
 }
 
-/// Both sides disconnect, each answering the other's DISCONNECTED; the pump gives the id
-/// back.
-fn teardown(conn: &EarlySender, pump: &mut NotifyPump<cm_sys::CmId>) {
-    conn.active.disconnect().expect("active disconnect");
-    let disconnected = expect_event(&conn.server, CmEventType::Disconnected);
-    assert_eq!(
-        pump.on_cm_event(disconnected.event_type(), disconnected.qp_num()),
-        Some(conn.passive.clone())
-    );
-    disconnected.ack().expect("ack");
-    conn.passive.disconnect().expect("passive disconnect");
-    expect_event(&conn.client, CmEventType::Disconnected)
-        .ack()
-        .expect("ack");
-    assert!(pump.is_empty());
-}
-
 /// The COMM_EST events of `events`, as the QPs they name.
 fn comm_est_qps(events: &[AsyncEvent]) -> Vec<Option<cm_core::QpNum>> {
     events
@@ -142,16 +142,7 @@ fn comm_est_from_the_device_rescues_a_lost_rtu_through_the_pump() {
     let device = conn.passive.async_events().expect("async events");
     conn.send_early();
     let seen = run_loop(&conn, &device, &mut pump, AFTER_ESTABLISHED);
-    for event in &seen.pump_events {
-        common::report(&format!("comm_est_pump (lost RTU): {event:?}"));
-    }
-    common::report(&format!(
-        "comm_est_pump (lost RTU): device raises COMM_EST: {raises}; async events {:?}; \
-         passive CM events {:?}; counters {:?}",
-        seen.async_events,
-        seen.cm_events,
-        pump.counters()
-    ));
+    report_run("lost RTU", raises, &seen, &pump);
 
     assert_eq!(seen.received.len(), 1, "{:?}", seen.received);
     assert_eq!(
@@ -237,16 +228,7 @@ fn comm_est_after_the_rtu_is_eisconn_and_harmless() {
     conn.send_early();
     // No further ESTABLISHED is expected, so the loop runs its whole bound.
     let seen = run_loop(&conn, &device, &mut pump, Duration::ZERO);
-    for event in &seen.pump_events {
-        common::report(&format!("comm_est_pump (RTU first): {event:?}"));
-    }
-    common::report(&format!(
-        "comm_est_pump (RTU first): device raises COMM_EST: {raises}; async events {:?}; \
-         passive CM events {:?}; counters {:?}",
-        seen.async_events,
-        seen.cm_events,
-        pump.counters()
-    ));
+    report_run("RTU first", raises, &seen, &pump);
 
     assert_eq!(seen.received.len(), 1, "{:?}", seen.received);
     assert_eq!(seen.received[0].qp_num, qp);

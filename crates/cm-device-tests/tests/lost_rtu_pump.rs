@@ -15,6 +15,9 @@
 
 #[path = "../../cm-sys/tests/common/mod.rs"]
 mod common;
+mod pump;
+
+use pump::teardown;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -23,8 +26,7 @@ use cm_core::{errno, AsyncEventType, CmEventType, NotifyError, NotifyOutcome};
 use cm_verbs::{NotifyPump, Progress, PumpEvent, Role, Trigger};
 
 use common::{
-    expect_event, wait_completion, CmMadRule, EarlySender, MadAction, EARLY, REP_RETRIES_BOUND,
-    RTU, WAIT,
+    wait_completion, CmMadRule, EarlySender, MadAction, EARLY, REP_RETRIES_BOUND, RTU, WAIT,
 };
 
 /// How long the pumped connection is watched after its ESTABLISHED for a second one:
@@ -116,18 +118,7 @@ fn with_pump(passive_addr: IpAddr, active_addr: IpAddr) {
     );
 
     // Teardown: each side answers the other's DISCONNECTED with its own disconnect.
-    conn.active.disconnect().expect("active disconnect");
-    let disconnected = expect_event(&conn.server, CmEventType::Disconnected);
-    assert_eq!(
-        pump.on_cm_event(disconnected.event_type(), disconnected.qp_num()),
-        Some(conn.passive.clone())
-    );
-    disconnected.ack().expect("ack");
-    conn.passive.disconnect().expect("passive disconnect");
-    expect_event(&conn.client, CmEventType::Disconnected)
-        .ack()
-        .expect("ack");
-    assert!(pump.is_empty());
+    teardown(&conn, &mut pump);
 }
 
 /// The connection nobody notifies: data arrives, the REP retries run out, UNREACHABLE.

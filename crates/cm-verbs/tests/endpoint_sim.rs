@@ -74,6 +74,16 @@ impl Pair {
 }
 
 impl Pair {
+    /// Listens on [`PORT`], connects once and accepts: the listener and the connection.
+    fn one_accepted(&mut self) -> (cm_verbs::ListenerId, ConnectionId) {
+        let listener = self
+            .server
+            .listen(self.server.transport().addr(PORT), ListenOptions::default())
+            .unwrap();
+        self.connect(1, b"");
+        (listener, self.server.accept(SECOND).unwrap())
+    }
+
     /// Listens with a 100 ms establish deadline, connects once, and checks that an
     /// accept waiting 50 ms times out and the connection then closes with
     /// `CloseReason::TimedOut`.
@@ -450,12 +460,7 @@ fn two_listeners_on_one_device_share_its_reader_and_both_get_their_rescues() {
 #[test]
 fn a_removed_device_closes_its_listener_and_connections_and_its_reader() {
     let mut pair = pair(SimConfig::default(), 10, &[]);
-    let listener = pair
-        .server
-        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
-        .unwrap();
-    pair.connect(1, b"");
-    let conn = pair.server.accept(SECOND).unwrap();
+    let (listener, conn) = pair.one_accepted();
     let told = pair.server.transport().node().remove_device().unwrap();
     assert_eq!(told, 2, "the listener's id and the connection's");
     let mut ended = Vec::new();
@@ -491,12 +496,7 @@ fn a_removed_device_closes_its_listener_and_connections_and_its_reader() {
 #[test]
 fn a_fatal_device_error_ends_what_is_on_the_device_and_is_reported_first() {
     let mut pair = pair(SimConfig::default(), 11, &[]);
-    let listener = pair
-        .server
-        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
-        .unwrap();
-    pair.connect(1, b"");
-    let conn = pair.server.accept(SECOND).unwrap();
+    let (listener, conn) = pair.one_accepted();
     let fatal = cm_verbs::AsyncEvent {
         event_type: cm_verbs::AsyncEventType::DeviceFatal,
         element: cm_verbs::core::EventElement::Port(1),
