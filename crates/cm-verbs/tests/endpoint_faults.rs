@@ -137,30 +137,24 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
     server
         .listen(listen, ListenOptions::default())
         .expect("listen");
-    let src = SocketAddr::new(addrs.addr_b, 0);
-    let options = move || ConnectOptions {
-        source: Some(src),
-        ..ConnectOptions::default()
-    };
-    // The peer that dies: one message, then its whole endpoint goes (ids destroyed, as
-    // when its process is killed) without a disconnect.
-    let doomed = std::thread::spawn(move || {
-        let mut client = common::endpoint();
-        let conn = client.connect(listen, options()).expect("connect");
-        client.established(conn, WAIT).expect("established");
-        client.send(conn, b"last words").expect("send");
-        client.recv(conn, WAIT).expect("echo");
-        drop(client);
-    });
-    let healthy = std::thread::spawn(move || {
-        let mut client = common::endpoint();
-        let conn = client.connect(listen, options()).expect("connect");
-        client.established(conn, WAIT).expect("established");
+    let src = addrs.addr_b;
+    // The peers, one after the other (one endpoint per device in a process): the one
+    // that dies sends one message, then its whole endpoint goes without a disconnect (ids
+    // destroyed, as when its process is killed); the other is served as usual.
+    let peers = std::thread::spawn(move || {
+        let mut doomed = common::endpoint();
+        let conn = common::connected(&mut doomed, src, listen);
+        doomed.send(conn, b"last words").expect("send");
+        doomed.recv(conn, WAIT).expect("echo");
+        drop(doomed);
+
+        let mut healthy = common::endpoint();
+        let conn = common::connected(&mut healthy, src, listen);
         for i in 0..3u8 {
-            client.send(conn, &[i]).expect("send");
-            assert_eq!(client.recv(conn, WAIT).expect("echo"), [i]);
+            healthy.send(conn, &[i]).expect("send");
+            assert_eq!(healthy.recv(conn, WAIT).expect("echo"), [i]);
         }
-        client.disconnect(conn).expect("disconnect");
+        healthy.disconnect(conn).expect("disconnect");
     });
     let (mut established, mut closed, mut echoed) = (0u64, Vec::new(), 0);
     while closed.len() < 2 {
@@ -178,8 +172,7 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
             other => report(&format!("peer killed: also saw {other:?}")),
         }
     }
-    doomed.join().expect("doomed peer");
-    healthy.join().expect("healthy peer");
+    peers.join().expect("the peers");
     report(&format!("peer killed: echoed {echoed}, closed {closed:?}"));
     let connections = server.connection_count();
     drop(server);
