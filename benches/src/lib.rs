@@ -29,13 +29,13 @@ pub mod sim;
 /// Whether the benches run in smoke mode (`CMNOTIFY_BENCH_SMOKE=1`, set by the CI smoke
 /// step): small samples, and the largest scale point skipped.
 pub fn smoke_mode() -> bool {
-    std::env::var("CMNOTIFY_BENCH_SMOKE").is_ok_and(|v| v == "1")
+    std::env::var(cm_testkit::env::BENCH_SMOKE).is_ok_and(|v| v == "1")
 }
 
 /// What machine the figures come from, for the report: the VM (qemu TCG: absolute
 /// times are emulation times) or the host's CPU.
 pub fn machine_label() -> String {
-    if std::env::var("CMNOTIFY_VM").is_ok_and(|v| v == "1") {
+    if std::env::var(cm_testkit::env::VM).is_ok_and(|v| v == "1") {
         return "VM (qemu TCG, soft-RoCE; absolute times are emulation)".to_string();
     }
     format!("host ({})", cm_testkit::host_cpu())

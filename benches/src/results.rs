@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// The output folder: `CMNOTIFY_BENCH_OUT`, else `cm-benches` in the cargo target folder.
 pub fn out_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CMNOTIFY_BENCH_OUT") {
+    if let Some(dir) = std::env::var_os(cm_testkit::env::BENCH_OUT) {
         return PathBuf::from(dir);
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")

@@ -94,8 +94,8 @@ pub fn heap_kept_warm() -> bool {
     std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.trim_threshold"))
 }
 
-/// The connection counts of the scale curve.
-pub const SCALE_POINTS: [u32; 3] = [1_000, 10_000, 100_000];
+/// The connection counts of the scale curve (one list, in cm-testkit).
+pub use cm_testkit::SCALE_POINTS;
 
 /// The probability of losing each RTU in the scale runs.
 pub const SCALE_RTU_LOSS: f64 = 0.1;

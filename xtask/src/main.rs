@@ -4,6 +4,7 @@
 
 mod bench;
 mod ci;
+mod counts;
 mod deps;
 mod fuzz;
 mod run;

@@ -9,6 +9,8 @@ pub mod errno {
     pub const EPERM: i32 = 1;
     /// No such file or directory: unknown id handle.
     pub const ENOENT: i32 = 2;
+    /// Input/output error: what an I/O error that carries no errno is reported as.
+    pub const EIO: i32 = 5;
     /// No such device or address: the id is being destroyed.
     pub const ENXIO: i32 = 6;
     /// Try again: a non-blocking read found nothing.
@@ -35,6 +37,7 @@ pub mod errno {
         Some(match errno {
             EPERM => "EPERM",
             ENOENT => "ENOENT",
+            EIO => "EIO",
             ENXIO => "ENXIO",
             EAGAIN => "EAGAIN",
             ENOMEM => "ENOMEM",
@@ -192,6 +195,12 @@ pub enum CmError {
 }
 
 impl CmError {
+    /// The error of a system call made through `std::io` (a socket, a readiness wait):
+    /// its errno, or EIO when it carries none.
+    pub fn from_io(op: &'static str, error: &std::io::Error) -> Self {
+        CmError::from_errno(op, error.raw_os_error().unwrap_or(errno::EIO))
+    }
+
     /// Builds the error for a call that failed with `errno`, telling "no device" apart.
     pub const fn from_errno(op: &'static str, errno: i32) -> Self {
         match errno {

@@ -23,6 +23,12 @@ mod figure;
 pub use figure::{Figure, FIGURE_PREFIX};
 
 use std::io::Write as _;
+pub mod env;
+
+/// The connection counts of the scale curve: what the benches run and the bench
+/// report reads.
+pub const SCALE_POINTS: [u32; 3] = [1_000, 10_000, 100_000];
+
 mod fault_row;
 mod nft;
 
@@ -34,7 +40,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 /// The environment variable naming the skip log.
-pub const SKIP_LOG_VAR: &str = "CMNOTIFY_SKIP_LOG";
+pub const SKIP_LOG_VAR: &str = env::SKIP_LOG;
 
 /// Records that `test` skipped for want of an RDMA device, and why.
 pub fn skip(test: &str, reason: &str) {
@@ -91,7 +97,7 @@ pub fn probe_addresses() -> Result<Addresses, String> {
         return Err("/sys/class/infiniband is empty".into());
     }
     let addr = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    let (Some(addr_a), Some(addr_b)) = (addr("CMNOTIFY_ADDR_A"), addr("CMNOTIFY_ADDR_B")) else {
+    let (Some(addr_a), Some(addr_b)) = (addr(env::ADDR_A), addr(env::ADDR_B)) else {
         return Err(
             "a device exists but CMNOTIFY_ADDR_A/CMNOTIFY_ADDR_B name no test addresses".into(),
         );

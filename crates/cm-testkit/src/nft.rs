@@ -93,7 +93,7 @@ impl CmMadRule {
 
     /// The nft executable named by `CMNOTIFY_NFT`, if any.
     pub fn nft_from_env() -> Option<String> {
-        std::env::var("CMNOTIFY_NFT").ok()
+        crate::env::var(crate::env::NFT)
     }
 
     fn run(&self, args: &[&str]) -> Result<String, CmError> {

@@ -48,10 +48,7 @@ pub struct AsyncEndpoint {
 }
 
 fn readiness(error: std::io::Error) -> ConnError {
-    ConnError::Cm(CmError::from_errno(
-        "tokio readiness",
-        error.raw_os_error().unwrap_or(cm_core::errno::EINVAL),
-    ))
+    ConnError::Cm(CmError::from_io("tokio readiness", &error))
 }
 
 impl AsyncEndpoint {

@@ -72,10 +72,7 @@ impl<I: CmId> AsyncEventLoop<I> {
             }
             // Both were empty: wait for either to become readable. Readiness is cleared
             // only after a read found nothing, so no wake-up is lost.
-            let readiness = |e: std::io::Error| CmError::Os {
-                op: "tokio readiness",
-                errno: cm_core::Errno(e.raw_os_error().unwrap_or(cm_core::errno::EINVAL)),
-            };
+            let readiness = |e: std::io::Error| CmError::from_io("tokio readiness", &e);
             tokio::select! {
                 guard = self.device.readable() => {
                     let mut guard = guard.map_err(readiness)?;

@@ -195,11 +195,8 @@ fn duplicate(fd: impl AsFd) -> Result<OwnedFd, CmError> {
         .map_err(|e| io_error("dup", &e))
 }
 
-/// EIO, for the (never seen) I/O error of a socket call that carries no errno.
-const EIO: i32 = 5;
-
 fn io_error(op: &'static str, error: &std::io::Error) -> CmError {
-    CmError::from_errno(op, error.raw_os_error().unwrap_or(EIO))
+    CmError::from_io(op, error)
 }
 
 #[cfg(test)]
@@ -349,7 +346,7 @@ mod tests {
             Err(e) if e.is_no_device() => return skip(TEST, &e.to_string()),
             Err(e) => panic!("rdma_create_event_channel: {e}"),
         };
-        let Some(addr) = std::env::var("CMNOTIFY_ADDR_A")
+        let Some(addr) = std::env::var(cm_testkit::env::ADDR_A)
             .ok()
             .and_then(|a| a.parse::<std::net::IpAddr>().ok())
         else {

@@ -64,8 +64,8 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
         return;
     };
     let (Ok(device), Ok(netdev)) = (
-        std::env::var("CMNOTIFY_DEV_A"),
-        std::env::var("CMNOTIFY_NETDEV_A"),
+        std::env::var(cm_testkit::env::DEV_A),
+        std::env::var(cm_testkit::env::NETDEV_A),
     ) else {
         return skip(
             TEST,

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport};
+use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimPair, SimTransport};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
     ListenOptions, PrivateData, RejectReason, Role, Trigger,
@@ -28,11 +28,14 @@ struct Pair {
 }
 
 fn pair(config: SimConfig, seed: u64, messages: &'static [&'static [u8]]) -> Pair {
-    let fabric = SimFabric::new(config, seed);
-    let (server_node, client_node) = (fabric.add_node(), fabric.add_node());
-    let client = Rc::new(RefCell::new(Endpoint::new(SimTransport::new(&client_node))));
+    let SimPair {
+        fabric,
+        server,
+        client,
+    } = SimPair::new(config, seed);
+    let client = Rc::new(RefCell::new(Endpoint::new(SimTransport::on_side(client))));
     let client_events = Rc::new(RefCell::new(Vec::new()));
-    let mut transport = SimTransport::new(&server_node);
+    let mut transport = SimTransport::on_side(server);
     let (driven, seen) = (Rc::clone(&client), Rc::clone(&client_events));
     transport.on_step(move || {
         let mut client = driven.borrow_mut();

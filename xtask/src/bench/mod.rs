@@ -174,10 +174,10 @@ fn bench(smoke: bool, vm: bool) -> Result<Written, String> {
     let mut cmd = cargo(&args);
     cmd.env("CARGO_TARGET_DIR", &target)
         .env("CRITERION_HOME", &criterion_home)
-        .env("CMNOTIFY_BENCH_OUT", &out)
+        .env(cm_testkit::env::BENCH_OUT, &out)
         .env("GLIBC_TUNABLES", WARM_HEAP_TUNABLES);
     if smoke {
-        cmd.env("CMNOTIFY_BENCH_SMOKE", "1");
+        cmd.env(cm_testkit::env::BENCH_SMOKE, "1");
     }
     status(&mut cmd)?;
 

@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use cm_testkit::Figure;
 
 /// The scale points the benches run, in connections.
-const SCALE_POINTS: [u64; 3] = [1_000, 10_000, 100_000];
+const SCALE_POINTS: [u64; 3] = [
+    cm_testkit::SCALE_POINTS[0] as u64,
+    cm_testkit::SCALE_POINTS[1] as u64,
+    cm_testkit::SCALE_POINTS[2] as u64,
+];
 /// The largest growth of the time per connection over the 1k point that the report
 /// still calls flat.
 const FLAT_RATIO: f64 = 1.25;

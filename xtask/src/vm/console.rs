@@ -1,7 +1,7 @@
 //! Reading the VM's console log: the `=== vm-` markers written by `ci/vm/init`, libtest
 //! `test result:` lines and skip lines, into a verdict.
 
-use crate::ci::TestCounts;
+use crate::counts::TestCounts;
 
 /// Name prefix of entries that run a test executable (see `payload`).
 pub(crate) const TEST_ENTRY_PREFIX: &str = "cargo-test ";

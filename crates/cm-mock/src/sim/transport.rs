@@ -15,7 +15,7 @@ use cm_core::{
     WorkCompletion,
 };
 
-use super::{NodeId, SimChannel, SimCmEvent, SimCmId, SimDevice, SimNode};
+use super::{NodeId, SimChannel, SimCmEvent, SimCmId, SimDevice, SimNode, SimSide};
 
 /// An address on the simulated fabric: a node and a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,10 +71,15 @@ impl fmt::Debug for SimTransport {
 impl SimTransport {
     /// A transport on `node`, with a channel of its own.
     pub fn new(node: &SimNode) -> Self {
+        Self::on_side(SimSide::new(node.clone()))
+    }
+
+    /// A transport on one side of a [`super::SimPair`] (its node, channel and device).
+    pub fn on_side(side: SimSide) -> Self {
         SimTransport {
-            node: node.clone(),
-            channel: node.create_channel(),
-            device: node.device(),
+            node: side.node,
+            channel: side.channel,
+            device: side.device,
             queues: HashMap::new(),
             tokens: VecDeque::new(),
             on_step: None,

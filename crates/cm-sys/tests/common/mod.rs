@@ -54,7 +54,7 @@ pub(crate) struct Netem {
 /// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.
 pub(crate) fn setup(test: &str) -> Option<Setup> {
     let Addresses { addr_a, addr_b } = addresses(test)?;
-    let Ok(nft) = std::env::var("CMNOTIFY_NFT") else {
+    let Ok(nft) = std::env::var(cm_testkit::env::NFT) else {
         skip(
             test,
             "a device exists but CMNOTIFY_NFT names no nft to drop the RTU with",
@@ -63,9 +63,9 @@ pub(crate) fn setup(test: &str) -> Option<Setup> {
     };
     let var = |name: &str| std::env::var(name).ok();
     let netem = match (
-        var("CMNOTIFY_TC"),
-        var("CMNOTIFY_NETDEV_A"),
-        var("CMNOTIFY_NETDEV_B"),
+        var(cm_testkit::env::TC),
+        var(cm_testkit::env::NETDEV_A),
+        var(cm_testkit::env::NETDEV_B),
     ) {
         (Some(tc), Some(netdev_a), Some(netdev_b)) => Some(Netem {
             tc,
