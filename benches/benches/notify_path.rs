@@ -181,7 +181,7 @@ fn count_pump_allocations() {
         }
     });
     record(&Figure::measured(
-        "pump/allocations_per_event",
+        cm_testkit::figure_keys::PUMP_ALLOCATIONS_PER_EVENT,
         info.count_total as f64 / f64::from(events),
         "count",
         &format!(
@@ -275,7 +275,11 @@ fn real(c: &mut Criterion) {
 
 #[cfg(not(feature = "rdma"))]
 fn real(_c: &mut Criterion) {
-    for key in ["real/notify", "real/trigger_to_established", "real/setup"] {
+    for key in [
+        cm_testkit::figure_keys::REAL_NOTIFY,
+        cm_testkit::figure_keys::REAL_TRIGGER_TO_ESTABLISHED,
+        cm_testkit::figure_keys::REAL_SETUP,
+    ] {
         record(&Figure::skipped(
             key,
             "built without the `rdma` feature (no librdmacm)",

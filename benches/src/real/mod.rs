@@ -271,10 +271,10 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
     match result {
         Err(reason) => {
             for key in [
-                "real/notify",
-                "real/trigger_to_established",
-                "real/api_to_established",
-                "real/setup",
+                cm_testkit::figure_keys::REAL_NOTIFY,
+                cm_testkit::figure_keys::REAL_TRIGGER_TO_ESTABLISHED,
+                cm_testkit::figure_keys::REAL_API_TO_ESTABLISHED,
+                cm_testkit::figure_keys::REAL_SETUP,
             ] {
                 out.push(Figure::skipped(key, reason));
             }
@@ -286,12 +286,15 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
                 "ns",
                 &format!("cm-sys CmId::notify, EISCONN on an established id; {machine}"),
             ));
-            out.push(Figure::skipped("real/notify", RAW_BASELINE_MISSING));
+            out.push(Figure::skipped(
+                cm_testkit::figure_keys::REAL_NOTIFY,
+                RAW_BASELINE_MISSING,
+            ));
             let not_measured = f.trigger_skipped.as_deref().unwrap_or("not measured");
             match (f.pump_ns, f.hand_ns) {
                 (Some(pump), Some(hand)) => {
                     out.push(Figure::measured(
-                        "real/trigger_to_established",
+                        cm_testkit::figure_keys::REAL_TRIGGER_TO_ESTABLISHED,
                         pump / hand,
                         "ratio",
                         &format!(
@@ -315,7 +318,10 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
                         machine,
                     ));
                 }
-                _ => out.push(Figure::skipped("real/trigger_to_established", not_measured)),
+                _ => out.push(Figure::skipped(
+                    cm_testkit::figure_keys::REAL_TRIGGER_TO_ESTABLISHED,
+                    not_measured,
+                )),
             }
             match (f.api_ns, f.hand_waiting_ns) {
                 (Some(api), Some(hand)) => {
@@ -323,7 +329,7 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
                         format!(", spinning on the CQ {:.0} µs", s / 1e3)
                     });
                     out.push(Figure::measured(
-                        "real/api_to_established",
+                        cm_testkit::figure_keys::REAL_API_TO_ESTABLISHED,
                         api / hand,
                         "ratio",
                         &format!(
@@ -358,7 +364,10 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
                         ));
                     }
                 }
-                _ => out.push(Figure::skipped("real/api_to_established", not_measured)),
+                _ => out.push(Figure::skipped(
+                    cm_testkit::figure_keys::REAL_API_TO_ESTABLISHED,
+                    not_measured,
+                )),
             }
             for (step, value) in &f.setup_ns {
                 out.push(Figure::measured(

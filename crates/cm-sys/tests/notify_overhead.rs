@@ -133,7 +133,7 @@ fn wrapper_notify_against_raw_rdma_notify() {
         "notify overhead: cm-sys CmId::notify / raw rdma_notify = {wrapped_ratio:.3} ({how})"
     ));
     Figure::measured(
-        "real/notify",
+        cm_testkit::figure_keys::REAL_NOTIFY,
         wrapped_ratio,
         "ratio",
         &format!("EISCONN on an established id; {how}"),

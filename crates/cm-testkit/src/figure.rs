@@ -3,6 +3,21 @@
 //! test measuring inside the VM prints them after [`FIGURE_PREFIX`] on stderr, where
 //! `cargo xtask bench` finds them in the console log.
 
+/// The keys of the figures measured outside criterion that more than one crate names
+/// (the benches and tests that measure them, xtask's report that reads them).
+pub mod keys {
+    /// cm-sys `CmId::notify` against the raw `rdma_notify` (ratio).
+    pub const REAL_NOTIFY: &str = "real/notify";
+    /// Receive completion to ESTABLISHED, the pump against a hand loop (ratio).
+    pub const REAL_TRIGGER_TO_ESTABLISHED: &str = "real/trigger_to_established";
+    /// The client's SEND to ESTABLISHED, the Endpoint API against a hand loop (ratio).
+    pub const REAL_API_TO_ESTABLISHED: &str = "real/api_to_established";
+    /// Connection setup per step (cmtime-like).
+    pub const REAL_SETUP: &str = "real/setup";
+    /// Allocations per pumped event.
+    pub const PUMP_ALLOCATIONS_PER_EVENT: &str = "pump/allocations_per_event";
+}
+
 /// What precedes a figure's line on stderr (and so in the VM console log).
 pub const FIGURE_PREFIX: &str = "cm-benches: ";
 

@@ -20,7 +20,7 @@
 
 mod figure;
 
-pub use figure::{Figure, FIGURE_PREFIX};
+pub use figure::{keys as figure_keys, Figure, FIGURE_PREFIX};
 
 use std::io::Write as _;
 pub mod env;

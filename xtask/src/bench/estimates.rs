@@ -105,14 +105,20 @@ mod tests {
         );
         assert_eq!(map.len(), 2);
         assert_eq!(map["scale/1000/peak_bytes_per_conn"].value, Some(1182.3));
-        assert_eq!(map["real/notify"].value, None);
-        assert_eq!(map["real/notify"].note, "no RDMA device");
+        assert_eq!(map[cm_testkit::figure_keys::REAL_NOTIFY].value, None);
+        assert_eq!(
+            map[cm_testkit::figure_keys::REAL_NOTIFY].note,
+            "no RDMA device"
+        );
         // Measured beats skipped, whichever comes first.
         for lines in [
             "real/notify\t1.01\tratio\tmeasured\nreal/notify\tskipped\t\telsewhere\n",
             "real/notify\tskipped\t\telsewhere\nreal/notify\t1.01\tratio\tmeasured\n",
         ] {
-            assert_eq!(parse_results(lines)["real/notify"].value, Some(1.01));
+            assert_eq!(
+                parse_results(lines)[cm_testkit::figure_keys::REAL_NOTIFY].value,
+                Some(1.01)
+            );
         }
     }
 }

@@ -174,7 +174,7 @@ impl Figures {
             machine,
             "1024 entries; the pump pays one FxHash lookup per event",
         ));
-        let allocations = self.extra("pump/allocations_per_event");
+        let allocations = self.extra(cm_testkit::figure_keys::PUMP_ALLOCATIONS_PER_EVENT);
         rows.push(Row {
             figure: "allocations per pumped event".to_string(),
             value: allocations
@@ -261,18 +261,26 @@ impl Figures {
 
         // Real-device figures: criterion estimates on a device, or the benches' skip.
         for (key, figure, target) in [
-            ("real/notify", "cm-sys notify / raw rdma_notify", "≤ 1.02"),
             (
-                "real/trigger_to_established",
+                cm_testkit::figure_keys::REAL_NOTIFY,
+                "cm-sys notify / raw rdma_notify",
+                "≤ 1.02",
+            ),
+            (
+                cm_testkit::figure_keys::REAL_TRIGGER_TO_ESTABLISHED,
                 "trigger→ESTABLISHED: pump / raw loop",
                 "≤ 1.05",
             ),
             (
-                "real/api_to_established",
+                cm_testkit::figure_keys::REAL_API_TO_ESTABLISHED,
                 "send→ESTABLISHED: Endpoint API / hand loop",
                 "≤ 1.05",
             ),
-            ("real/setup", "connection setup per step (cmtime-like)", "-"),
+            (
+                cm_testkit::figure_keys::REAL_SETUP,
+                "connection setup per step (cmtime-like)",
+                "-",
+            ),
         ] {
             let vm_machine = "VM (qemu TCG, soft-RoCE; absolute times are emulation)";
             let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
