@@ -75,21 +75,8 @@ impl AsyncEvents {
 
     /// The device's name (`ibv_get_device_name`, e.g. `rxe0`, `mlx5_0`).
     pub fn device_name(&self) -> String {
-        // SAFETY: the context is live while `_id` is; its `device` is set at open and
-        // lives as long as the context; the name is a NUL-terminated string owned by it.
-        unsafe {
-            let device = (*self.context.as_ptr()).device;
-            if device.is_null() {
-                return String::new();
-            }
-            let name = ffi::ibv_get_device_name(device);
-            if name.is_null() {
-                return String::new();
-            }
-            std::ffi::CStr::from_ptr(name)
-                .to_string_lossy()
-                .into_owned()
-        }
+        // SAFETY: the context is live while `_id` is.
+        unsafe { context_device_name(self.context.as_ptr()) }.unwrap_or_default()
     }
 
     fn fd(&self) -> RawFd {
@@ -217,6 +204,30 @@ impl cm_core::AsyncEventSource for AsyncEvents {
     }
 }
 
+/// The name of a device context's device (`ibv_get_device_name`), if it has one.
+///
+/// # Safety
+/// `context` is a live device context.
+unsafe fn context_device_name(context: *mut ffi::ibv_context) -> Option<String> {
+    // SAFETY: the context is live (caller); its `device` is set at open and lives as
+    // long as the context; the name is a NUL-terminated string owned by the device.
+    unsafe {
+        let device = (*context).device;
+        if device.is_null() {
+            return None;
+        }
+        let name = ffi::ibv_get_device_name(device);
+        if name.is_null() {
+            return None;
+        }
+        Some(
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
+
 /// Lets librdmacm notice devices that went away (`rdma_get_devices` resynchronises its
 /// device list with libibverbs') and returns the names of the devices still there.
 ///
@@ -241,20 +252,8 @@ pub fn refresh_devices() -> Result<Vec<String>, CmError> {
         if context.is_null() {
             break;
         }
-        // SAFETY: a live context's `device` and its name, as in `device_name`.
-        unsafe {
-            let device = (*context).device;
-            if !device.is_null() {
-                let name = ffi::ibv_get_device_name(device);
-                if !name.is_null() {
-                    names.push(
-                        std::ffi::CStr::from_ptr(name)
-                            .to_string_lossy()
-                            .into_owned(),
-                    );
-                }
-            }
-        }
+        // SAFETY: a live context while the list is held.
+        names.extend(unsafe { context_device_name(context) });
         index += 1;
     }
     // SAFETY: the list came from rdma_get_devices and is freed once.

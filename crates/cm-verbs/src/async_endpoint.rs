@@ -97,21 +97,26 @@ impl AsyncEndpoint {
     /// opened or removed).
     fn sync_fds(&mut self) -> Result<(), ConnError> {
         let (transport, devices) = self.endpoint.parts();
-        let mut borrowed = vec![transport.channel_fd()];
-        for device in devices {
-            borrowed.push(device.async_fd());
-            borrowed.push(device.completion_fd());
-        }
-        let fds: Vec<RawFd> = borrowed.iter().map(|fd| fd.as_raw_fd()).collect();
-        if fds == self.fds {
+        let current = std::iter::once(transport.channel_fd()).chain(
+            devices
+                .iter()
+                .flat_map(|device| [device.async_fd(), device.completion_fd()]),
+        );
+        // Compared before anything is allocated: this runs on every wait.
+        if current
+            .clone()
+            .map(|fd| fd.as_raw_fd())
+            .eq(self.fds.iter().copied())
+        {
             return Ok(());
         }
         self.watched.clear();
-        for fd in &borrowed {
+        self.fds.clear();
+        for fd in current {
             let owned = fd.as_fd().try_clone_to_owned().map_err(readiness)?;
             self.watched.push(cm_sys::async_owned_fd(owned)?);
+            self.fds.push(fd.as_raw_fd());
         }
-        self.fds = fds;
         Ok(())
     }
 

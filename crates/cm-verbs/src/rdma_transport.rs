@@ -333,9 +333,8 @@ impl Transport for RdmaTransport {
             Err(e) if e.is_no_device() => self.removed.clear(),
             Err(e) => log::debug!("refreshing the device list: {e}"),
         }
+        // The resync that found a device gone closed its context (no id uses it).
         if self.removed.is_empty() {
-            // One more pass closes the context of a device found gone just now.
-            let _ = cm_sys::refresh_devices();
             None
         } else {
             Some(REMOVAL_RETRY)

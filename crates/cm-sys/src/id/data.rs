@@ -129,11 +129,7 @@ impl CmId {
             // registered and lives as long as the QP.
             let ret = unsafe { ffi::ibv_post_send(qp, &mut wr, &mut bad) };
             // ibv_post_send returns the errno itself.
-            if ret == 0 {
-                Ok(())
-            } else {
-                Err(CmError::from_errno("ibv_post_send", ret))
-            }
+            verbs_result("ibv_post_send", ret)
         })
     }
 
@@ -159,11 +155,7 @@ impl CmId {
             // SAFETY: as post_send: live QP, WR valid for the call, memory registered and
             // alive as long as the QP.
             let ret = unsafe { ffi::ibv_post_recv(qp, &mut wr, &mut bad) };
-            if ret == 0 {
-                Ok(())
-            } else {
-                Err(CmError::from_errno("ibv_post_recv", ret))
-            }
+            verbs_result("ibv_post_recv", ret)
         })
     }
 
