@@ -237,19 +237,23 @@ fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The lines of `text` outside fenced code blocks, with their indexes.
+fn prose_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut fenced = false;
+    text.lines().enumerate().filter(move |(_, line)| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The targets of the Markdown links of `text` (inline `[text](target)` and reference
 /// definitions `[label]: target`), fenced code blocks left out, with their line numbers.
 fn markdown_links(text: &str) -> Vec<(usize, String)> {
     let mut links = Vec::new();
-    let mut fenced = false;
-    for (i, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for (i, line) in prose_lines(text) {
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];
@@ -273,15 +277,7 @@ fn markdown_links(text: &str) -> Vec<(usize, String)> {
 /// path characters), fenced code blocks left out, with their line numbers.
 fn backticked_paths(text: &str) -> Vec<(usize, String)> {
     let mut paths = Vec::new();
-    let mut fenced = false;
-    for (i, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for (i, line) in prose_lines(text) {
         for span in line.split('`').skip(1).step_by(2) {
             let path_like = span.contains('/')
                 && !span.contains("://")

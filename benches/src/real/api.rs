@@ -46,24 +46,14 @@ impl ApiServer {
     /// Waits for the next request and accepts it (QP, receives posted and the REP, all
     /// the endpoint's); other events meanwhile are ignored.
     pub(super) fn accept_one(&mut self) -> Result<ConnectionId, String> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self
-                .endpoint
-                .next_event(Some(left))
-                .map_err(conn_err("next_event"))?
-            {
-                Some(Event::Request { conn, .. }) => {
-                    self.endpoint
-                        .accept_request(conn, &PrivateData::empty())
-                        .map_err(conn_err("accept_request"))?;
-                    return Ok(conn);
-                }
-                Some(_) => {}
-                None => return Err("no connection request".into()),
-            }
-        }
+        let conn = self.next_matching("no connection request", |event| match event {
+            Event::Request { conn, .. } => Some(conn),
+            _ => None,
+        })?;
+        self.endpoint
+            .accept_request(conn, &PrivateData::empty())
+            .map_err(conn_err("accept_request"))?;
+        Ok(conn)
     }
 
     /// The client's send to [`Endpoint::accept`] returning the connection: everything
@@ -97,6 +87,19 @@ impl ApiServer {
     /// Waits until the endpoint closed `conn` on the client's DISCONNECTED (it answers
     /// with its own DREP); the message it received meanwhile is dropped.
     pub(super) fn answer_disconnect(&mut self, conn: ConnectionId) -> Result<(), String> {
+        self.next_matching(&format!("{conn} not closed"), |event| match event {
+            Event::Closed { conn: closed, .. } if closed == conn => Some(()),
+            _ => None,
+        })
+    }
+
+    /// The first event `pick` takes within [`WAIT`] (others meanwhile are dropped), or
+    /// `missing` as the error.
+    fn next_matching<R>(
+        &mut self,
+        missing: &str,
+        mut pick: impl FnMut(Event) -> Option<R>,
+    ) -> Result<R, String> {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -105,9 +108,12 @@ impl ApiServer {
                 .next_event(Some(left))
                 .map_err(conn_err("next_event"))?
             {
-                Some(Event::Closed { conn: closed, .. }) if closed == conn => return Ok(()),
-                Some(_) => {}
-                None => return Err(format!("{conn} not closed")),
+                Some(event) => {
+                    if let Some(found) = pick(event) {
+                        return Ok(found);
+                    }
+                }
+                None => return Err(missing.to_owned()),
             }
         }
     }
