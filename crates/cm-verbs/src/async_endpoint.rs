@@ -24,7 +24,6 @@
 //! # }
 //! ```
 
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::task::Poll;
@@ -32,7 +31,6 @@ use std::task::Poll;
 use cm_core::CmError;
 use tokio::io::unix::AsyncFd;
 
-use crate::endpoint::{take_accepted, take_established, take_received};
 use crate::rdma::RdmaTransport;
 use crate::{ConnError, ConnectionId, Endpoint, EstablishedVia, Event};
 
@@ -72,31 +70,28 @@ impl AsyncEndpoint {
 
     /// The next event.
     pub async fn next_event(&mut self) -> Result<Event, ConnError> {
-        self.wait_for(|events| events.pop_front().map(Ok)).await
+        self.wait_for(|ep| ep.try_next_event().map(Ok)).await
     }
 
     /// The next accepted connection, once established (see [`Endpoint::accept`]).
     pub async fn accept(&mut self) -> Result<ConnectionId, ConnError> {
-        self.wait_for(take_accepted).await
+        self.wait_for(Endpoint::try_accept).await
     }
 
     /// Waits for `conn` to be established (see [`Endpoint::established`]).
     pub async fn established(&mut self, conn: ConnectionId) -> Result<EstablishedVia, ConnError> {
-        if let Ok(Some(via)) = self.endpoint.info(conn).map(|i| i.established) {
-            return Ok(via);
-        }
-        self.wait_for(|events| take_established(events, conn)).await
+        self.wait_for(|ep| ep.try_established(conn)).await
     }
 
     /// The next message on `conn` (see [`Endpoint::recv`]).
     pub async fn recv(&mut self, conn: ConnectionId) -> Result<Vec<u8>, ConnError> {
-        self.wait_for(|events| take_received(events, conn)).await
+        self.wait_for(|ep| ep.try_recv(conn)).await
     }
 
     /// Registers the endpoint's current descriptors if they changed (a device context
     /// opened or removed).
     fn sync_fds(&mut self) -> Result<(), ConnError> {
-        let (transport, devices) = self.endpoint.parts();
+        let (transport, devices) = (self.endpoint.transport(), self.endpoint.devices());
         let current = std::iter::once(transport.channel_fd()).chain(
             devices
                 .iter()
@@ -122,14 +117,24 @@ impl AsyncEndpoint {
 
     async fn wait_for<R>(
         &mut self,
-        mut take: impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
+        mut take: impl FnMut(&mut Endpoint<RdmaTransport>) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
         loop {
-            if let Some(found) = self.endpoint.take_with(&mut take) {
-                self.sync_fds()?;
+            // What is already there is answered before anything is read.
+            if let Some(found) = take(&mut self.endpoint) {
                 return found;
             }
+            let more = self.endpoint.process_pass()?;
             self.sync_fds()?;
+            if let Some(found) = take(&mut self.endpoint) {
+                return found;
+            }
+            if more {
+                // A source had more than one pass takes: read again without clearing
+                // its readiness (no new edge would come), letting other tasks run.
+                tokio::task::yield_now().await;
+                continue;
+            }
             // A deadline beyond what the clock can count is no deadline.
             let deadline = self.endpoint.next_deadline().and_then(|d| {
                 let left = d.saturating_sub(cm_core::Transport::now(self.endpoint.transport()));

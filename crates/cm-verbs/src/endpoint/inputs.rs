@@ -5,9 +5,11 @@ use cm_core::{
     AsyncEvent, AsyncEventType, CmEvent, CmEventType, CqKind, Transport, WorkCompletion,
 };
 
+use std::cmp::Reverse;
+
 use super::{
-    failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, EstablishedVia, Event,
-    ListenerId, Owner, PrivateData, QpErrorDetail, POLL_BATCH,
+    failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
+    Event, ListenerId, Owner, PrivateData, QpErrorDetail, PASS_BATCH, POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
 
@@ -35,14 +37,14 @@ impl<T: Transport> Endpoint<T> {
             }
             AsyncEventType::DeviceFatal => {
                 // Reported before the listeners and connections it ends.
-                self.events.push_back(Event::Device(event));
+                self.push_endpoint_event(Event::Device(event));
                 let key = self.device_keys[device];
                 self.device_lost(key, &CloseReason::DeviceFatal);
                 return;
             }
             _ => {}
         }
-        self.events.push_back(Event::Device(event));
+        self.push_endpoint_event(Event::Device(event));
     }
 
     pub(super) fn on_pumped(&mut self, pumped: PumpEvent) {
@@ -53,8 +55,12 @@ impl<T: Transport> Endpoint<T> {
             }
             PumpEvent::NotifyFailed { qp, error, .. } => {
                 if let Some(&conn) = self.by_qp.get(&qp) {
-                    self.events
-                        .push_back(Event::NotifyFailed { conn, qp, error });
+                    if let Some(entry) = self.live_mut(conn) {
+                        // The latest failure stands for the earlier ones (the
+                        // counters count them all).
+                        entry.pending.notify_failed = Some((qp, error));
+                        self.mark_ready(conn);
+                    }
                 }
                 return;
             }
@@ -63,7 +69,7 @@ impl<T: Transport> Endpoint<T> {
             }
         };
         if let Some(&conn) = self.by_qp.get(&qp) {
-            if let Some(entry) = self.slot_mut(conn) {
+            if let Some(entry) = self.live_mut(conn) {
                 if entry.established.is_none() && entry.via.is_none() {
                     entry.via = Some(via);
                 }
@@ -72,7 +78,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn on_cq_event(&mut self, conn: ConnectionId) {
-        let Some(entry) = self.slot(conn) else {
+        let Some(entry) = self.live(conn) else {
             return; // a connection closed since: its queues are gone
         };
         let id = entry.id.clone();
@@ -98,7 +104,7 @@ impl<T: Transport> Endpoint<T> {
                     self.on_completion(conn, completion);
                 }
                 self.completions = batch;
-                if n < POLL_BATCH || self.slot(conn).is_none() {
+                if n < POLL_BATCH || self.live(conn).is_none() {
                     break;
                 }
             }
@@ -106,7 +112,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn on_completion(&mut self, conn: ConnectionId, completion: WorkCompletion) {
-        if self.slot(conn).is_none() {
+        if self.live(conn).is_none() {
             return; // closed by an earlier completion of the batch
         }
         if !completion.is_success() {
@@ -116,9 +122,10 @@ impl<T: Transport> Endpoint<T> {
         }
         match completion.kind {
             CqKind::Send => {
-                if let Some(entry) = self.slot_mut(conn) {
+                if let Some(entry) = self.live_mut(conn) {
                     entry.free_send.push(completion.wr_id as u32);
-                    self.events.push_back(Event::Sent { conn });
+                    entry.pending.sent = true;
+                    self.mark_ready(conn);
                 }
             }
             CqKind::Recv => self.on_received(conn, completion),
@@ -135,31 +142,53 @@ impl<T: Transport> Endpoint<T> {
         let Some((transport, entry)) = self.split(conn) else {
             return;
         };
-        // Empty: the transport fills it with the message's one copy.
+        // Empty: the transport fills it with the message's one copy. The receive is
+        // posted again only when the application takes the message.
         let mut data = Vec::new();
         let read = match entry.buffers.as_ref() {
-            Some(buffers) => transport
-                .read_recv(
-                    &entry.id,
-                    buffers,
-                    slot,
-                    completion.byte_len as usize,
-                    &mut data,
-                )
-                .and_then(|()| transport.post_recv(&entry.id, buffers, slot, u64::from(slot))),
+            Some(buffers) => transport.read_recv(
+                &entry.id,
+                buffers,
+                slot,
+                completion.byte_len as usize,
+                &mut data,
+            ),
             None => Ok(()),
         };
         if let Err(error) = read {
             self.close(conn, CloseReason::SetupFailed(error), true);
             return;
         }
-        let Some(entry) = self.slot_mut(conn) else {
+        entry.inbox.push_back((slot, data));
+        let deliverable = entry.state == ConnState::Established;
+        self.held_messages += 1;
+        if deliverable {
+            self.mark_ready(conn);
+        }
+    }
+
+    /// Reads the receives that completed on `conn` before its end was read, so that
+    /// what the peer sent before it left is delivered before the close.
+    pub(super) fn drain_receives(&mut self, conn: ConnectionId) {
+        let Some(id) = self.live(conn).map(|c| c.id.clone()) else {
             return;
         };
-        if entry.state == ConnState::Established {
-            self.events.push_back(Event::Received { conn, data });
-        } else {
-            entry.held.push(data);
+        loop {
+            let mut batch = std::mem::take(&mut self.completions);
+            batch.clear();
+            let n = self
+                .transport
+                .poll_cq(&id, CqKind::Recv, &mut batch, POLL_BATCH)
+                .unwrap_or(0);
+            for completion in batch.iter().copied() {
+                if completion.is_success() && self.live(conn).is_some() {
+                    self.on_received(conn, completion);
+                }
+            }
+            self.completions = batch;
+            if n < POLL_BATCH || self.live(conn).is_none() {
+                return;
+            }
         }
     }
 
@@ -185,13 +214,14 @@ impl<T: Transport> Endpoint<T> {
             let Some(entry) = self.listeners[listener.0 as usize].take() else {
                 return;
             };
+            self.live_listeners -= 1;
             self.by_id.remove(&self.transport.id_key(&entry.id));
             let key = self.transport.device_key(&entry.id);
             drop(entry);
             if let Some(key) = key {
                 self.device_removed(key);
             }
-            self.events.push_back(Event::ListenerClosed {
+            self.push_endpoint_event(Event::ListenerClosed {
                 listener,
                 reason: CloseReason::DeviceRemoved,
             });
@@ -226,18 +256,15 @@ impl<T: Transport> Endpoint<T> {
         let conn = self.insert(entry);
         if options.auto_accept {
             if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
-                let id = self.slot(conn).map(|c| c.id.clone());
+                let id = self.live(conn).map(|c| c.id.clone());
                 if let Some(id) = id {
                     let _ = self.transport.reject(&id, &[]);
                 }
                 self.close(conn, CloseReason::SetupFailed(error), false);
             }
-        } else {
-            self.events.push_back(Event::Request {
-                listener,
-                conn,
-                private_data: PrivateData::from(event.private_data()),
-            });
+        } else if let Some(entry) = self.live_mut(conn) {
+            entry.pending.request = true;
+            self.mark_ready(conn);
         }
     }
 
@@ -249,7 +276,7 @@ impl<T: Transport> Endpoint<T> {
         private_data: &[u8],
     ) -> Result<(), cm_core::CmError> {
         self.setup_qp(conn, Role::Passive)?;
-        let entry = self.slot(conn).expect("set up above");
+        let entry = self.live(conn).expect("set up above");
         let id = entry.id.clone();
         let timeout = entry
             .listener
@@ -259,11 +286,14 @@ impl<T: Transport> Endpoint<T> {
         let called = self.transport.now();
         self.transport.accept(&id, private_data)?;
         let now = self.transport.now();
-        if let Some(entry) = self.slot_mut(conn) {
+        if let Some(entry) = self.live_mut(conn) {
             entry.times.connect_called = Some(called);
             entry.times.connect_returned = Some(now);
             entry.state = ConnState::Accepted;
             entry.deadline = timeout.map(|t| now.saturating_add(t));
+            if let Some(deadline) = entry.deadline {
+                self.deadlines.push(Reverse((deadline, conn)));
+            }
         }
         Ok(())
     }
@@ -273,20 +303,20 @@ impl<T: Transport> Endpoint<T> {
         conn: ConnectionId,
         role: Role,
     ) -> Result<(), cm_core::CmError> {
-        let id = self.slot(conn).expect("live connection").id.clone();
+        let id = self.live(conn).expect("live connection").id.clone();
         let (device_index, key) =
             self.device_for(&id)?
                 .ok_or(cm_core::CmError::InvalidArgument {
                     op: "create_qp",
                     reason: "the id is not bound to a device",
                 })?;
-        let caps = self.slot(conn).expect("live connection").caps;
+        let caps = self.live(conn).expect("live connection").caps;
         let called = self.transport.now();
         let qp = self
             .transport
             .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
         let created = self.transport.now();
-        if let Some(entry) = self.slot_mut(conn) {
+        if let Some(entry) = self.live_mut(conn) {
             entry.times.create_qp_called = Some(called);
             entry.times.qp_created = Some(created);
         }
@@ -296,7 +326,7 @@ impl<T: Transport> Endpoint<T> {
                 .post_recv(&id, &buffers, slot, u64::from(slot))?;
         }
         self.by_qp.insert(qp, conn);
-        let entry = self.slot_mut(conn).expect("live connection");
+        let entry = self.live_mut(conn).expect("live connection");
         entry.device = Some(key);
         entry.qp = Some(qp);
         entry.buffers = Some(buffers);
@@ -322,7 +352,7 @@ impl<T: Transport> Endpoint<T> {
         let result = match event.event_type() {
             CmEventType::AddrResolved => {
                 let now = self.transport.now();
-                let (id, timeout) = match self.slot_mut(conn) {
+                let (id, timeout) = match self.live_mut(conn) {
                     Some(c) => {
                         c.times.addr_resolved = Some(now);
                         (c.id.clone(), c.resolve_timeout)
@@ -333,13 +363,13 @@ impl<T: Transport> Endpoint<T> {
             }
             CmEventType::RouteResolved => {
                 let now = self.transport.now();
-                if let Some(c) = self.slot_mut(conn) {
+                if let Some(c) = self.live_mut(conn) {
                     c.times.route_resolved = Some(now);
                 }
                 self.connect_resolved(conn)
             }
             CmEventType::Established => {
-                if let Some(qp) = self.slot(conn).and_then(|c| c.qp) {
+                if let Some(qp) = self.live(conn).and_then(|c| c.qp) {
                     self.pump.on_cm_event(CmEventType::Established, Some(qp));
                 }
                 self.on_established(conn, event.private_data());
@@ -355,12 +385,14 @@ impl<T: Transport> Endpoint<T> {
                 Ok(())
             }
             CmEventType::Disconnected => {
+                // What the peer sent before it left comes first.
+                self.drain_receives(conn);
                 // Our DREP: the peer's teardown waits for it.
                 self.close(conn, CloseReason::Disconnected, true);
                 Ok(())
             }
             CmEventType::DeviceRemoval => {
-                let key = self.slot(conn).and_then(|c| c.device);
+                let key = self.live(conn).and_then(|c| c.device);
                 self.close(conn, CloseReason::DeviceRemoved, false);
                 if let Some(key) = key {
                     self.device_removed(key);
@@ -379,13 +411,13 @@ impl<T: Transport> Endpoint<T> {
 
     pub(super) fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
         self.setup_qp(conn, Role::Active)?;
-        let entry = self.slot_mut(conn).expect("set up above");
+        let entry = self.live_mut(conn).expect("set up above");
         let request = std::mem::take(&mut entry.request);
         let id = entry.id.clone();
         let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
         let now = self.transport.now();
-        if let Some(entry) = self.slot_mut(conn) {
+        if let Some(entry) = self.live_mut(conn) {
             entry.times.connect_called = Some(called);
             entry.times.connect_returned = Some(now);
             entry.state = ConnState::Connecting;
@@ -395,7 +427,7 @@ impl<T: Transport> Endpoint<T> {
 
     pub(super) fn on_established(&mut self, conn: ConnectionId, private_data: &[u8]) {
         let now = self.transport.now();
-        let Some(entry) = self.slot_mut(conn) else {
+        let Some(entry) = self.live_mut(conn) else {
             return;
         };
         if entry.established.is_some() {
@@ -406,39 +438,61 @@ impl<T: Transport> Endpoint<T> {
         entry.times.established = Some(now);
         entry.state = ConnState::Established;
         entry.deadline = None;
-        let role = entry.role;
-        let held = std::mem::take(&mut entry.held);
-        let private_data = match role {
-            Role::Passive => std::mem::take(&mut entry.peer_private),
-            Role::Active => PrivateData::from(private_data),
-        };
-        self.events.push_back(Event::Established {
-            conn,
-            role,
-            via,
-            private_data,
-        });
-        for data in held {
-            self.events.push_back(Event::Received { conn, data });
+        entry.pending.established = true;
+        if entry.role == Role::Active {
+            entry.peer_private = PrivateData::from(private_data);
+        }
+        let passive = entry.role == Role::Passive;
+        // Messages held until now follow the event: they are in the inbox already.
+        self.mark_ready(conn);
+        if passive {
+            self.accepted.push_back(conn);
+            self.compact_accepted();
         }
     }
 
-    pub(super) fn expire(&mut self) {
-        let Some(next) = self.next_deadline() else {
-            return;
+    /// Closes the connections whose deadline passed, at most [`PASS_BATCH`]; whether
+    /// more are due. O(log n) per deadline.
+    pub(super) fn expire(&mut self) -> bool {
+        let Some(&Reverse((first, _))) = self.deadlines.peek() else {
+            return false;
         };
         let now = self.transport.now();
-        if next > now {
+        if first > now {
+            return false;
+        }
+        let mut expired = 0;
+        while let Some(&Reverse((due, conn))) = self.deadlines.peek() {
+            if due > now {
+                break;
+            }
+            if expired == PASS_BATCH {
+                return true;
+            }
+            self.deadlines.pop();
+            let applies = self
+                .live(conn)
+                .is_some_and(|c| c.state != ConnState::Established && c.deadline == Some(due));
+            if applies {
+                self.close(conn, CloseReason::TimedOut, false);
+                expired += 1;
+            }
+        }
+        self.compact_deadlines();
+        false
+    }
+
+    /// Drops deadlines that no longer apply once they outnumber the connections.
+    pub(super) fn compact_deadlines(&mut self) {
+        if self.deadlines.len() <= 2 * self.live_conns + 64 {
             return;
         }
-        let expired: Vec<ConnectionId> = self
-            .live()
-            .filter(|(_, c)| c.state != ConnState::Established)
-            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
-            .map(|(conn, _)| conn)
-            .collect();
-        for conn in expired {
-            self.close(conn, CloseReason::TimedOut, false);
-        }
+        let slots = &self.slots;
+        self.deadlines.retain(|Reverse((due, conn))| {
+            slots.get(conn.index()).is_some_and(|s| {
+                s.generation == conn.generation()
+                    && matches!(&s.entry, Some(Entry::Live(c)) if c.deadline == Some(*due) && c.state != ConnState::Established)
+            })
+        });
     }
 }

@@ -11,10 +11,12 @@
 //! its own (time comes from the transport) and waits only in [`Transport::wait`].
 
 mod inputs;
+mod queue;
 mod table;
 mod types;
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -23,13 +25,22 @@ use cm_core::{CmEventType, QpNum, QueueCaps, RejectReason, Transport, WorkComple
 
 use crate::{NotifyPump, PumpCounters, Role};
 
+use queue::{ClosedConn, Pending, Ready};
+pub use queue::{CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG};
 pub use types::{
-    CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, EstablishedVia, Event,
-    ListenOptions, ListenerId, PrivateData, QpErrorDetail,
+    CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, EndpointOptions,
+    EndpointStats, EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
 
 /// Completions read per `poll_cq` call.
 const POLL_BATCH: usize = 32;
+
+/// What one [`Endpoint::process`] pass handles at most from each source: asynchronous
+/// events per device, completion-queue events per device (each drains one
+/// connection's queues, at most its receive plus send depth), CM events, expired
+/// deadlines. A source with more waiting is read again on the next pass, which then
+/// does not wait: sustained traffic on one source cannot starve the others.
+pub const PASS_BATCH: usize = 64;
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,8 +97,13 @@ struct Conn<T: Transport> {
     /// What the notify path did before ESTABLISHED arrived.
     via: Option<EstablishedVia>,
     established: Option<EstablishedVia>,
-    /// Messages received before the connection was reported established.
-    held: Vec<Vec<u8>>,
+    /// Messages received and not yet taken, with the receive slot each one used. A
+    /// slot's receive is posted again only when its message is taken, so this never
+    /// holds more than the receive depth: a peer that sends faster than the
+    /// application reads (or before the connection is established) meets RNR.
+    inbox: VecDeque<(u32, Vec<u8>)>,
+    /// What it has to report.
+    pending: Pending,
     /// Active side: the REQ's private data and the resolution timeout, until connect.
     request: PrivateData,
     resolve_timeout: Duration,
@@ -115,7 +131,8 @@ impl<T: Transport> Conn<T> {
             deadline: None,
             via: None,
             established: None,
-            held: Vec::new(),
+            inbox: VecDeque::new(),
+            pending: Pending::default(),
             request: PrivateData::empty(),
             resolve_timeout: Duration::ZERO,
             peer_private: PrivateData::empty(),
@@ -123,9 +140,16 @@ impl<T: Transport> Conn<T> {
     }
 }
 
+/// A slot's occupant: a live connection, or one that closed and whose close the
+/// application has not heard of yet.
+enum Entry<T: Transport> {
+    Live(Conn<T>),
+    Closed(ClosedConn),
+}
+
 struct Slot<T: Transport> {
     generation: u32,
-    conn: Option<Conn<T>>,
+    entry: Option<Entry<T>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +182,26 @@ pub struct Endpoint<T: Transport> {
     free_slots: Vec<u32>,
     by_id: FxHashMap<usize, Owner>,
     by_qp: FxHashMap<QpNum, ConnectionId>,
-    events: VecDeque<Event>,
+    /// Connections (each at most once) and endpoint-wide events with something to
+    /// report, oldest first.
+    ready: VecDeque<Ready>,
+    /// Endpoint-wide events (bounded by [`ENDPOINT_EVENT_BACKLOG`]).
+    endpoint_events: VecDeque<Event>,
+    /// How many of them are [`Event::ListenerClosed`] (for `accept`).
+    listener_closed_pending: usize,
+    /// Passive connections established, in order, for `accept`.
+    accepted: VecDeque<ConnectionId>,
+    /// Connect and establish deadlines; an entry whose connection moved on is stale
+    /// and skipped.
+    deadlines: BinaryHeap<Reverse<(Duration, ConnectionId)>>,
+    /// The last ready-queue ticket given out.
+    next_ticket: u32,
+    live_conns: usize,
+    live_listeners: usize,
+    closed_conns: usize,
+    held_messages: usize,
+    dropped_events: u64,
+    options: EndpointOptions,
     completions: Vec<WorkCompletion>,
     /// When the transport asked to run its housekeeping again.
     housekeeping_due: Option<Duration>,
@@ -172,14 +215,20 @@ impl<T: Transport> std::fmt::Debug for Endpoint<T> {
         f.debug_struct("Endpoint")
             .field("devices", &self.device_keys)
             .field("connections", &self.connection_count())
-            .field("queued_events", &self.events.len())
+            .field("ready", &self.ready.len())
             .finish_non_exhaustive()
     }
 }
 
 impl<T: Transport> Endpoint<T> {
-    /// An endpoint over `transport`, with no listener or connection yet.
+    /// An endpoint over `transport`, with no listener or connection yet, and the
+    /// default [`EndpointOptions`].
     pub fn new(transport: T) -> Self {
+        Self::with_options(transport, EndpointOptions::default())
+    }
+
+    /// An endpoint over `transport` with `options`.
+    pub fn with_options(transport: T, options: EndpointOptions) -> Self {
         Endpoint {
             transport,
             pump: NotifyPump::new(),
@@ -190,7 +239,18 @@ impl<T: Transport> Endpoint<T> {
             free_slots: Vec::new(),
             by_id: FxHashMap::default(),
             by_qp: FxHashMap::default(),
-            events: VecDeque::new(),
+            ready: VecDeque::new(),
+            endpoint_events: VecDeque::new(),
+            listener_closed_pending: 0,
+            accepted: VecDeque::new(),
+            deadlines: BinaryHeap::new(),
+            next_ticket: 0,
+            live_conns: 0,
+            live_listeners: 0,
+            closed_conns: 0,
+            held_messages: 0,
+            dropped_events: 0,
+            options,
             completions: Vec::with_capacity(POLL_BATCH),
             housekeeping_due: None,
             device_released: false,
@@ -211,19 +271,39 @@ impl<T: Transport> Endpoint<T> {
         &self.transport
     }
 
+    /// The device readers, for a caller that waits on their descriptors itself.
+    pub(crate) fn devices(&self) -> &[T::Device] {
+        &self.devices
+    }
+
     /// What the notify path did so far.
     pub fn counters(&self) -> PumpCounters {
         self.pump.counters()
     }
 
-    /// Live connections (in any state).
+    /// Live connections (in any state; not those closed and waiting to be reported).
+    /// O(1).
     pub fn connection_count(&self) -> usize {
-        self.slots.iter().filter(|s| s.conn.is_some()).count()
+        self.live_conns
     }
 
-    /// Live listeners.
+    /// Live listeners. O(1).
     pub fn listener_count(&self) -> usize {
-        self.listeners.iter().filter(|l| l.is_some()).count()
+        self.live_listeners
+    }
+
+    /// What the endpoint holds for the application, for monitoring and tests: O(1).
+    pub fn stats(&self) -> EndpointStats {
+        EndpointStats {
+            connections: self.live_conns,
+            closed_unreported: self.closed_conns,
+            held_messages: self.held_messages,
+            endpoint_events: self.endpoint_events.len(),
+            ready_entries: self.ready.len(),
+            accept_entries: self.accepted.len(),
+            deadline_entries: self.deadlines.len(),
+            dropped_events: self.dropped_events,
+        }
     }
 
     /// Device contexts being read.
@@ -256,6 +336,7 @@ impl<T: Transport> Endpoint<T> {
         self.by_id
             .insert(self.transport.id_key(&id), Owner::Listener(listener));
         self.listeners[index] = Some(Listener { id, options });
+        self.live_listeners += 1;
         Ok(listener)
     }
 
@@ -272,6 +353,7 @@ impl<T: Transport> Endpoint<T> {
             .get_mut(listener.0 as usize)
             .and_then(Option::take)
             .ok_or(ConnError::UnknownListener(listener))?;
+        self.live_listeners -= 1;
         self.by_id.remove(&self.transport.id_key(&entry.id));
         Ok(())
     }
@@ -295,6 +377,9 @@ impl<T: Transport> Endpoint<T> {
         entry.request = options.private_data;
         entry.resolve_timeout = options.resolve_timeout;
         let conn = self.insert(entry);
+        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
+            self.deadlines.push(Reverse((deadline, conn)));
+        }
         Ok(conn)
     }
 
@@ -338,14 +423,15 @@ impl<T: Transport> Endpoint<T> {
         }
         let id = entry.id.clone();
         let result = self.transport.reject(&id, private_data.as_bytes());
-        self.remove(conn);
+        self.forget(conn);
         result.map_err(Into::into)
     }
 
     /// Sends one message (a SEND of `data`) on an established connection. The buffer
     /// is free again once its completion is read ([`ConnError::SendQueueFull`] until
-    /// then).
+    /// then; [`Event::Sent`] says a buffer came free). O(1).
     pub fn send(&mut self, conn: ConnectionId, data: &[u8]) -> Result<(), ConnError> {
+        self.conn(conn)?;
         let (transport, entry) = self.split(conn).ok_or(ConnError::UnknownConnection(conn))?;
         if entry.state != ConnState::Established {
             return Err(ConnError::WrongState {
@@ -379,15 +465,20 @@ impl<T: Transport> Endpoint<T> {
         result.map_err(Into::into)
     }
 
-    /// Disconnects (DREQ) and forgets the connection; [`Event::Closed`] with
-    /// [`CloseReason::Disconnected`] follows.
+    /// Disconnects (DREQ) and forgets the connection: the application closed it, so
+    /// nothing more is reported of it (no [`Event::Closed`]) and its handle names
+    /// nothing. On a connection that had closed already, forgets its unreported close.
+    /// O(1).
     pub fn disconnect(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
-        self.conn(conn)?;
-        self.close(conn, CloseReason::Disconnected, true);
+        if self.live(conn).is_none() && self.closed(conn).is_none() {
+            return Err(ConnError::UnknownConnection(conn));
+        }
+        self.forget(conn);
         Ok(())
     }
 
-    /// What the endpoint knows of `conn`.
+    /// What the endpoint knows of `conn`. O(1). A connection that closed and whose
+    /// close is not yet reported answers [`ConnError::Closed`] (nothing is consumed).
     pub fn info(&self, conn: ConnectionId) -> Result<ConnectionInfo<T::Addr>, ConnError> {
         let entry = self.conn(conn)?;
         Ok(ConnectionInfo {
@@ -402,24 +493,25 @@ impl<T: Transport> Endpoint<T> {
         })
     }
 
-    /// The CM id of `conn`, for calls this API does not wrap.
+    /// The CM id of `conn`, for calls this API does not wrap. O(1).
     pub fn cm_id(&self, conn: ConnectionId) -> Result<&T::Id, ConnError> {
         Ok(&self.conn(conn)?.id)
     }
 
     // ----- driving ---------------------------------------------------------------
 
-    /// Handles everything ready now, without waiting, and returns the oldest queued
-    /// event, if any.
+    /// Handles what is ready now (one bounded pass, see [`PASS_BATCH`]), without
+    /// waiting, and returns the oldest thing to report, if any. O(1) per event handled.
     pub fn poll(&mut self) -> Result<Option<Event>, ConnError> {
         self.process()?;
-        Ok(self.events.pop_front())
+        Ok(self.try_next_event())
     }
 
     /// The next event, waiting at most `timeout` (`None`: as long as it takes);
-    /// `Ok(None)` when the timeout passed.
+    /// `Ok(None)` when the timeout passed. Events come in order per connection;
+    /// connections with something to report take turns. O(1) amortised.
     pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ConnError> {
-        match self.wait_for(timeout, |events| events.pop_front().map(Ok)) {
+        match self.wait_for(timeout, |ep| ep.try_next_event().map(Ok)) {
             Ok(event) => Ok(Some(event)),
             Err(ConnError::Timeout) => Ok(None),
             Err(e) => Err(e),
@@ -427,52 +519,66 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Waits for the next accepted connection to be established (on any listener) and
-    /// returns it; its [`Event::Established`] is consumed, other events stay queued.
-    /// Ends with [`ConnError::Timeout`], or [`ConnError::ListenerClosed`] when a
-    /// listener ends meanwhile (its device was removed).
+    /// returns it; its [`Event::Established`] is consumed, nothing else is. Ends with
+    /// [`ConnError::Timeout`], or [`ConnError::ListenerClosed`] when a listener ended
+    /// (its device was removed) and no established connection is waiting. O(1)
+    /// amortised.
     pub fn accept(&mut self, timeout: Option<Duration>) -> Result<ConnectionId, ConnError> {
-        self.wait_for(timeout, take_accepted)
+        self.wait_for(timeout, Self::try_accept)
     }
 
     /// Waits for `conn` to be established (after [`Endpoint::connect`] or an accept)
-    /// and says how it got there. Ends with [`ConnError::Closed`] if it failed.
+    /// and says how it got there; its [`Event::Established`] is consumed (asking again
+    /// answers the same from the connection's state). Ends with [`ConnError::Closed`]
+    /// if it failed; answers at once with [`ConnError::UnknownConnection`] for a handle
+    /// that names nothing. O(1).
     pub fn established(
         &mut self,
         conn: ConnectionId,
         timeout: Option<Duration>,
     ) -> Result<EstablishedVia, ConnError> {
-        if let Some(via) = self.slot(conn).and_then(|c| c.established) {
-            return Ok(via);
+        if let Some(answer) = self.try_established(conn) {
+            return answer;
         }
-        self.wait_for(timeout, |events| take_established(events, conn))
+        self.wait_for(timeout, |ep| ep.try_established(conn))
     }
 
-    /// Waits for the next message on `conn`; other events stay queued. Ends with
-    /// [`ConnError::Closed`] if the connection closes first.
+    /// Waits for the next message on `conn` (taking it posts its receive again);
+    /// nothing else is consumed except the connection's [`Event::Established`]. After
+    /// the last message of a connection that closed, answers [`ConnError::Closed`]
+    /// once, then [`ConnError::UnknownConnection`]: both at once, never a wait. O(1).
     pub fn recv(
         &mut self,
         conn: ConnectionId,
         timeout: Option<Duration>,
     ) -> Result<Vec<u8>, ConnError> {
-        self.wait_for(timeout, |events| take_received(events, conn))
+        if let Some(answer) = self.try_recv(conn) {
+            return answer;
+        }
+        self.wait_for(timeout, |ep| ep.try_recv(conn))
     }
 
-    /// Handles everything ready, then hands the queue to `take` until it finds what it
-    /// looks for, waiting in the transport in between.
-    fn wait_for<R>(
+    /// Handles everything ready, then asks `take` for what it looks for, waiting in
+    /// the transport in between (spinning first, when busy polling is on).
+    pub(crate) fn wait_for<R>(
         &mut self,
         timeout: Option<Duration>,
-        mut take: impl FnMut(&mut VecDeque<Event>) -> Option<Result<R, ConnError>>,
+        mut take: impl FnMut(&mut Self) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
-        let deadline = timeout.map(|t| self.transport.now().saturating_add(t));
+        let start = self.transport.now();
+        let deadline = timeout.map(|t| start.saturating_add(t));
+        let mut spin = Spin::new(self.options.busy_poll, start);
         loop {
-            self.process()?;
-            if let Some(found) = take(&mut self.events) {
+            let more = self.process_pass()?;
+            if let Some(found) = take(self) {
                 return found;
             }
             let now = self.transport.now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(ConnError::Timeout);
+            }
+            if more || spin.keep_spinning(now) {
+                continue;
             }
             let wait = [deadline, self.next_deadline()]
                 .into_iter()
@@ -491,41 +597,79 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 
-    /// The earliest connect/establish deadline, for a caller that waits by itself.
+    /// The earliest connect/establish deadline (or transport housekeeping), for a
+    /// caller that waits by itself. O(1); it may name a deadline that no longer
+    /// applies (a connection established since), which costs one early wake-up.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.slots
-            .iter()
-            .filter_map(|s| s.conn.as_ref())
-            .filter(|c| c.state != ConnState::Established)
-            .filter_map(|c| c.deadline)
-            .chain(self.housekeeping_due)
-            .min()
+        let heap = self.deadlines.peek().map(|Reverse((due, _))| *due);
+        [heap, self.housekeeping_due].into_iter().flatten().min()
     }
 
-    /// Handles every ready source: asynchronous events first (a COMM_EST forwarded now
-    /// lets its ESTABLISHED come sooner), then completions (a receive on a connection
-    /// not yet established is the other trigger), then CM events, then deadlines.
+    /// Handles what is ready on every source, at most [`PASS_BATCH`] from each:
+    /// asynchronous events first (a COMM_EST forwarded now lets its ESTABLISHED come
+    /// sooner), then CM events (an RTU read now is not mistaken for a lost one), then
+    /// completions (a receive on a connection not yet established is the other
+    /// trigger), then deadlines. O(1) per event handled, whatever the number of
+    /// connections.
     pub fn process(&mut self) -> Result<(), ConnError> {
+        self.process_pass().map(|_| ())
+    }
+
+    /// One pass of [`Endpoint::process`]; whether a source had more than its batch.
+    pub(crate) fn process_pass(&mut self) -> Result<bool, ConnError> {
+        let mut more = false;
+        let mut first_error = None;
         for index in 0..self.devices.len() {
+            let mut handled = 0;
             while index < self.devices.len() {
-                let Some(event) = self.transport.next_async_event(&mut self.devices[index])? else {
+                if handled == PASS_BATCH {
+                    more = true;
                     break;
-                };
-                self.on_async_event(index, event);
+                }
+                match self.transport.next_async_event(&mut self.devices[index]) {
+                    Ok(Some(event)) => self.on_async_event(index, event),
+                    Ok(None) => break,
+                    Err(error) => {
+                        first_error.get_or_insert(error);
+                        break;
+                    }
+                }
+                handled += 1;
+            }
+        }
+        for handled in 0..=PASS_BATCH {
+            if handled == PASS_BATCH {
+                more = true;
+                break;
+            }
+            match self.transport.next_cm_event() {
+                Ok(Some(event)) => self.on_cm_event(event),
+                Ok(None) => break,
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                    break;
+                }
             }
         }
         for index in 0..self.devices.len() {
+            let mut handled = 0;
             while index < self.devices.len() {
-                let Some(token) = self.transport.next_cq_event(&mut self.devices[index])? else {
+                if handled == PASS_BATCH {
+                    more = true;
                     break;
-                };
-                self.on_cq_event(ConnectionId(token));
+                }
+                match self.transport.next_cq_event(&mut self.devices[index]) {
+                    Ok(Some(token)) => self.on_cq_event(ConnectionId(token)),
+                    Ok(None) => break,
+                    Err(error) => {
+                        first_error.get_or_insert(error);
+                        break;
+                    }
+                }
+                handled += 1;
             }
         }
-        while let Some(event) = self.transport.next_cm_event()? {
-            self.on_cm_event(event);
-        }
-        self.expire();
+        more |= self.expire();
         // The clock is read only when housekeeping is pending (a read per pass shows on
         // the notify path).
         if self.device_released || self.housekeeping_due.is_some() {
@@ -538,7 +682,46 @@ impl<T: Transport> Endpoint<T> {
                     .map(|after| now.saturating_add(after));
             }
         }
-        Ok(())
+        // One failing source does not keep the others from being handled.
+        match first_error {
+            Some(error) => Err(error.into()),
+            None => Ok(more),
+        }
+    }
+}
+
+/// Busy polling's budget within one wait: spin until `budget` has passed on the
+/// transport's clock. A clock that does not move while spinning (a simulation's
+/// virtual time) ends the spin after a few rounds.
+struct Spin {
+    until: Option<Duration>,
+    last: Duration,
+    still: u32,
+}
+
+impl Spin {
+    /// Rounds without the clock moving before the spin gives up.
+    const STILL_ROUNDS: u32 = 64;
+
+    fn new(budget: Option<Duration>, now: Duration) -> Self {
+        Spin {
+            until: budget.map(|b| now.saturating_add(b)),
+            last: now,
+            still: 0,
+        }
+    }
+
+    fn keep_spinning(&mut self, now: Duration) -> bool {
+        let Some(until) = self.until else {
+            return false;
+        };
+        if now == self.last {
+            self.still += 1;
+        } else {
+            self.last = now;
+            self.still = 0;
+        }
+        now < until && self.still < Self::STILL_ROUNDS
     }
 }
 
@@ -553,59 +736,5 @@ fn failure_reason(kind: CmEventType, status: i32, private_data: &[u8]) -> CloseR
             private_data: PrivateData::from(private_data),
         },
         _ => CloseReason::ConnectError { status },
-    }
-}
-
-/// Takes the first accepted connection's ESTABLISHED, or the first listener end.
-pub(crate) fn take_accepted(
-    events: &mut VecDeque<Event>,
-) -> Option<Result<ConnectionId, ConnError>> {
-    let position = events.iter().position(|e| {
-        matches!(
-            e,
-            Event::Established {
-                role: Role::Passive,
-                ..
-            } | Event::ListenerClosed { .. }
-        )
-    })?;
-    match events.remove(position)? {
-        Event::Established { conn, .. } => Some(Ok(conn)),
-        Event::ListenerClosed { listener, reason } => {
-            Some(Err(ConnError::ListenerClosed { listener, reason }))
-        }
-        _ => None,
-    }
-}
-
-/// Takes `conn`'s ESTABLISHED, or its end.
-pub(crate) fn take_established(
-    events: &mut VecDeque<Event>,
-    conn: ConnectionId,
-) -> Option<Result<EstablishedVia, ConnError>> {
-    let position = events.iter().position(|e| match e {
-        Event::Established { conn: c, .. } | Event::Closed { conn: c, .. } => *c == conn,
-        _ => false,
-    })?;
-    match events.remove(position)? {
-        Event::Established { via, .. } => Some(Ok(via)),
-        Event::Closed { conn, reason } => Some(Err(ConnError::Closed { conn, reason })),
-        _ => None,
-    }
-}
-
-/// Takes `conn`'s next message, or its end.
-pub(crate) fn take_received(
-    events: &mut VecDeque<Event>,
-    conn: ConnectionId,
-) -> Option<Result<Vec<u8>, ConnError>> {
-    let position = events.iter().position(|e| match e {
-        Event::Received { conn: c, .. } | Event::Closed { conn: c, .. } => *c == conn,
-        _ => false,
-    })?;
-    match events.remove(position)? {
-        Event::Received { data, .. } => Some(Ok(data)),
-        Event::Closed { conn, reason } => Some(Err(ConnError::Closed { conn, reason })),
-        _ => None,
     }
 }

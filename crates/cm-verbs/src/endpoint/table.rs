@@ -3,9 +3,12 @@
 
 use cm_core::Transport;
 
+use std::collections::VecDeque;
+
+use super::queue::{ClosedConn, Pending, CLOSED_BACKLOG};
 use super::{
-    CloseReason, Conn, ConnError, ConnState, ConnectionId, Endpoint, Event, Listener, ListenerId,
-    Owner, Slot,
+    CloseReason, Conn, ConnError, ConnState, ConnectionId, Endpoint, Entry, Event, Listener,
+    ListenerId, Owner, Slot,
 };
 use crate::Role;
 
@@ -48,9 +51,10 @@ impl<T: Transport> Endpoint<T> {
                 .is_some_and(|l| self.transport.device_key(&l.id) == Some(key));
             if on_device {
                 if let Some(entry) = self.listeners[index].take() {
+                    self.live_listeners -= 1;
                     self.by_id.remove(&self.transport.id_key(&entry.id));
                 }
-                self.events.push_back(Event::ListenerClosed {
+                self.push_endpoint_event(Event::ListenerClosed {
                     listener: ListenerId(index as u32),
                     reason: reason.clone(),
                 });
@@ -67,7 +71,7 @@ impl<T: Transport> Endpoint<T> {
     /// Every connection on the device, those not set up yet (a request waiting for an
     /// answer, an address being resolved) included.
     pub(super) fn conns_on(&self, key: T::DeviceKey) -> Vec<ConnectionId> {
-        self.live()
+        self.live_conns_iter()
             .filter(|(_, c)| {
                 c.device == Some(key)
                     || (c.device.is_none() && self.transport.device_key(&c.id) == Some(key))
@@ -76,18 +80,44 @@ impl<T: Transport> Endpoint<T> {
             .collect()
     }
 
-    pub(super) fn live(&self) -> impl Iterator<Item = (ConnectionId, &Conn<T>)> {
-        self.slots.iter().enumerate().filter_map(|(index, slot)| {
-            slot.conn
-                .as_ref()
-                .map(|c| (ConnectionId::new(index as u32, slot.generation), c))
-        })
+    /// Every live (not closed) connection with its handle. O(slots).
+    pub(super) fn live_conns_iter(&self) -> impl Iterator<Item = (ConnectionId, &Conn<T>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| match &slot.entry {
+                Some(Entry::Live(c)) => Some((ConnectionId::new(index as u32, slot.generation), c)),
+                _ => None,
+            })
     }
 
-    /// Ends `conn`: reports [`Event::Closed`] (unless the application never saw it),
-    /// unregisters it and drops the id, which destroys its QP, queues and memory.
+    /// Ends `conn`: unregisters it and drops the id, which destroys its QP, queues and
+    /// memory; keeps what it has to report, and the close itself, for the application
+    /// (unless it never saw the connection and setting it up failed).
     pub(super) fn close(&mut self, conn: ConnectionId, reason: CloseReason, disconnect: bool) {
-        let Some(entry) = self.remove(conn) else {
+        let seen = self.live(conn).is_some_and(|entry| {
+            entry.role == Role::Active
+                || entry.state == ConnState::Established
+                || entry
+                    .listener
+                    .and_then(|l| self.listeners.get(l.0 as usize))
+                    .is_some_and(|l| l.as_ref().is_some_and(|l| !l.options.auto_accept))
+        });
+        let report = seen || !matches!(reason, CloseReason::SetupFailed(_));
+        self.end(conn, disconnect, report.then_some(reason));
+    }
+
+    /// Ends `conn` because the application said so: nothing more is reported of it.
+    pub(super) fn forget(&mut self, conn: ConnectionId) {
+        if self.live(conn).is_some() {
+            self.end(conn, true, None);
+        } else if self.closed(conn).is_some() {
+            self.free_closed(conn);
+        }
+    }
+
+    fn end(&mut self, conn: ConnectionId, disconnect: bool, report: Option<CloseReason>) {
+        let Some(entry) = self.remove_live(conn) else {
             return;
         };
         if disconnect {
@@ -95,33 +125,92 @@ impl<T: Transport> Endpoint<T> {
                 log::debug!("{conn}: disconnect: {error}");
             }
         }
-        let seen = entry.role == Role::Active
-            || entry.state == ConnState::Established
-            || entry
-                .listener
-                .and_then(|l| self.listeners.get(l.0 as usize))
-                .is_some_and(|l| l.as_ref().is_some_and(|l| !l.options.auto_accept));
-        if seen || !matches!(reason, CloseReason::SetupFailed(_)) {
-            self.events.push_back(Event::Closed { conn, reason });
-        }
-        drop(entry);
+        let Conn {
+            id,
+            role,
+            state,
+            established,
+            peer_private,
+            inbox,
+            pending,
+            ..
+        } = entry;
+        // The id goes now: its QP, queues and memory with it, whatever is kept below.
+        drop(id);
+        let kept = report.filter(|_| {
+            let room = self.closed_conns < CLOSED_BACKLOG;
+            if !room {
+                self.dropped_events += 1;
+            }
+            room
+        });
+        let Some(reason) = kept else {
+            self.held_messages -= inbox.len();
+            self.free_slot(conn);
+            return;
+        };
+        // Messages are deliverable only on a connection that got established.
+        let inbox: VecDeque<Vec<u8>> = if state == ConnState::Established {
+            inbox.into_iter().map(|(_, data)| data).collect()
+        } else {
+            self.held_messages -= inbox.len();
+            VecDeque::new()
+        };
+        let ticket = pending.ticket;
+        self.slots[conn.index()].entry = Some(Entry::Closed(ClosedConn {
+            reason,
+            role,
+            established,
+            peer_private,
+            inbox,
+            pending: Pending {
+                established: pending.established,
+                ticket,
+                ..Pending::default()
+            },
+        }));
+        self.closed_conns += 1;
+        self.requeue(conn);
     }
 
-    pub(super) fn remove(&mut self, conn: ConnectionId) -> Option<Conn<T>> {
+    /// Takes a live connection out of every index; its slot is left empty (the caller
+    /// puts a closed record there or frees it).
+    fn remove_live(&mut self, conn: ConnectionId) -> Option<Conn<T>> {
         let slot = self.slots.get_mut(conn.index())?;
-        if slot.generation != conn.generation() {
+        if slot.generation != conn.generation() || !matches!(slot.entry, Some(Entry::Live(_))) {
             return None;
         }
-        let entry = slot.conn.take()?;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.free_slots.push(conn.index() as u32);
+        let Some(Entry::Live(entry)) = slot.entry.take() else {
+            return None;
+        };
+        self.live_conns -= 1;
         self.by_id.remove(&self.transport.id_key(&entry.id));
         if let Some(qp) = entry.qp {
             self.by_qp.remove(&qp);
             drop(self.pump.unregister(qp));
         }
-        // Messages held for a connection that never got established are dropped with it.
+        shrink(&mut self.by_id);
+        shrink(&mut self.by_qp);
         Some(entry)
+    }
+
+    /// Frees a closed connection's record (its close has been reported); its reason.
+    pub(super) fn free_closed(&mut self, conn: ConnectionId) -> CloseReason {
+        let slot = &mut self.slots[conn.index()];
+        let Some(Entry::Closed(closed)) = slot.entry.take() else {
+            unreachable!("free_closed is called on a closed record");
+        };
+        self.closed_conns -= 1;
+        self.held_messages -= closed.inbox.len();
+        self.free_slot(conn);
+        closed.reason
+    }
+
+    fn free_slot(&mut self, conn: ConnectionId) {
+        let slot = &mut self.slots[conn.index()];
+        slot.entry = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_slots.push(conn.index() as u32);
     }
 
     pub(super) fn insert(&mut self, conn: Conn<T>) -> ConnectionId {
@@ -131,45 +220,97 @@ impl<T: Transport> Endpoint<T> {
             None => {
                 self.slots.push(Slot {
                     generation: 0,
-                    conn: None,
+                    entry: None,
                 });
                 self.slots.len() - 1
             }
         };
         let slot = &mut self.slots[index];
-        slot.conn = Some(conn);
+        slot.entry = Some(Entry::Live(conn));
+        self.live_conns += 1;
         let id = ConnectionId::new(index as u32, slot.generation);
         self.by_id.insert(key, Owner::Conn(id));
         id
     }
 
-    pub(super) fn slot(&self, conn: ConnectionId) -> Option<&Conn<T>> {
+    fn entry(&self, conn: ConnectionId) -> Option<&Entry<T>> {
         let slot = self.slots.get(conn.index())?;
         (slot.generation == conn.generation())
-            .then_some(slot.conn.as_ref())
+            .then_some(slot.entry.as_ref())
             .flatten()
     }
 
-    pub(super) fn slot_mut(&mut self, conn: ConnectionId) -> Option<&mut Conn<T>> {
+    fn entry_mut(&mut self, conn: ConnectionId) -> Option<&mut Entry<T>> {
         let slot = self.slots.get_mut(conn.index())?;
         if slot.generation == conn.generation() {
-            slot.conn.as_mut()
+            slot.entry.as_mut()
         } else {
             None
         }
     }
 
-    /// The transport and a connection, borrowed together.
+    /// The live connection `conn` names.
+    pub(super) fn live(&self, conn: ConnectionId) -> Option<&Conn<T>> {
+        match self.entry(conn)? {
+            Entry::Live(c) => Some(c),
+            Entry::Closed(_) => None,
+        }
+    }
+
+    /// The live connection `conn` names.
+    pub(super) fn live_mut(&mut self, conn: ConnectionId) -> Option<&mut Conn<T>> {
+        match self.entry_mut(conn)? {
+            Entry::Live(c) => Some(c),
+            Entry::Closed(_) => None,
+        }
+    }
+
+    /// The closed, not yet reported connection `conn` names.
+    pub(super) fn closed(&self, conn: ConnectionId) -> Option<&ClosedConn> {
+        match self.entry(conn)? {
+            Entry::Closed(c) => Some(c),
+            Entry::Live(_) => None,
+        }
+    }
+
+    /// The closed, not yet reported connection `conn` names.
+    pub(super) fn closed_mut(&mut self, conn: ConnectionId) -> Option<&mut ClosedConn> {
+        match self.entry_mut(conn)? {
+            Entry::Closed(c) => Some(c),
+            Entry::Live(_) => None,
+        }
+    }
+
+    /// What `conn` has to report, live or closed.
+    pub(super) fn pending_mut(&mut self, conn: ConnectionId) -> Option<&mut Pending> {
+        match self.entry_mut(conn)? {
+            Entry::Live(c) => Some(&mut c.pending),
+            Entry::Closed(c) => Some(&mut c.pending),
+        }
+    }
+
+    /// The transport and a live connection, borrowed together.
     pub(super) fn split(&mut self, conn: ConnectionId) -> Option<(&mut T, &mut Conn<T>)> {
         let slot = self.slots.get_mut(conn.index())?;
         if slot.generation != conn.generation() {
             return None;
         }
-        Some((&mut self.transport, slot.conn.as_mut()?))
+        match slot.entry.as_mut()? {
+            Entry::Live(c) => Some((&mut self.transport, c)),
+            Entry::Closed(_) => None,
+        }
     }
 
+    /// The live connection, or the typed error a call on it answers.
     pub(super) fn conn(&self, conn: ConnectionId) -> Result<&Conn<T>, ConnError> {
-        self.slot(conn).ok_or(ConnError::UnknownConnection(conn))
+        match self.entry(conn) {
+            Some(Entry::Live(c)) => Ok(c),
+            Some(Entry::Closed(c)) => Err(ConnError::Closed {
+                conn,
+                reason: c.reason.clone(),
+            }),
+            None => Err(ConnError::UnknownConnection(conn)),
+        }
     }
 
     pub(super) fn listener(&self, listener: ListenerId) -> Result<&Listener<T>, ConnError> {
@@ -178,22 +319,11 @@ impl<T: Transport> Endpoint<T> {
             .and_then(Option::as_ref)
             .ok_or(ConnError::UnknownListener(listener))
     }
+}
 
-    /// For the async flavour: handles what is ready and looks for an event.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn take_with<R>(
-        &mut self,
-        take: &mut impl FnMut(&mut std::collections::VecDeque<Event>) -> Option<Result<R, ConnError>>,
-    ) -> Option<Result<R, ConnError>> {
-        if let Err(error) = self.process() {
-            return Some(Err(error));
-        }
-        take(&mut self.events)
-    }
-
-    /// For the async flavour: the transport and the device readers.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn parts(&self) -> (&T, &[T::Device]) {
-        (&self.transport, &self.devices)
+/// Gives back a hash map's memory once it is mostly empty (after a burst of closes).
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut rustc_hash::FxHashMap<K, V>) {
+    if map.capacity() > 4 * map.len() + 64 {
+        map.shrink_to(2 * map.len());
     }
 }

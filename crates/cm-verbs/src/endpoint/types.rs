@@ -406,3 +406,58 @@ pub enum ConnError {
         reason: CloseReason,
     },
 }
+
+/// How an [`Endpoint`](crate::Endpoint) waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct EndpointOptions {
+    /// Busy polling: a waiting call spins on its sources (non-blocking reads) for up
+    /// to this long before it sleeps in the transport, as latency-bound RDMA servers
+    /// do; it trades a core for the wake-up latency. `None` (the default): sleep at
+    /// once.
+    pub busy_poll: Option<Duration>,
+}
+
+impl EndpointOptions {
+    /// The defaults, with busy polling for up to `budget` per wait.
+    pub fn busy_poll(budget: Duration) -> Self {
+        EndpointOptions {
+            busy_poll: Some(budget),
+        }
+    }
+}
+
+/// What an [`Endpoint`](crate::Endpoint) holds for the application, with the bound of
+/// each ([`Endpoint::stats`](crate::Endpoint::stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct EndpointStats {
+    /// Live connections.
+    pub connections: usize,
+    /// Connections closed whose close is not yet reported (at most
+    /// [`CLOSED_BACKLOG`](crate::CLOSED_BACKLOG)).
+    pub closed_unreported: usize,
+    /// Messages received and not yet taken, over every connection (at most each
+    /// connection's receive depth).
+    pub held_messages: usize,
+    /// Endpoint-wide events not yet taken (at most
+    /// [`ENDPOINT_EVENT_BACKLOG`](crate::ENDPOINT_EVENT_BACKLOG)).
+    pub endpoint_events: usize,
+    /// Entries of the ready queue, stale ones included (at most about twice the
+    /// connections and endpoint events, plus 64).
+    pub ready_entries: usize,
+    /// Entries of `accept`'s queue, stale ones included (the same bound).
+    pub accept_entries: usize,
+    /// Deadlines kept, stale ones included (at most about twice the connections, plus
+    /// 64, once a pass has expired what was due).
+    pub deadline_entries: usize,
+    /// Events dropped because a bound was reached.
+    pub dropped_events: u64,
+}
+
+impl EndpointStats {
+    /// Everything still to be reported or taken, counted once per entry.
+    pub fn queued(&self) -> usize {
+        self.closed_unreported + self.held_messages + self.endpoint_events
+    }
+}

@@ -1,0 +1,355 @@
+//! What the endpoint has to report, and taking it in O(1).
+//!
+//! Nothing is kept in one long list of events. Each connection keeps what it has to
+//! report itself (a few flags, its received messages, its close), and a ready queue
+//! names the connections that have something, each at most once; endpoint-wide events
+//! (listener ends, device events) sit in their own bounded queue. A waiting call that
+//! wants one connection's message goes straight to that connection; `accept` has its
+//! own queue of accepted connections. Entries that went stale (taken by another call,
+//! or the connection is gone) are skipped when met and dropped in bulk when they
+//! outnumber the live ones, so every take is O(1) amortised and every queue stays
+//! within a bound of the number of connections.
+
+use std::collections::VecDeque;
+
+use cm_core::{QpNum, Transport};
+
+use super::{
+    CloseReason, ConnError, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia, Event,
+    ListenerId, PrivateData,
+};
+use crate::Role;
+
+/// Endpoint-wide events ([`Event::ListenerClosed`], [`Event::Device`]) kept for the
+/// application at most; past it the oldest is dropped and counted.
+pub const ENDPOINT_EVENT_BACKLOG: usize = 1024;
+
+/// Connections closed but not yet reported ([`Event::Closed`] or a
+/// [`ConnError::Closed`]) kept at most; past it a close is not kept (its handle then
+/// names nothing) and counted.
+pub const CLOSED_BACKLOG: usize = 4096;
+
+/// What one connection has to report, in the order it is reported.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    /// [`Event::Request`] (manual accept) not yet taken.
+    pub(super) request: bool,
+    /// [`Event::Established`] not yet taken.
+    pub(super) established: bool,
+    /// The latest [`Event::NotifyFailed`] not yet taken.
+    pub(super) notify_failed: Option<(QpNum, cm_core::NotifyError)>,
+    /// A send completed since the last [`Event::Sent`] was taken.
+    pub(super) sent: bool,
+    /// Its place in the ready queue (0: not queued); an entry with another ticket is
+    /// stale.
+    pub(super) ticket: u32,
+}
+
+/// A connection that ended but whose end the application has not heard of yet: its
+/// id, QP and memory are gone, what it has to report is kept.
+#[derive(Debug)]
+pub(super) struct ClosedConn {
+    pub(super) reason: CloseReason,
+    pub(super) role: Role,
+    pub(super) established: Option<EstablishedVia>,
+    pub(super) peer_private: PrivateData,
+    /// Messages that arrived while it was established and were not taken.
+    pub(super) inbox: VecDeque<Vec<u8>>,
+    pub(super) pending: Pending,
+}
+
+/// An entry of the ready queue.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Ready {
+    /// The connection may have something to report (valid while its ticket matches).
+    Conn(ConnectionId, u32),
+    /// The oldest endpoint-wide event.
+    Endpoint,
+}
+
+/// What a connection reports when asked (see [`Endpoint::take_conn_event`]).
+enum Take {
+    Event(Event),
+    Nothing,
+}
+
+impl<T: Transport> Endpoint<T> {
+    /// Puts `conn` in the ready queue unless it is there already.
+    pub(super) fn mark_ready(&mut self, conn: ConnectionId) {
+        if self.pending_mut(conn).is_some_and(|p| p.ticket == 0) {
+            self.requeue(conn);
+        }
+    }
+
+    /// Puts `conn` at the end of the ready queue, where it is there or not (its close
+    /// is reported after what was queued before it).
+    pub(super) fn requeue(&mut self, conn: ConnectionId) {
+        self.next_ticket = self.next_ticket.wrapping_add(1).max(1);
+        let ticket = self.next_ticket;
+        let Some(pending) = self.pending_mut(conn) else {
+            return;
+        };
+        pending.ticket = ticket;
+        self.ready.push_back(Ready::Conn(conn, ticket));
+        self.compact_ready();
+    }
+
+    /// Queues an endpoint-wide event (bounded: the oldest goes first).
+    pub(super) fn push_endpoint_event(&mut self, event: Event) {
+        if self.endpoint_events.len() >= ENDPOINT_EVENT_BACKLOG {
+            if let Some(Event::ListenerClosed { .. }) = self.endpoint_events.pop_front() {
+                self.listener_closed_pending -= 1;
+            }
+            self.dropped_events += 1;
+        }
+        if matches!(event, Event::ListenerClosed { .. }) {
+            self.listener_closed_pending += 1;
+        }
+        self.endpoint_events.push_back(event);
+        self.ready.push_back(Ready::Endpoint);
+        self.compact_ready();
+    }
+
+    /// Drops stale ready entries once they outnumber the live ones: amortised O(1).
+    fn compact_ready(&mut self) {
+        let live = self.live_conns + self.closed_conns + self.endpoint_events.len();
+        if self.ready.len() <= 2 * live + 64 {
+            return;
+        }
+        let mut endpoint_markers = self.endpoint_events.len();
+        let slots = &self.slots;
+        self.ready.retain(|entry| match *entry {
+            Ready::Conn(conn, ticket) => slots.get(conn.index()).is_some_and(|s| {
+                s.generation == conn.generation()
+                    && match &s.entry {
+                        Some(Entry::Live(c)) => c.pending.ticket == ticket,
+                        Some(Entry::Closed(c)) => c.pending.ticket == ticket,
+                        None => false,
+                    }
+            }),
+            Ready::Endpoint => {
+                let keep = endpoint_markers > 0;
+                endpoint_markers = endpoint_markers.saturating_sub(1);
+                keep
+            }
+        });
+    }
+
+    /// Drops stale `accept` entries once they outnumber the live ones.
+    pub(super) fn compact_accepted(&mut self) {
+        let live = self.live_conns + self.closed_conns;
+        if self.accepted.len() <= 2 * live + 64 {
+            return;
+        }
+        let slots = &self.slots;
+        self.accepted.retain(|conn| {
+            slots
+                .get(conn.index())
+                .is_some_and(|s| s.generation == conn.generation() && s.entry.is_some())
+        });
+    }
+
+    /// The oldest thing to report, from the ready queue. O(1) amortised.
+    pub(crate) fn try_next_event(&mut self) -> Option<Event> {
+        while let Some(entry) = self.ready.pop_front() {
+            match entry {
+                Ready::Endpoint => {
+                    if let Some(event) = self.endpoint_events.pop_front() {
+                        if matches!(event, Event::ListenerClosed { .. }) {
+                            self.listener_closed_pending -= 1;
+                        }
+                        return Some(event);
+                    }
+                }
+                Ready::Conn(conn, ticket) => {
+                    let Some(pending) = self.pending_mut(conn).filter(|p| p.ticket == ticket)
+                    else {
+                        continue; // gone or queued again since: a stale entry
+                    };
+                    pending.ticket = 0;
+                    if let Take::Event(event) = self.take_conn_event(conn) {
+                        if self.has_pending(conn) {
+                            self.mark_ready(conn);
+                        }
+                        return Some(event);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// `conn`'s next thing to report, in its order: request, established, messages,
+    /// notify failure, sent, closed.
+    fn take_conn_event(&mut self, conn: ConnectionId) -> Take {
+        if self.live(conn).is_some() {
+            if let Some(event) = self.take_live_event(conn) {
+                return Take::Event(event);
+            }
+            return Take::Nothing;
+        }
+        let Some(closed) = self.closed_mut(conn) else {
+            return Take::Nothing;
+        };
+        if closed.pending.established {
+            closed.pending.established = false;
+            let (role, via) = (
+                closed.role,
+                closed.established.unwrap_or(EstablishedVia::Handshake),
+            );
+            let private_data = std::mem::take(&mut closed.peer_private);
+            return Take::Event(Event::Established {
+                conn,
+                role,
+                via,
+                private_data,
+            });
+        }
+        if let Some(data) = closed.inbox.pop_front() {
+            self.held_messages -= 1;
+            return Take::Event(Event::Received { conn, data });
+        }
+        let reason = self.free_closed(conn);
+        Take::Event(Event::Closed { conn, reason })
+    }
+
+    fn take_live_event(&mut self, conn: ConnectionId) -> Option<Event> {
+        let entry = self.live_mut(conn)?;
+        if entry.pending.request {
+            entry.pending.request = false;
+            return Some(Event::Request {
+                listener: entry.listener.unwrap_or(ListenerId(u32::MAX)),
+                conn,
+                private_data: entry.peer_private.clone(),
+            });
+        }
+        if entry.pending.established {
+            entry.pending.established = false;
+            return Some(Event::Established {
+                conn,
+                role: entry.role,
+                via: entry.established.unwrap_or(EstablishedVia::Handshake),
+                private_data: std::mem::take(&mut entry.peer_private),
+            });
+        }
+        if let Some(data) = self.take_message(conn) {
+            return Some(Event::Received { conn, data });
+        }
+        let entry = self.live_mut(conn)?;
+        if let Some((qp, error)) = entry.pending.notify_failed.take() {
+            return Some(Event::NotifyFailed { conn, qp, error });
+        }
+        if entry.pending.sent {
+            entry.pending.sent = false;
+            return Some(Event::Sent { conn });
+        }
+        None
+    }
+
+    /// Whether `conn` has anything left to report.
+    fn has_pending(&self, conn: ConnectionId) -> bool {
+        if let Some(entry) = self.live(conn) {
+            let p = &entry.pending;
+            return p.request
+                || p.established
+                || p.notify_failed.is_some()
+                || p.sent
+                || (entry.state == ConnState::Established && !entry.inbox.is_empty());
+        }
+        self.closed(conn).is_some()
+    }
+
+    /// The next message of an established connection, its receive posted again (the
+    /// peer may send one more). `None` when there is none.
+    pub(super) fn take_message(&mut self, conn: ConnectionId) -> Option<Vec<u8>> {
+        let (transport, entry) = self.split(conn)?;
+        if entry.state != ConnState::Established || entry.pending.established {
+            return None;
+        }
+        let (slot, data) = entry.inbox.pop_front()?;
+        let posted = match entry.buffers.as_ref() {
+            Some(buffers) => transport.post_recv(&entry.id, buffers, slot, u64::from(slot)),
+            None => Ok(()),
+        };
+        self.held_messages -= 1;
+        if let Err(error) = posted {
+            self.close(conn, CloseReason::SetupFailed(error), true);
+        }
+        Some(data)
+    }
+
+    /// For `recv`: `conn`'s next message, its end, or nothing yet. Answers at once for a
+    /// connection that is closed or unknown.
+    pub(crate) fn try_recv(&mut self, conn: ConnectionId) -> Option<Result<Vec<u8>, ConnError>> {
+        if let Some(entry) = self.live_mut(conn) {
+            if entry.state == ConnState::Established {
+                // Reading it is taking it: its ESTABLISHED is no longer news.
+                entry.pending.established = false;
+            }
+            return self.take_message(conn).map(Ok);
+        }
+        let Some(closed) = self.closed_mut(conn) else {
+            return Some(Err(ConnError::UnknownConnection(conn)));
+        };
+        closed.pending.established = false;
+        if let Some(data) = closed.inbox.pop_front() {
+            self.held_messages -= 1;
+            return Some(Ok(data));
+        }
+        let reason = self.free_closed(conn);
+        Some(Err(ConnError::Closed { conn, reason }))
+    }
+
+    /// For `established`: how `conn` got established (its event consumed), its end, or
+    /// nothing yet. Answers at once for a connection that is closed or unknown.
+    pub(crate) fn try_established(
+        &mut self,
+        conn: ConnectionId,
+    ) -> Option<Result<EstablishedVia, ConnError>> {
+        if let Some(entry) = self.live_mut(conn) {
+            let via = entry.established?;
+            entry.pending.established = false;
+            return Some(Ok(via));
+        }
+        let Some(closed) = self.closed_mut(conn) else {
+            return Some(Err(ConnError::UnknownConnection(conn)));
+        };
+        if let (Some(via), true) = (closed.established, closed.pending.established) {
+            closed.pending.established = false;
+            return Some(Ok(via));
+        }
+        let reason = closed.reason.clone();
+        if closed.inbox.is_empty() {
+            self.free_closed(conn);
+        }
+        Some(Err(ConnError::Closed { conn, reason }))
+    }
+
+    /// For `accept`: the oldest passive connection whose ESTABLISHED nobody took yet, or
+    /// a listener's end. O(1) amortised.
+    pub(crate) fn try_accept(&mut self) -> Option<Result<ConnectionId, ConnError>> {
+        while let Some(conn) = self.accepted.pop_front() {
+            if let Some(pending) = self.pending_mut(conn) {
+                if pending.established {
+                    pending.established = false;
+                    return Some(Ok(conn));
+                }
+            }
+        }
+        if self.listener_closed_pending == 0 {
+            return None;
+        }
+        // At most ENDPOINT_EVENT_BACKLOG entries, and only while a listener end waits.
+        let position = self
+            .endpoint_events
+            .iter()
+            .position(|e| matches!(e, Event::ListenerClosed { .. }))?;
+        self.listener_closed_pending -= 1;
+        match self.endpoint_events.remove(position)? {
+            Event::ListenerClosed { listener, reason } => {
+                Some(Err(ConnError::ListenerClosed { listener, reason }))
+            }
+            _ => None,
+        }
+    }
+}
