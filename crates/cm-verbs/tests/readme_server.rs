@@ -52,6 +52,8 @@ fn the_readme_server_rescues_a_lost_rtu() {
     };
     client.send(conn, b"readme").expect("send");
     assert_eq!(client.recv(conn, wait).expect("echo"), b"readme");
+    // The server echoes until the client leaves.
+    client.disconnect(conn).expect("disconnect");
     server.join().expect("server thread").expect("serve");
     assert!(rule.hits().expect("counter") >= 1, "the RTU was dropped");
 }

@@ -142,6 +142,8 @@ impl<T: Transport> Conn<T> {
 
 /// A slot's occupant: a live connection, or one that closed and whose close the
 /// application has not heard of yet.
+// Live is the common case: boxing it would cost an allocation per connection.
+#[allow(clippy::large_enum_variant)]
 enum Entry<T: Transport> {
     Live(Conn<T>),
     Closed(ClosedConn),
