@@ -354,30 +354,32 @@ impl Builder {
                 let Some(arrow) = self.take_in_flight(kind, true) else {
                     return;
                 };
-                let (suffix, tone) = match action {
+                let suffix = match action {
                     FaultAction::Drop => {
                         self.ladder.arrows[arrow].tone = Tone::Lost;
                         self.ladder.arrows[arrow].end = End::Lost(self.ladder.rows.len());
                         self.row(at, Mark::Lose(arrow));
                         return;
                     }
-                    FaultAction::Delay(by) => (format!("delayed {}", clock(by)), Tone::Late),
-                    FaultAction::Duplicate => {
-                        // Two arrivals: the copy is one more arrow from the same row.
-                        let copy = Arrow {
-                            label: format!("{} (copy)", self.ladder.arrows[arrow].label),
-                            ..self.ladder.arrows[arrow].clone()
-                        };
-                        self.ladder.arrows.push(copy);
-                        self.in_flight.push(self.ladder.arrows.len() - 1);
-                        ("duplicated".to_owned(), Tone::Late)
-                    }
-                    FaultAction::Reorder => ("reordered".to_owned(), Tone::Late),
+                    FaultAction::Delay(by) => format!("delayed {}", clock(by)),
+                    FaultAction::Duplicate => "duplicated".to_owned(),
+                    FaultAction::Reorder => "reordered".to_owned(),
                 };
                 let shown = &mut self.ladder.arrows[arrow];
-                shown.label = format!("{} ({suffix})", shown.label);
-                shown.tone = tone;
+                let name = shown.label.clone();
+                shown.label = format!("{name} ({suffix})");
+                shown.tone = Tone::Late;
                 self.in_flight.push(arrow);
+                if action == FaultAction::Duplicate {
+                    // Two arrivals: the copy is one more arrow from the same row, behind
+                    // the original.
+                    let copy = Arrow {
+                        label: format!("{name} (copy)"),
+                        ..self.ladder.arrows[arrow].clone()
+                    };
+                    self.ladder.arrows.push(copy);
+                    self.in_flight.push(self.ladder.arrows.len() - 1);
+                }
             }
             &TraceEvent::Delivered { kind, .. } => {
                 if let Some(arrow) = self.take_in_flight(kind, false) {
@@ -548,6 +550,45 @@ pub fn write(report: &SimReport, target: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duplicated_rtu_arrives_twice_and_a_trace_without_req_is_refused() {
+        let report = crate::sim_run::run(&crate::sim_run::SimRun {
+            connections: 1,
+            rtu_loss: 0.0,
+            rules: vec![cm_mock::sim::FaultRule::new(
+                MsgKind::Rtu,
+                FaultAction::Duplicate,
+            )],
+            trace_conn: Some(0),
+            ..Default::default()
+        });
+        let ladder = Ladder::from_report(&report).expect("a REQ");
+        let rtus: Vec<_> = ladder
+            .arrows
+            .iter()
+            .filter(|a| a.kind == MsgKind::Rtu)
+            .map(|a| (a.label.as_str(), matches!(a.end, End::Arrived(_))))
+            .collect();
+        assert_eq!(rtus, [("RTU (duplicated)", true), ("RTU (copy)", true)]);
+        let after_req = report
+            .trace_entries
+            .iter()
+            .position(|e| {
+                matches!(
+                    e.event,
+                    TraceEvent::Sent {
+                        kind: MsgKind::Req,
+                        ..
+                    }
+                )
+            })
+            .expect("a REQ");
+        assert_eq!(
+            Ladder::from_trace(0, &report.trace_entries[after_req + 1..]),
+            Err(NO_REQ.to_owned())
+        );
+    }
 
     #[test]
     fn the_clock_picks_its_unit_and_drops_trailing_zeros() {
