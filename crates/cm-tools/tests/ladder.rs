@@ -257,11 +257,15 @@ fn inherited<'a>(node: roxmltree::Node<'a, '_>, attribute: &str) -> Option<&'a s
     node.ancestors().find_map(|n| n.attribute(attribute))
 }
 
-/// No two labels' boxes (characters × font size × 0.6 wide, one font size tall above the
-/// baseline) overlap.
-fn assert_no_overlap(svg: &str) {
+/// Every label of `svg` and its box by `shape` (`TextBox::of`: characters × font size ×
+/// 0.6 wide, one font size tall above the baseline; or what the layout reserved), in
+/// document order.
+fn label_boxes(
+    svg: &str,
+    shape: fn(&str, f64, f64, &str, f64) -> TextBox,
+) -> Vec<(String, TextBox)> {
     let document = roxmltree::Document::parse(svg).expect("well-formed XML");
-    let boxes: Vec<(String, TextBox)> = document
+    document
         .descendants()
         .filter(|n| n.has_tag_name("text"))
         .map(|n| {
@@ -271,10 +275,15 @@ fn assert_no_overlap(svg: &str) {
                 .expect("a number");
             let anchor = inherited(n, "text-anchor").unwrap_or("start");
             let text = text_of(n).to_owned();
-            let shape = TextBox::of(&text, number(n, "x"), number(n, "y"), anchor, size);
-            (text, shape)
+            let area = shape(&text, number(n, "x"), number(n, "y"), anchor, size);
+            (text, area)
         })
-        .collect();
+        .collect()
+}
+
+/// No two labels' estimated boxes overlap.
+fn assert_no_overlap(svg: &str) {
+    let boxes = label_boxes(svg, TextBox::of);
     assert!(boxes.len() > 10, "labels: {}", boxes.len());
     for (i, (a, box_a)) in boxes.iter().enumerate() {
         for (b, box_b) in &boxes[i + 1..] {
@@ -391,10 +400,21 @@ fn golden(relative: &str, expected: &str) {
     }
     let committed = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}; generate it with UPDATE_GOLDEN=1", path.display()));
-    assert!(
-        committed == expected,
-        "{relative} is not what is drawn now (UPDATE_GOLDEN=1 rewrites it):\n{expected}"
-    );
+    if committed != expected {
+        let (line, (was, now)) = committed
+            .lines()
+            .chain(std::iter::repeat(""))
+            .zip(expected.lines().chain(std::iter::repeat("")))
+            .enumerate()
+            .find(|(_, (was, now))| was != now)
+            .expect("texts that differ differ in a line");
+        panic!(
+            "{relative} is not what is drawn now (UPDATE_GOLDEN=1 rewrites it); line {}:\n\
+             committed: {was}\n\
+             drawn:     {now}",
+            line + 1
+        );
+    }
 }
 
 #[test]
@@ -418,12 +438,56 @@ fn the_readme_picture_is_current() {
     golden("docs/ladder-lost-rtu.svg", &svg::render(&ladder));
 }
 
+/// The text of every `<text>` resvg laid out, and the box of its glyphs on the canvas.
+fn glyph_boxes(group: &resvg::usvg::Group, out: &mut Vec<(String, resvg::usvg::Rect)>) {
+    for node in group.children() {
+        match node {
+            resvg::usvg::Node::Group(inner) => glyph_boxes(inner, out),
+            resvg::usvg::Node::Text(text) => out.push((
+                text.chunks().iter().map(|c| c.text()).collect(),
+                text.abs_bounding_box(),
+            )),
+            resvg::usvg::Node::Path(_) | resvg::usvg::Node::Image(_) => {}
+        }
+    }
+}
+
 /// Renders `svg` to pixels, saves them as `name`.png in the test's target directory
-/// (to look at), and returns the pixmap.
+/// (to look at), and returns the pixmap. Every label is laid out with a real font, and
+/// its glyphs stay inside the box the layout reserved for it (so the estimate behind
+/// "no overlap" holds) and inside the picture.
 fn rasterise(svg: &str, name: &str) -> resvg::tiny_skia::Pixmap {
     let mut options = resvg::usvg::Options::default();
     options.fontdb_mut().load_system_fonts();
     let tree = resvg::usvg::Tree::from_str(svg, &options).expect("resvg reads the SVG");
+    let mut glyphs = Vec::new();
+    glyph_boxes(tree.root(), &mut glyphs);
+    let estimated = label_boxes(svg, TextBox::reserved);
+    assert_eq!(
+        glyphs.len(),
+        estimated.len(),
+        "every label laid out (no monospace font? Debian: fonts-dejavu-core)"
+    );
+    let (width, height) = (tree.size().width(), tree.size().height());
+    for ((text, glyph), (label, reserved)) in glyphs.iter().zip(&estimated) {
+        assert_eq!(text, label);
+        // Antialiasing and bold strokes reach a pixel past the advance.
+        let slack = 1.0;
+        assert!(
+            f64::from(glyph.left()) >= reserved.left - slack
+                && f64::from(glyph.right()) <= reserved.right + slack
+                && f64::from(glyph.top()) >= reserved.top - slack
+                && f64::from(glyph.bottom()) <= reserved.bottom + slack,
+            "`{text}`: glyphs {glyph:?} outside the reserved {reserved:?}"
+        );
+        assert!(
+            glyph.left() >= 0.0
+                && glyph.top() >= 0.0
+                && glyph.right() <= width
+                && glyph.bottom() <= height,
+            "`{text}` {glyph:?} leaves the {width}×{height} picture"
+        );
+    }
     let size = tree.size().to_int_size();
     let mut pixmap =
         resvg::tiny_skia::Pixmap::new(size.width(), size.height()).expect("a non-empty picture");

@@ -1,9 +1,9 @@
 //! The ladder as SVG: one row per trace event at a fixed vertical gap (so labels never
 //! collide however close the events are in time), the run's clock on the left axis.
 //!
-//! Text is monospace, so a label's width is its characters × [`CHAR_WIDTH`] × the font
-//! size; the layout sizes every column from that and places each arrow's label where no
-//! other label is.
+//! Text is monospace, so a label's width is its characters × the advance × the font
+//! size; the layout sizes every column from that (with [`RESERVED_WIDTH`], a little more
+//! than real fonts' advance) and places each arrow's label where no other label is.
 
 use svg::node::element::{Circle, Element, Group, Line, Polygon, Rectangle};
 use svg::node::{Node, Value};
@@ -15,8 +15,12 @@ use super::{axis_labels, clock_jumps, Arrow, End, Ladder, Lane, Mark, Tone, AXIS
 pub const FONT_SIZE: f64 = 12.0;
 /// The title's font size, in px.
 pub const TITLE_SIZE: f64 = 14.0;
-/// A monospace character's advance, as a fraction of the font size.
+/// A monospace character's advance, as a fraction of the font size: the estimate labels
+/// are checked with (DejaVu Sans Mono's 0.602 rounds to it).
 pub const CHAR_WIDTH: f64 = 0.6;
+/// The advance the layout reserves: above common monospace fonts' (DejaVu Sans Mono and
+/// Menlo 0.602, Consolas 0.55), so that real glyphs stay inside their boxes.
+pub const RESERVED_WIDTH: f64 = 0.62;
 /// The vertical gap between rows, in px: more than a label's height.
 pub const ROW_GAP: f64 = 24.0;
 const PAD: f64 = 10.0;
@@ -40,10 +44,21 @@ pub struct TextBox {
 }
 
 impl TextBox {
-    /// The box of `text` set at (`x`, baseline `y`) with `anchor` ("start", "middle",
-    /// "end") and `size`: one font size above the baseline, a fifth below (descenders).
+    /// The estimated box of `text` set at (`x`, baseline `y`) with `anchor` ("start",
+    /// "middle", "end") and `size`: [`CHAR_WIDTH`] per character, one font size above the
+    /// baseline, a fifth below (descenders).
     pub fn of(text: &str, x: f64, y: f64, anchor: &str, size: f64) -> TextBox {
-        let width = text.chars().count() as f64 * size * CHAR_WIDTH;
+        TextBox::with_advance(text, x, y, anchor, size, CHAR_WIDTH)
+    }
+
+    /// The box the layout reserves for `text`: as [`TextBox::of`], with
+    /// [`RESERVED_WIDTH`] per character.
+    pub fn reserved(text: &str, x: f64, y: f64, anchor: &str, size: f64) -> TextBox {
+        TextBox::with_advance(text, x, y, anchor, size, RESERVED_WIDTH)
+    }
+
+    fn with_advance(text: &str, x: f64, y: f64, anchor: &str, size: f64, advance: f64) -> Self {
+        let width = text.chars().count() as f64 * size * advance;
         let left = match anchor {
             "middle" => x - width / 2.0,
             "end" => x - width,
@@ -66,8 +81,9 @@ impl TextBox {
     }
 }
 
+/// The width the layout reserves for a label.
 fn width(text: &str) -> f64 {
-    text.chars().count() as f64 * FONT_SIZE * CHAR_WIDTH
+    text.chars().count() as f64 * FONT_SIZE * RESERVED_WIDTH
 }
 
 /// Rounds to a tenth of a pixel: short, stable numbers in the file.
@@ -117,7 +133,7 @@ impl Layout {
             .max(MIN_WIRE);
         let passive = active + wire;
         let right = passive + 2.0 * PAD + note_width(Lane::Passive) + 2.0 * PAD;
-        let title = 2.0 * PAD + title.chars().count() as f64 * TITLE_SIZE * CHAR_WIDTH;
+        let title = 2.0 * PAD + title.chars().count() as f64 * TITLE_SIZE * RESERVED_WIDTH;
         Layout {
             axis: px(axis),
             active: px(active),
@@ -295,7 +311,13 @@ pub fn render(ladder: &Ladder) -> String {
                     right: x + 6.0,
                     bottom: y + 6.0,
                 });
-                placed.push(TextBox::of("lost", x + 10.0, y + 4.0, "start", FONT_SIZE));
+                placed.push(TextBox::reserved(
+                    "lost",
+                    x + 10.0,
+                    y + 4.0,
+                    "start",
+                    FONT_SIZE,
+                ));
                 marks.push(
                     Group::new()
                         .set("class", "lost")
@@ -459,7 +481,7 @@ fn draw_arrow(
         group = group.add(Polygon::new().set("points", points).set("fill", stroke));
     }
     let (x, y, anchor) = place_label(&arrow.label, shaft, shafts, layout, placed);
-    placed.push(TextBox::of(&arrow.label, x, y, anchor, FONT_SIZE));
+    placed.push(TextBox::reserved(&arrow.label, x, y, anchor, FONT_SIZE));
     group.add(
         text(&arrow.label, x, y, anchor, FONT_SIZE, arrow.tone)
             .set("class", "label")
@@ -501,7 +523,7 @@ fn place_label(
         (((layout.middle() - shaft.x1) - label_width / 2.0 * span.signum()) / span).clamp(0.0, 1.0)
     };
     let fits = |&(x, y, anchor): &(f64, f64, &'static str)| {
-        let area = TextBox::of(label, x, y, anchor, FONT_SIZE);
+        let area = TextBox::reserved(label, x, y, anchor, FONT_SIZE);
         area.left >= low
             && area.right <= high
             && !placed.iter().any(|b| b.overlaps(&area))
