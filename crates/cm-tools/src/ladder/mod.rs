@@ -197,9 +197,11 @@ impl Ladder {
 
     /// One line saying how the connection went, from what the diagram shows.
     pub fn summary(&self) -> String {
-        let notify = self
+        // A transient error may come before the call that rescues the connection.
+        let notifies: Vec<&str> = self
             .notes(Lane::Passive)
-            .find(|t| t.starts_with("rdma_notify"));
+            .filter(|t| t.starts_with("rdma_notify"))
+            .collect();
         let rtu = |pred: fn(&Arrow) -> bool| {
             self.arrows
                 .iter()
@@ -218,8 +220,8 @@ impl Ladder {
         if let Some(failure) = failure {
             return failure;
         }
-        let rescued = notify.is_some_and(|n| n.ends_with("= 0"));
-        match (rescued, notify) {
+        let rescued = notifies.iter().any(|n| n.ends_with("= 0"));
+        match (rescued, notifies.last().copied()) {
             (true, _) if rtu(|a| matches!(a.end, End::Lost(_))) => {
                 "RTU lost, rescued by rdma_notify".into()
             }
