@@ -390,6 +390,40 @@ fn an_rtu_that_won_the_race_gets_eisconn_from_notify() {
     assert!(svg.contains("the RTU won the race: rdma_notify answered EISCONN"));
 }
 
+#[test]
+fn labels_never_overlap_whatever_the_faults() {
+    let us = Duration::from_micros;
+    let rules = [
+        vec![FaultRule::new(MsgKind::Rep, FaultAction::Drop).nth(0)],
+        vec![FaultRule::new(MsgKind::Req, FaultAction::Drop).nth(0)],
+        vec![FaultRule::new(MsgKind::Rtu, FaultAction::Duplicate)],
+        vec![FaultRule::new(MsgKind::Rtu, FaultAction::Reorder)],
+        vec![FaultRule::new(MsgKind::Data, FaultAction::Delay(us(3)))],
+        vec![FaultRule::new(MsgKind::Rtu, FaultAction::Delay(us(9)))],
+        vec![
+            FaultRule::new(MsgKind::Rtu, FaultAction::Delay(us(15))),
+            FaultRule::new(MsgKind::Data, FaultAction::Duplicate),
+        ],
+    ];
+    for (case, rules) in rules.into_iter().enumerate() {
+        for (pump, soft_roce) in [(true, false), (true, true), (false, false)] {
+            let report = run(&SimRun {
+                connections: 2,
+                rtu_loss: 0.0,
+                drop_rtu_of: if case % 2 == 0 { vec![1] } else { vec![] },
+                pump,
+                soft_roce,
+                seed: case as u64,
+                rules: rules.clone(),
+                trace_conn: Some(1),
+                ..SimRun::default()
+            });
+            let ladder = Ladder::from_report(&report).expect("a REQ");
+            assert_no_overlap(&svg::render(&ladder));
+        }
+    }
+}
+
 /// `expected` must equal the file `relative` (from the workspace root); with
 /// `UPDATE_GOLDEN=1` the file is rewritten instead.
 fn golden(relative: &str, expected: &str) {

@@ -5,7 +5,7 @@
 //! size; the layout sizes every column from that (with [`RESERVED_WIDTH`], a little more
 //! than real fonts' advance) and places each arrow's label where no other label is.
 
-use svg::node::element::{Circle, Element, Group, Line, Polygon, Rectangle};
+use svg::node::element::{Circle, Element, Group, Line, Polygon, Rectangle, Title};
 use svg::node::{Node, Value};
 use svg::Document;
 
@@ -214,6 +214,8 @@ pub fn render(ladder: &Ladder) -> String {
         .set("height", layout.height)
         .set("viewBox", (0, 0, layout.width, layout.height))
         .set("font-family", FONT_FAMILY)
+        // What screen readers and tooltips say of the picture.
+        .add(Title::new(format!("Ladder diagram of {title}")))
         .add(
             Rectangle::new()
                 .set("width", "100%")
