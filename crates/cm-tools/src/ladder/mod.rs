@@ -514,25 +514,19 @@ pub fn axis_labels(ladder: &Ladder) -> Vec<Option<String>> {
         .collect()
 }
 
-/// A time on the run's clock, in the unit that suits it ("70 µs", "4.01 ms",
-/// "4.295017 s"), with no trailing zeros so that the axis stays narrow.
+/// A time on the run's clock to the microsecond or finer, in the unit that suits it
+/// ("70 µs", "4.010 ms", "4.295017 s"): milliseconds and seconds with fixed decimals so
+/// that the axis' labels line up; microseconds, mostly whole on the simulation, without
+/// trailing zeros.
 pub fn clock(at: Duration) -> String {
-    fn trimmed(value: f64, decimals: usize, unit: &str) -> String {
-        let text = format!("{value:.decimals$}");
-        let text = if text.contains('.') {
-            text.trim_end_matches('0').trim_end_matches('.')
-        } else {
-            &text
-        };
-        format!("{text} {unit}")
-    }
     let nanos = at.as_nanos() as f64;
     if at < Duration::from_millis(1) {
-        trimmed(nanos / 1e3, 3, "µs")
+        let micros = format!("{:.3}", nanos / 1e3);
+        format!("{} µs", micros.trim_end_matches('0').trim_end_matches('.'))
     } else if at < Duration::from_secs(1) {
-        trimmed(nanos / 1e6, 3, "ms")
+        format!("{:.3} ms", nanos / 1e6)
     } else {
-        trimmed(nanos / 1e9, 6, "s")
+        format!("{:.6} s", nanos / 1e9)
     }
 }
 
@@ -593,12 +587,16 @@ mod tests {
     }
 
     #[test]
-    fn the_clock_picks_its_unit_and_drops_trailing_zeros() {
+    fn the_clock_picks_its_unit_and_aligns_milliseconds_and_seconds() {
         let cases = [
             (Duration::from_micros(70), "70 µs"),
             (Duration::from_nanos(1), "0.001 µs"),
-            (Duration::from_micros(4010), "4.01 ms"),
-            (Duration::from_millis(200), "200 ms"),
+            (Duration::from_micros(4010), "4.010 ms"),
+            (Duration::from_millis(200), "200.000 ms"),
+            (
+                Duration::from_secs(47) + Duration::from_micros(244_700),
+                "47.244700 s",
+            ),
             (Duration::from_nanos(4_295_017_000), "4.295017 s"),
         ];
         for (at, shown) in cases {

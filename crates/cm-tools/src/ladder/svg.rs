@@ -305,7 +305,7 @@ pub fn render(ladder: &Ladder) -> String {
     for (row, entry) in ladder.rows.iter().enumerate() {
         let y = layout.row(row);
         match &entry.mark {
-            Mark::Lose(_) => {
+            Mark::Lose(arrow) => {
                 let x = layout.middle();
                 placed.push(TextBox {
                     left: x - 6.0,
@@ -313,11 +313,16 @@ pub fn render(ladder: &Ladder) -> String {
                     right: x + 6.0,
                     bottom: y + 6.0,
                 });
+                // The word goes on the side the wire does not come from.
+                let (word_x, anchor) = match ladder.arrows[*arrow].from {
+                    Lane::Active => (x + 10.0, "start"),
+                    Lane::Passive => (x - 10.0, "end"),
+                };
                 placed.push(TextBox::reserved(
                     "lost",
-                    x + 10.0,
+                    word_x,
                     y + 4.0,
-                    "start",
+                    anchor,
                     FONT_SIZE,
                 ));
                 marks.push(
@@ -331,14 +336,7 @@ pub fn render(ladder: &Ladder) -> String {
                             line(x - 6.0, y + 6.0, x + 6.0, y - 6.0, colour(Tone::Lost))
                                 .set("stroke-width", 3),
                         )
-                        .add(text(
-                            "lost",
-                            x + 10.0,
-                            y + 4.0,
-                            "start",
-                            FONT_SIZE,
-                            Tone::Lost,
-                        )),
+                        .add(text("lost", word_x, y + 4.0, anchor, FONT_SIZE, Tone::Lost)),
                 );
             }
             Mark::Note {
