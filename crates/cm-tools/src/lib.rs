@@ -18,11 +18,14 @@
 //! assert_eq!(report.unreachable(), 10);
 //! ```
 //!
+//! [`ladder`] draws one traced connection as a ladder diagram (SVG, or text).
+//!
 //! With the `rdma` feature, [`rdma_run`] does the same on real devices through
 //! librdmacm, ucmatose-style (server with `-s`, client with `-a`), with cmtime-style
 //! per-step timings.
 #![forbid(unsafe_code)]
 
+pub mod ladder;
 #[cfg(feature = "rdma")]
 pub mod rdma_run;
 pub mod report;

@@ -82,6 +82,11 @@ struct Cli {
     #[arg(long, value_name = "CONN")]
     trace: Option<u32>,
 
+    /// (sim, with --trace) Draw the traced connection as a ladder diagram: an SVG file,
+    /// or `-` for the text rendering on stdout (instead of the summary).
+    #[arg(long, value_name = "FILE")]
+    ladder: Option<std::path::PathBuf>,
+
     /// Print one JSON document instead of the human summary.
     #[arg(long)]
     json: bool,
@@ -177,6 +182,7 @@ fn validate(cli: &Cli) -> Result<(), String> {
 fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
     let sim_only = [
         (cli.trace.is_some(), "--trace"),
+        (cli.ladder.is_some(), "--ladder"),
         (!cli.drop_rtu_of.is_empty(), "--drop-rtu-of"),
         (cli.soft_roce, "--soft-roce"),
         (cli.rtu_loss.is_some(), "--rtu-loss"),
@@ -195,6 +201,12 @@ fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
         Backend::Sim => {
             if let Some((_, flag)) = rdma_only.iter().find(|(set, _)| *set) {
                 return Err(format!("{flag} needs --backend rdma"));
+            }
+            if cli.ladder.is_some() && cli.trace.is_none() {
+                return Err("--ladder needs --trace N: the connection to draw".into());
+            }
+            if cli.json && ladder_to_stdout(cli) {
+                return Err("--ladder - prints text on stdout: it cannot go with --json".into());
             }
             if let Some(conn) = cli.trace.filter(|&c| c >= cli.connections) {
                 return Err(format!(
@@ -219,6 +231,11 @@ fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether `--ladder -` sends the text ladder to stdout.
+fn ladder_to_stdout(cli: &Cli) -> bool {
+    cli.ladder.as_deref() == Some(std::path::Path::new("-"))
 }
 
 fn run_sim(cli: &Cli) -> ExitCode {
@@ -253,7 +270,17 @@ fn run_sim(cli: &Cli) -> ExitCode {
         bar.finish_and_clear();
     }
     // A closed stdout (EPIPE) is not an error worth a line: `emit` is quiet about it.
-    if let Err(message) = emit(cli.json, &SimJson::from(&report), || human(&report)) {
+    // `--ladder -` takes the summary's place on stdout.
+    let shown = if ladder_to_stdout(cli) {
+        Ok(())
+    } else {
+        emit(cli.json, &SimJson::from(&report), || human(&report))
+    };
+    let drawn = shown.and_then(|()| match &cli.ladder {
+        Some(target) => cm_tools::ladder::write(&report, target),
+        None => Ok(()),
+    });
+    if let Err(message) = drawn {
         eprintln!("cmnotify: {message}");
         return ExitCode::FAILURE;
     }
@@ -313,6 +340,15 @@ mod tests {
             (
                 &["--backend", "rdma", "-a", "10.0.0.1", "--no-data"][..],
                 "--no-data",
+            ),
+            (&["--ladder", "x.svg"][..], "--ladder needs --trace"),
+            (
+                &["--trace", "0", "--ladder", "-", "--json"][..],
+                "--ladder - ",
+            ),
+            (
+                &["--backend", "rdma", "-s", "--ladder", "x.svg"][..],
+                "--ladder works only",
             ),
         ] {
             let refusal = flags_fit_backend(&parse(args)).expect_err(flag);

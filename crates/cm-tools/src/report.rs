@@ -104,7 +104,7 @@ pub fn emit(
 }
 
 /// Writes and flushes `bytes`; EPIPE is success, any other error one line of text.
-fn write_quietly(out: &mut impl io::Write, bytes: &[u8]) -> Result<(), String> {
+pub(crate) fn write_quietly(out: &mut impl io::Write, bytes: &[u8]) -> Result<(), String> {
     match out.write_all(bytes).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),

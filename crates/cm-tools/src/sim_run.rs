@@ -131,6 +131,9 @@ pub struct SimReport {
     pub teardown_failures: u64,
     /// The timeline of the traced connection.
     pub trace: Option<String>,
+    /// The traced connection's trace entries, the timeline's source (empty without a
+    /// traced connection).
+    pub trace_entries: Vec<TraceEntry>,
     /// Trace entries the fabric recorded, every connection's (0 without a traced
     /// connection).
     pub trace_entries_recorded: u64,
@@ -291,14 +294,16 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     }
     let (_, _, pump) = server_loop.into_parts();
     world.drain_trace(&fabric);
-    let (trace, trace_entries_recorded, trace_entries_held_max) = match world.trace.take() {
-        Some(keeper) => (
-            Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
-            keeper.recorded,
-            keeper.held_max,
-        ),
-        None => (None, 0, 0),
-    };
+    let (trace, trace_entries, trace_entries_recorded, trace_entries_held_max) =
+        match world.trace.take() {
+            Some(keeper) => (
+                Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
+                keeper.kept,
+                keeper.recorded,
+                keeper.held_max,
+            ),
+            None => (None, Vec::new(), 0, 0),
+        };
     SimReport {
         run: config.clone(),
         outcomes: world.outcomes,
@@ -309,6 +314,7 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         fabric: fabric.stats(),
         teardown_failures,
         trace,
+        trace_entries,
         trace_entries_recorded,
         trace_entries_held_max,
     }

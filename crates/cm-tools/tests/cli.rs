@@ -111,12 +111,45 @@ fn trace_prints_one_connections_timeline() {
 }
 
 #[test]
+fn ladder_draws_the_readme_picture_and_the_text_to_stdout() {
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-ladder.svg");
+    let path = file.to_str().expect("a UTF-8 path");
+    // The command next to the picture in the README.
+    let out = cmnotify(&["-c", "1", "--trace", "0", "--ladder", path]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains("rescued by notify"),
+        "the usual summary too"
+    );
+    let committed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/ladder-lost-rtu.svg"
+    );
+    assert!(
+        std::fs::read(&file).expect("the SVG is written")
+            == std::fs::read(committed).expect("the README's picture"),
+        "the README's command draws the README's picture"
+    );
+    let out = cmnotify(&["-c", "1", "--trace", "0", "--ladder", "-"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("connection 0: RTU lost, rescued by rdma_notify\n"),
+        "{text}"
+    );
+    assert!(text.contains("rdma_notify(COMM_EST) = 0"), "{text}");
+    assert!(!text.contains("rescued by notify "), "no summary: {text}");
+}
+
+#[test]
 fn refusals_are_one_line_and_status_2() {
     let cases: &[&[&str]] = &[
         &["--trace", "100", "-c", "10"],
         &["--drop-rtu-of", "10", "-c", "10"],
         &["--server"],
         &["--backend", "rdma", "--soft-roce"],
+        &["--ladder", "x.svg"],
+        &["--trace", "0", "--ladder", "-", "--json"],
         // Flags the simulated backend would silently ignore.
         &["-p", "9000"],
         &["--port", "9000"],
@@ -317,6 +350,7 @@ fn help_documents_every_flag() {
         "--soft-roce",
         "--seed",
         "--trace",
+        "--ladder",
         "--json",
         "--server",
         "--bind",
