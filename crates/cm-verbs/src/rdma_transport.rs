@@ -23,8 +23,45 @@ use cm_sys::{
     MemoryRegion, QpCaps,
 };
 
-/// How often a pending device removal is retried.
-const REMOVAL_RETRY: Duration = Duration::from_millis(50);
+/// How soon a pending device removal is first retried; each retry then waits twice as
+/// long, up to [`REMOVAL_RETRY_MAX`].
+const REMOVAL_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest wait between two retries.
+const REMOVAL_RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long retries go on before they are given up: a device that failed without
+/// being removed (DEVICE_FATAL) stays in the device list and is not polled forever.
+const REMOVAL_RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// The retries of a pending removal: quick at first (the kernel's removal waits for
+/// the context to close), then ever slower, then given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct RemovalRetry {
+    /// Time waited so far.
+    spent: Duration,
+    /// The next wait.
+    next: Duration,
+}
+
+impl RemovalRetry {
+    /// The retries of a removal just begun.
+    fn begin() -> Self {
+        RemovalRetry {
+            spent: Duration::ZERO,
+            next: REMOVAL_RETRY_FIRST,
+        }
+    }
+
+    /// How long to wait before the next retry; `None` once they are given up.
+    fn after(&mut self) -> Option<Duration> {
+        if self.spent >= REMOVAL_RETRY_FOR {
+            return None;
+        }
+        let wait = self.next;
+        self.spent += wait;
+        self.next = (self.next * 2).min(REMOVAL_RETRY_MAX);
+        Some(wait)
+    }
+}
 
 /// The reader of one device context: its asynchronous events and its completion
 /// channel, each read by this endpoint only.
@@ -118,6 +155,8 @@ pub struct RdmaTransport {
     idle: Vec<RawFd>,
     /// Devices given back after a removal whose context librdmacm has not closed yet.
     removed: Vec<String>,
+    /// The retries of the pending removals.
+    removal_retry: RemovalRetry,
 }
 
 impl RdmaTransport {
@@ -133,6 +172,7 @@ impl RdmaTransport {
             channel_idle: false,
             idle: Vec::with_capacity(8),
             removed: Vec::new(),
+            removal_retry: RemovalRetry::default(),
         })
     }
 
@@ -317,6 +357,8 @@ impl Transport for RdmaTransport {
         let fds = [device.events.as_raw_fd(), device.completions.as_raw_fd()];
         self.idle.retain(|fd| !fds.contains(fd));
         self.removed.push(device.events.device_name());
+        // A new removal retries quickly again.
+        self.removal_retry = RemovalRetry::begin();
         drop(device);
     }
 
@@ -335,10 +377,16 @@ impl Transport for RdmaTransport {
         }
         // The resync that found a device gone closed its context (no id uses it).
         if self.removed.is_empty() {
-            None
-        } else {
-            Some(REMOVAL_RETRY)
+            return None;
         }
+        let after = self.removal_retry.after();
+        if after.is_none() {
+            // Failed, not removed: it stays in the device list, and a reader opened on
+            // it again later is used as any other.
+            log::debug!("devices {:?} still listed: retries given up", self.removed);
+            self.removed.clear();
+        }
+        after
     }
 
     fn next_cq_event(&mut self, device: &mut RdmaDevice) -> Result<Option<u64>, CmError> {
@@ -473,5 +521,23 @@ impl Transport for RdmaTransport {
             }
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_retries_slow_down_and_end() {
+        let mut retry = RemovalRetry::begin();
+        let waits: Vec<Duration> = std::iter::from_fn(|| retry.after()).collect();
+        assert_eq!(waits[0], REMOVAL_RETRY_FIRST);
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert!(waits.iter().all(|w| *w <= REMOVAL_RETRY_MAX));
+        let total: Duration = waits.iter().sum();
+        assert!(total >= REMOVAL_RETRY_FOR && total < REMOVAL_RETRY_FOR + REMOVAL_RETRY_MAX);
+        assert!(waits.len() < 80, "{} retries", waits.len());
+        assert_eq!(retry.after(), None, "given up for good");
     }
 }
