@@ -9,6 +9,8 @@
 //! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
 //!   RTU loss; peak heap and page faults per connection are measured in separate,
 //!   untimed runs.
+//! - `endpoint_echo/*`: one echo round trip through the connection API (`send`, `recv`)
+//!   on a simulated connection while 0, 1k, 10k or 100k others sit idle.
 //! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
 //!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
 //!
@@ -20,6 +22,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use cm_benches::endpoint::{EchoFixture, ECHO_IDLE_POINTS};
 use cm_benches::results::{record, Figure};
 use cm_benches::sim::{
     established_connections, heap_kept_warm, minor_page_faults, scale_config, KernelLikeId,
@@ -268,6 +271,26 @@ fn scale(c: &mut Criterion) {
     group.finish();
 }
 
+/// One echo round trip through the connection API while N other connections sit idle:
+/// the cost per event must not depend on N.
+fn endpoint_echo(c: &mut Criterion) {
+    let mut group = c.benchmark_group("endpoint_echo");
+    for &idle in &ECHO_IDLE_POINTS {
+        if smoke_mode() && idle > 10_000 {
+            record(&Figure::skipped(
+                &format!("endpoint_echo/{idle}"),
+                "smoke mode: the 100k point runs only in `cargo xtask bench`",
+            ));
+            continue;
+        }
+        let mut fixture = EchoFixture::new(idle);
+        group.bench_function(BenchmarkId::from_parameter(idle), |b| {
+            b.iter(|| black_box(fixture.echo(black_box(b"ping"))))
+        });
+    }
+    group.finish();
+}
+
 #[cfg(feature = "rdma")]
 fn real(c: &mut Criterion) {
     cm_benches::real::criterion_benches(c);
@@ -302,7 +325,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, real
+    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, real
 }
 
 fn main() {

@@ -4,6 +4,7 @@
 //! - [`results`]: the figures criterion does not produce itself (allocation counts, peak
 //!   memory per connection, scale outcomes, real-device ratios, skips), appended as
 //!   tab-separated lines to one file that `cargo xtask bench` folds into its report.
+//! - [`endpoint`]: the connection API at scale (an echo beside N idle connections).
 //! - [`sim`]: ids and fixtures on the mock and simulated backends (an established
 //!   simulated connection, an id answering like the kernel) and the scale runs.
 //! - `real` (feature `rdma`): measurements on a real RDMA device: cm-sys notify, the
@@ -23,6 +24,7 @@
 #[cfg(feature = "rdma")]
 pub mod real;
 
+pub mod endpoint;
 pub mod results;
 pub mod sim;
 

@@ -166,6 +166,16 @@ impl Figures {
                 "pump in front of the simulated kernel",
             ),
         ];
+        for idle in ["10000", "100000"] {
+            rows.push(self.timed(
+                &format!("echo round trip beside {idle} idle connections"),
+                &format!("endpoint_echo/{idle}"),
+                Some(("endpoint_echo/0", "no idle connection")),
+                "≤ 1.2",
+                machine,
+                "connection API on the simulated fabric: send, recv, send, recv",
+            ));
+        }
         rows.push(self.timed(
             "QP lookup, std SipHash",
             "lookup/siphash",
