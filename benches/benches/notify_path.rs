@@ -11,6 +11,8 @@
 //!   untimed runs.
 //! - `endpoint_echo/*`: one echo round trip through the connection API (`send`, `recv`)
 //!   on a simulated connection while 0, 1k, 10k or 100k others sit idle.
+//! - `soak/*`: 10M messages echoed over 1k connections through the connection API;
+//!   queued events, held messages and RSS at the start, middle and end (untimed).
 //! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
 //!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
 //!
@@ -22,7 +24,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use cm_benches::endpoint::{EchoFixture, ECHO_IDLE_POINTS};
+use cm_benches::endpoint::{
+    soak, EchoFixture, ECHO_IDLE_POINTS, SOAK_QUEUED_END, SOAK_RSS_END_OVER_MIDDLE,
+};
 use cm_benches::results::{record, Figure};
 use cm_benches::sim::{
     established_connections, heap_kept_warm, minor_page_faults, scale_config, KernelLikeId,
@@ -291,6 +295,46 @@ fn endpoint_echo(c: &mut Criterion) {
     group.finish();
 }
 
+/// A soak of the connection API (untimed): 10M messages echoed over 1k connections
+/// (100k in smoke mode); what the server holds and the process's memory at the start,
+/// the middle and the end.
+fn endpoint_soak(_c: &mut Criterion) {
+    let messages = if smoke_mode() { 100_000 } else { 10_000_000 };
+    let [start, middle, end] = soak(1_000, messages);
+    let note = format!(
+        "{messages} messages over 1000 connections; queued / held / RSS: start {} / {} / {} kB, \
+         middle {} / {} / {} kB, end {} / {} / {} kB",
+        start.queued,
+        start.held,
+        start.rss / 1024,
+        middle.queued,
+        middle.held,
+        middle.rss / 1024,
+        end.queued,
+        end.held,
+        end.rss / 1024
+    );
+    if middle.rss > 0 {
+        record(&Figure::measured(
+            SOAK_RSS_END_OVER_MIDDLE,
+            end.rss as f64 / middle.rss as f64,
+            "ratio",
+            &note,
+        ));
+    } else {
+        record(&Figure::skipped(
+            SOAK_RSS_END_OVER_MIDDLE,
+            "no /proc/self/statm",
+        ));
+    }
+    record(&Figure::measured(
+        SOAK_QUEUED_END,
+        (end.queued + end.held) as f64,
+        "count",
+        &note,
+    ));
+}
+
 #[cfg(feature = "rdma")]
 fn real(c: &mut Criterion) {
     cm_benches::real::criterion_benches(c);
@@ -325,7 +369,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, real
+    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, endpoint_soak, real
 }
 
 fn main() {

@@ -7,6 +7,11 @@ use std::time::Duration;
 use cm_mock::sim::{SimConfig, SimFabric, SimPair, SimTransport};
 use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
 
+/// Figure key: the soak's resident memory at its end over its middle.
+pub const SOAK_RSS_END_OVER_MIDDLE: &str = "soak/rss_end_over_middle";
+/// Figure key: what the soak's server still holds at its end (queued + held).
+pub const SOAK_QUEUED_END: &str = "soak/queued_end";
+
 /// Idle connection counts of the echo bench (the first is the baseline).
 pub const ECHO_IDLE_POINTS: [usize; 4] = [0, 1_000, 10_000, 100_000];
 
@@ -17,6 +22,8 @@ pub struct EchoFixture {
     client: Endpoint<SimTransport>,
     server_conn: ConnectionId,
     client_conn: ConnectionId,
+    /// The client's idle connections.
+    client_conns: Vec<ConnectionId>,
 }
 
 impl std::fmt::Debug for EchoFixture {
@@ -44,15 +51,14 @@ impl EchoFixture {
         server
             .listen(to, ListenOptions::default())
             .expect("a fresh node listens");
-        let mut client_conn = None;
-        for _ in 0..=idle {
-            client_conn = Some(
+        let mut client_conns: Vec<ConnectionId> = (0..=idle)
+            .map(|_| {
                 client
                     .connect(to, ConnectOptions::default())
-                    .expect("connect"),
-            );
-        }
-        let client_conn = client_conn.expect("at least one connection");
+                    .expect("connect")
+            })
+            .collect();
+        let client_conn = client_conns.pop().expect("at least one connection");
         let mut established = 0;
         while established < 2 * (idle + 1) {
             for endpoint in [&mut server, &mut client] {
@@ -85,6 +91,7 @@ impl EchoFixture {
             client,
             server_conn,
             client_conn,
+            client_conns,
         }
     }
 
@@ -95,6 +102,13 @@ impl EchoFixture {
         let got = next_message(&self.fabric, &mut self.server, self.server_conn);
         self.server.send(self.server_conn, &got).expect("echo");
         next_message(&self.fabric, &mut self.client, self.client_conn).len()
+    }
+
+    /// Every connection of the client, the working one last.
+    fn client_connections(&self) -> Vec<ConnectionId> {
+        let mut conns = self.client_conns.clone();
+        conns.push(self.client_conn);
+        conns
     }
 
     /// Connections open on the server.
@@ -117,6 +131,77 @@ fn next_message(
     }
 }
 
+/// What a long-running server holds at one point of a soak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SoakSample {
+    /// Messages echoed so far.
+    pub messages: u64,
+    /// Everything still to be reported or taken on the server
+    /// ([`cm_verbs::EndpointStats::queued`]) plus its ready-queue entries.
+    pub queued: usize,
+    /// Messages received and not yet taken, on the server.
+    pub held: usize,
+    /// The process's resident memory, in bytes (0 where `/proc` is missing).
+    pub rss: u64,
+}
+
+/// A soak: `messages` echoed over `connections` connections by an event-loop server
+/// (`next_event`, echo every message) and client; samples at the start (after set-up),
+/// the middle and the end.
+pub fn soak(connections: usize, messages: u64) -> [SoakSample; 3] {
+    assert!(connections > 0, "a soak needs a connection");
+    let mut fixture = EchoFixture::new(connections - 1);
+    let conns: Vec<ConnectionId> = fixture.client_connections();
+    let sample = |fixture: &EchoFixture, messages| SoakSample {
+        messages,
+        queued: fixture.server.stats().queued() + fixture.server.stats().ready_entries,
+        held: fixture.server.stats().held_messages,
+        rss: resident_bytes(),
+    };
+    let start = sample(&fixture, 0);
+    let mut middle = start;
+    let (mut sent, mut echoed) = (0u64, 0u64);
+    while echoed < messages {
+        // Every connection sends one message; the server echoes what it gets; the
+        // client takes the echoes.
+        for &conn in &conns {
+            if sent < messages {
+                // One payload throughout: the simulated wire stores each distinct
+                // payload once, for the length of the run.
+                fixture.client.send(conn, b"soak").expect("send");
+                sent += 1;
+            }
+        }
+        while echoed < sent {
+            fixture.fabric.step();
+            while let Some(event) = fixture.server.poll().expect("server") {
+                if let Event::Received { conn, data } = event {
+                    fixture.server.send(conn, &data).expect("echo");
+                }
+            }
+            while let Some(event) = fixture.client.poll().expect("client") {
+                if let Event::Received { .. } = event {
+                    echoed += 1;
+                    if echoed == messages / 2 {
+                        middle = sample(&fixture, echoed);
+                    }
+                }
+            }
+        }
+    }
+    let end = sample(&fixture, echoed);
+    [start, middle, end]
+}
+
+/// The process's resident set, from `/proc/self/statm` (0 where it cannot be read).
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +214,15 @@ mod tests {
             assert_eq!(fixture.echo(b"ping"), 4);
         }
         assert_eq!(fixture.server.stats().queued(), 0);
+    }
+
+    #[test]
+    fn a_short_soak_holds_nothing_at_its_end() {
+        let [start, middle, end] = soak(20, 2_000);
+        assert_eq!(
+            (start.messages, middle.messages, end.messages),
+            (0, 1_000, 2_000)
+        );
+        assert!(end.queued <= 64 && end.held == 0, "{end:?}");
     }
 }

@@ -184,6 +184,31 @@ impl Figures {
             machine,
             "1024 entries; the pump pays one FxHash lookup per event",
         ));
+        for (figure, key, target) in [
+            (
+                "soak: RSS end / middle",
+                "soak/rss_end_over_middle",
+                "≤ 1.05",
+            ),
+            (
+                "soak: queued + held at the end",
+                "soak/queued_end",
+                "bounded (≤ 64)",
+            ),
+        ] {
+            let extra = self.extra(key);
+            rows.push(Row {
+                figure: figure.to_string(),
+                value: extra
+                    .and_then(|e| e.value)
+                    .map_or_else(|| "not run".to_string(), |v| format!("{v:.3}")),
+                baseline: "-".to_string(),
+                ratio: "-".to_string(),
+                target: target.to_string(),
+                machine: machine.to_string(),
+                note: extra.map_or_else(String::new, |e| e.note.clone()),
+            });
+        }
         let allocations = self.extra(cm_testkit::figure_keys::PUMP_ALLOCATIONS_PER_EVENT);
         rows.push(Row {
             figure: "allocations per pumped event".to_string(),
