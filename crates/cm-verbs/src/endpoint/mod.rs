@@ -274,6 +274,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// The device readers, for a caller that waits on their descriptors itself.
+    #[cfg(feature = "tokio")]
     pub(crate) fn devices(&self) -> &[T::Device] {
         &self.devices
     }
