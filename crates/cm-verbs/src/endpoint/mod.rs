@@ -166,7 +166,18 @@ enum Owner {
 /// in the waiting calls ([`Endpoint::next_event`], [`Endpoint::accept`],
 /// [`Endpoint::recv`], [`Endpoint::established`]), which block in the transport until
 /// something is ready or their timeout passes. Events no call was waiting for stay
-/// queued for [`Endpoint::next_event`]: none is lost.
+/// queued for [`Endpoint::next_event`], within bounds: a connection holds at most its
+/// receive depth of messages (a receive is posted again only when its message is
+/// taken, so a faster peer meets RNR), at most one [`Event::Sent`] and one
+/// [`Event::NotifyFailed`] (the latest), and its close; closes not yet reported are
+/// kept up to [`CLOSED_BACKLOG`] and endpoint-wide events up to
+/// [`ENDPOINT_EVENT_BACKLOG`], what passes a bound being counted
+/// ([`EndpointStats::dropped_events`]). A connection the application closed itself
+/// ([`Endpoint::disconnect`]) reports nothing more.
+///
+/// Every call costs O(1) (amortised) in the number of connections unless its
+/// documentation says otherwise, and one pass reads at most [`PASS_BATCH`] events from
+/// each source.
 ///
 /// Device contexts are read once each, whatever number of listeners and connections
 /// share them, and every CM-bound asynchronous event is routed to the connection that
@@ -224,12 +235,12 @@ impl<T: Transport> std::fmt::Debug for Endpoint<T> {
 
 impl<T: Transport> Endpoint<T> {
     /// An endpoint over `transport`, with no listener or connection yet, and the
-    /// default [`EndpointOptions`].
+    /// default [`EndpointOptions`]. O(1).
     pub fn new(transport: T) -> Self {
         Self::with_options(transport, EndpointOptions::default())
     }
 
-    /// An endpoint over `transport` with `options`.
+    /// An endpoint over `transport` with `options`. O(1).
     pub fn with_options(transport: T, options: EndpointOptions) -> Self {
         Endpoint {
             transport,
@@ -263,12 +274,12 @@ impl<T: Transport> Endpoint<T> {
     /// Turns the notify path on (the default) or off for connections set up from now
     /// on. Off, no COMM_EST or receive completion is forwarded with `rdma_notify`: a
     /// passive connection whose RTU is lost then waits for the CM's REP retries (or its
-    /// establish deadline). For showing what the notify path prevents.
+    /// establish deadline). For showing what the notify path prevents. O(1).
     pub fn set_notify(&mut self, on: bool) {
         self.notify = on;
     }
 
-    /// The transport.
+    /// The transport. O(1).
     pub fn transport(&self) -> &T {
         &self.transport
     }
@@ -279,7 +290,7 @@ impl<T: Transport> Endpoint<T> {
         &self.devices
     }
 
-    /// What the notify path did so far.
+    /// What the notify path did so far. O(1).
     pub fn counters(&self) -> PumpCounters {
         self.pump.counters()
     }
@@ -309,12 +320,13 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 
-    /// Device contexts being read.
+    /// Device contexts being read. O(1).
     pub fn device_count(&self) -> usize {
         self.devices.len()
     }
 
-    /// Binds a listener to `addr` and listens.
+    /// Binds a listener to `addr` and listens. O(listeners) (a free listener slot is
+    /// reused).
     pub fn listen(
         &mut self,
         addr: T::Addr,
@@ -343,13 +355,13 @@ impl<T: Transport> Endpoint<T> {
         Ok(listener)
     }
 
-    /// The listener's local address (its port, when bound to port 0).
+    /// The listener's local address (its port, when bound to port 0). O(1).
     pub fn listener_addr(&self, listener: ListenerId) -> Result<Option<T::Addr>, ConnError> {
         let entry = self.listener(listener)?;
         Ok(self.transport.local_addr(&entry.id))
     }
 
-    /// Stops listening; connections it accepted carry on.
+    /// Stops listening; connections it accepted carry on. O(1).
     pub fn close_listener(&mut self, listener: ListenerId) -> Result<(), ConnError> {
         let entry = self
             .listeners
@@ -363,7 +375,7 @@ impl<T: Transport> Endpoint<T> {
 
     /// Starts connecting to `dst`: resolves the address and the route, creates the QP,
     /// posts the receives and sends the REQ. [`Event::Established`] or
-    /// [`Event::Closed`] follows.
+    /// [`Event::Closed`] follows. O(log n) (its deadline, if any, joins a heap).
     pub fn connect(
         &mut self,
         dst: T::Addr,
@@ -387,6 +399,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Accepts a request reported as [`Event::Request`], with private data for the REP.
+    /// O(receive depth) (its receives are posted) plus O(log n) for its deadline.
     pub fn accept_request(
         &mut self,
         conn: ConnectionId,
@@ -409,7 +422,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Rejects a request reported as [`Event::Request`] (the peer sees
-    /// [`RejectReason::Consumer`] with `private_data`).
+    /// [`RejectReason::Consumer`] with `private_data`). O(1).
     pub fn reject_request(
         &mut self,
         conn: ConnectionId,
