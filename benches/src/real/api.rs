@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions, PrivateData};
+use cm_verbs::{
+    ConnectionId, Endpoint, EndpointOptions, EstablishedVia, Event, ListenOptions, PrivateData,
+};
 
 use super::fixture::{Setup, WAIT};
 
@@ -25,10 +27,11 @@ pub(super) struct ApiServer {
 }
 
 impl ApiServer {
-    /// An endpoint listening on the setup's A address, reporting each request.
-    pub(super) fn new(setup: &Setup) -> Result<ApiServer, String> {
+    /// An endpoint with `options` listening on the setup's A address, reporting each
+    /// request.
+    pub(super) fn new(setup: &Setup, options: EndpointOptions) -> Result<ApiServer, String> {
         let transport = RdmaTransport::new().map_err(|e| format!("RdmaTransport::new: {e}"))?;
-        let mut endpoint = Endpoint::new(transport);
+        let mut endpoint = Endpoint::with_options(transport, options);
         let options = ListenOptions {
             auto_accept: false,
             ..ListenOptions::default()

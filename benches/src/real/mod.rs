@@ -27,6 +27,7 @@ use criterion::Criterion;
 
 use crate::results::{record, Figure};
 use api::ApiServer;
+use cm_verbs::EndpointOptions;
 use fixture::{connect_and_send, disconnect, err, Client, SetupSteps, SETTLE};
 pub use fixture::{setup, Setup};
 use hand::HandServer;
@@ -53,8 +54,14 @@ pub struct RealFigures {
     /// The same through the hand-written loop spinning on the receive CQ (the pump's
     /// baseline, timed from the send), ns: what waiting instead of spinning costs.
     pub hand_spinning_ns: Option<f64>,
+    /// Median client's send → ESTABLISHED returned by the `Endpoint` API with busy
+    /// polling on (it spins on its sources before it would sleep), ns: against
+    /// [`RealFigures::hand_spinning_ns`].
+    pub api_busy_ns: Option<f64>,
     /// Sample counts, interquartile ranges and the ratio's interval of the API figure.
     pub api_spread: String,
+    /// The same for the busy-polling API figure.
+    pub api_busy_spread: String,
     /// Why the trigger figures are missing.
     pub trigger_skipped: Option<String>,
     /// Median setup step times (name, ns).
@@ -70,22 +77,30 @@ enum Path {
     Pump,
     /// [`ApiServer`].
     Api,
+    /// [`ApiServer`] with busy polling on.
+    ApiBusy,
     /// [`HandServer`] waiting on its completion channel.
     HandWaiting,
 }
 
-/// Each path twice in 8 rounds, the second half mirroring the first: no path always
+/// Each path twice in 10 rounds, the second half mirroring the first: no path always
 /// follows another's teardown.
-const ROUNDS: [Path; 8] = [
+const ROUNDS: [Path; 10] = [
     Path::HandSpinning,
     Path::Pump,
     Path::Api,
     Path::HandWaiting,
+    Path::ApiBusy,
+    Path::ApiBusy,
     Path::HandWaiting,
     Path::Api,
     Path::Pump,
     Path::HandSpinning,
 ];
+
+/// How long the busy-polling `Endpoint` spins before it would sleep: longer than a
+/// whole send → ESTABLISHED, so it never sleeps in the measurement.
+const BUSY_POLL: Duration = Duration::from_millis(20);
 
 /// Samples of every path.
 ///
@@ -114,9 +129,10 @@ struct Samples {
     api: Vec<Duration>,
     hand_waiting: Vec<Duration>,
     hand_spinning: Vec<Duration>,
+    api_busy: Vec<Duration>,
 }
 
-/// Measures everything: `connections` lost-RTU connections per path (four paths),
+/// Measures everything: `connections` lost-RTU connections per path (five paths),
 /// interleaved.
 pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String> {
     let client_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
@@ -148,7 +164,8 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
         return Ok(figures);
     };
     let mut pumped = PumpServer::new(setup)?;
-    let mut api = ApiServer::new(setup)?;
+    let mut api = ApiServer::new(setup, EndpointOptions::default())?;
+    let mut api_busy = ApiServer::new(setup, EndpointOptions::busy_poll(BUSY_POLL))?;
 
     let _rtu_drop = setup.drop_rtus(nft)?;
     let mut samples = Samples::default();
@@ -194,18 +211,21 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                     pumped.answer_disconnect(&server)
                 })?;
             }
-            Path::Api => {
+            Path::Api | Path::ApiBusy => {
+                let (server, into) = if path == Path::Api {
+                    (&mut api, &mut samples.api)
+                } else {
+                    (&mut api_busy, &mut samples.api_busy)
+                };
                 let mut server_side = None;
                 let client =
-                    connect_and_send(setup, &client_channel, api.addr, &mut steps, || {
-                        server_side = Some(api.accept_one()?);
+                    connect_and_send(setup, &client_channel, server.addr, &mut steps, || {
+                        server_side = Some(server.accept_one()?);
                         Ok(())
                     })?;
                 let conn = server_side.ok_or("not accepted")?;
-                samples
-                    .api
-                    .push(api.send_to_established(conn, client.sent)?);
-                disconnect(&client, &client_channel, || api.answer_disconnect(conn))?;
+                into.push(server.send_to_established(conn, client.sent)?);
+                disconnect(&client, &client_channel, || server.answer_disconnect(conn))?;
             }
         }
         steps_seen.push(steps);
@@ -223,6 +243,14 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     figures.api_ns = Some(nanos(median(&mut samples.api)));
     figures.hand_waiting_ns = Some(nanos(median(&mut samples.hand_waiting)));
     figures.hand_spinning_ns = Some(nanos(median(&mut samples.hand_spinning)));
+    figures.api_busy_ns = Some(nanos(median(&mut samples.api_busy)));
+    let (low, high) = ratio_interval(&samples.api_busy, &samples.hand_spinning);
+    figures.api_busy_spread = format!(
+        "{connections} samples each; p25–p75 busy-polling API {}, spinning hand loop {}; the \
+         ratio within both medians' 95% intervals: {low:.2}–{high:.2}",
+        interquartile(&samples.api_busy),
+        interquartile(&samples.hand_spinning)
+    );
     let (low, high) = ratio_interval(&samples.api, &samples.hand_waiting);
     let difference =
         figures.api_ns.unwrap_or_default() - figures.hand_waiting_ns.unwrap_or_default();
@@ -274,6 +302,7 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
                 cm_testkit::figure_keys::REAL_NOTIFY,
                 cm_testkit::figure_keys::REAL_TRIGGER_TO_ESTABLISHED,
                 cm_testkit::figure_keys::REAL_API_TO_ESTABLISHED,
+                cm_testkit::figure_keys::REAL_API_BUSY_TO_ESTABLISHED,
                 cm_testkit::figure_keys::REAL_SETUP,
             ] {
                 out.push(Figure::skipped(key, reason));
@@ -366,6 +395,25 @@ pub fn record_figures(result: &Result<RealFigures, String>, machine: &str) -> Ve
                 }
                 _ => out.push(Figure::skipped(
                     cm_testkit::figure_keys::REAL_API_TO_ESTABLISHED,
+                    not_measured,
+                )),
+            }
+            match (f.api_busy_ns, f.hand_spinning_ns) {
+                (Some(busy), Some(spinning)) => out.push(Figure::measured(
+                    cm_testkit::figure_keys::REAL_API_BUSY_TO_ESTABLISHED,
+                    busy / spinning,
+                    "ratio",
+                    &format!(
+                        "client's SEND (RTU dropped) → ESTABLISHED returned, medians: \
+                         Endpoint::accept busy polling {:.0} µs / hand loop spinning on the \
+                         receive CQ {:.0} µs ({}); {machine}",
+                        busy / 1e3,
+                        spinning / 1e3,
+                        f.api_busy_spread
+                    ),
+                )),
+                _ => out.push(Figure::skipped(
+                    cm_testkit::figure_keys::REAL_API_BUSY_TO_ESTABLISHED,
                     not_measured,
                 )),
             }

@@ -12,6 +12,9 @@ pub mod keys {
     pub const REAL_TRIGGER_TO_ESTABLISHED: &str = "real/trigger_to_established";
     /// The client's SEND to ESTABLISHED, the Endpoint API against a hand loop (ratio).
     pub const REAL_API_TO_ESTABLISHED: &str = "real/api_to_established";
+    /// The client's SEND to ESTABLISHED, the Endpoint API busy polling against a hand
+    /// loop spinning on the receive CQ (ratio).
+    pub const REAL_API_BUSY_TO_ESTABLISHED: &str = "real/api_busy_to_established";
     /// Connection setup per step (cmtime-like).
     pub const REAL_SETUP: &str = "real/setup";
     /// Allocations per pumped event.

@@ -312,6 +312,11 @@ impl Figures {
                 "≤ 1.05",
             ),
             (
+                cm_testkit::figure_keys::REAL_API_BUSY_TO_ESTABLISHED,
+                "send→ESTABLISHED: busy-polling API / spinning hand loop",
+                "≤ 1.05",
+            ),
+            (
                 cm_testkit::figure_keys::REAL_SETUP,
                 "connection setup per step (cmtime-like)",
                 "-",
