@@ -1,6 +1,7 @@
 //! The event loop as async code on tokio: the same pump, with the CM event channel and the
 //! device's asynchronous events registered with the reactor (`AsyncFd`) instead of a
-//! `poll(2)` waiter.
+//! `poll(2)` waiter. Like [`EventLoop`](crate::EventLoop) it is for code that owns its
+//! loop; a tokio server should use [`crate::async_endpoint::AsyncEndpoint`].
 //!
 //! ```no_run
 //! use cm_verbs::async_loop::AsyncEventLoop;

@@ -4,6 +4,13 @@
 //! The waiting itself is behind [`Waiter`] so that this logic is the same over file
 //! descriptors (`poll(2)` on the real backend, see the `rdma` feature) and over a
 //! simulated fabric that is stepped instead of waited on.
+//!
+//! Who it is for: code that owns its loop and one device (a single CM channel, one
+//! device's asynchronous events, no connection state of its own), wanting the pump
+//! and nothing else. A server should use [`Endpoint`](crate::Endpoint), which also owns
+//! the queues, the completion channel, the deadlines and bounded, O(1) reporting; in
+//! this project the loop's one user is the real-device bench's pump path, which
+//! measures the pump's own cost against a hand-written loop.
 
 use cm_core::{AsyncEventSource, CmBackend, CmError, CmEvent, CmEventSource, CmId};
 

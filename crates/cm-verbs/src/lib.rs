@@ -17,6 +17,10 @@
 //!
 //! # Lower level
 //!
+//! For code that owns its loop (the endpoint is built on the pump; in this project the
+//! real-device bench's pump path and the device tests drive these directly). A server
+//! wants [`Endpoint`].
+//!
 //! - [`NotifyPump`] maps QP numbers to CM ids, forwards `IBV_EVENT_COMM_EST` with
 //!   `notify`, and treats a receive completion on a not-yet-established passive
 //!   connection as the same trigger (soft-RoCE never raises COMM_EST). Every outcome is
