@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 
 use super::{
     failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Owner, PrivateData, QpErrorDetail, PASS_BATCH, POLL_BATCH,
+    Event, ListenerId, Owner, PrivateData, QpErrorDetail, Step, PASS_BATCH, POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
 
@@ -123,7 +123,8 @@ impl<T: Transport> Endpoint<T> {
         match completion.kind {
             CqKind::Send => {
                 if let Some(entry) = self.live_mut(conn) {
-                    entry.free_send.push(completion.wr_id as u32);
+                    // In order (RC): the oldest send's buffer is free again.
+                    entry.sends_in_flight = entry.sends_in_flight.saturating_sub(1);
                     entry.pending.sent = true;
                     self.mark_ready(conn);
                 }
@@ -252,7 +253,7 @@ impl<T: Transport> Endpoint<T> {
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
         entry.listener = Some(listener);
-        entry.peer_private = PrivateData::from(event.private_data());
+        entry.private = PrivateData::from(event.private_data());
         let conn = self.insert(entry);
         if options.auto_accept {
             if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
@@ -287,8 +288,8 @@ impl<T: Transport> Endpoint<T> {
         self.transport.accept(&id, private_data)?;
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
-            entry.times.connect_called = Some(called);
-            entry.times.connect_returned = Some(now);
+            entry.times.mark(Step::ConnectCalled, called);
+            entry.times.mark(Step::ConnectReturned, now);
             entry.state = ConnState::Accepted;
             entry.deadline = timeout.map(|t| now.saturating_add(t));
             if let Some(deadline) = entry.deadline {
@@ -317,8 +318,8 @@ impl<T: Transport> Endpoint<T> {
             .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
         let created = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
-            entry.times.create_qp_called = Some(called);
-            entry.times.qp_created = Some(created);
+            entry.times.mark(Step::CreateQpCalled, called);
+            entry.times.mark(Step::QpCreated, created);
         }
         let buffers = self.transport.register_buffers(&id, &caps)?;
         for slot in 0..caps.recv_depth {
@@ -330,7 +331,8 @@ impl<T: Transport> Endpoint<T> {
         entry.device = Some(key);
         entry.qp = Some(qp);
         entry.buffers = Some(buffers);
-        entry.free_send = (0..caps.send_depth).rev().collect();
+        entry.send_next = 0;
+        entry.sends_in_flight = 0;
         // Registered before the REQ or REP leaves, so no trigger can come first; one
         // that did (a COMM_EST read for a QP number not yet known) is replayed now.
         if !self.notify {
@@ -354,7 +356,7 @@ impl<T: Transport> Endpoint<T> {
                 let now = self.transport.now();
                 let (id, timeout) = match self.live_mut(conn) {
                     Some(c) => {
-                        c.times.addr_resolved = Some(now);
+                        c.times.mark(Step::AddrResolved, now);
                         (c.id.clone(), c.resolve_timeout)
                     }
                     None => return,
@@ -364,7 +366,7 @@ impl<T: Transport> Endpoint<T> {
             CmEventType::RouteResolved => {
                 let now = self.transport.now();
                 if let Some(c) = self.live_mut(conn) {
-                    c.times.route_resolved = Some(now);
+                    c.times.mark(Step::RouteResolved, now);
                 }
                 self.connect_resolved(conn)
             }
@@ -412,14 +414,14 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
         self.setup_qp(conn, Role::Active)?;
         let entry = self.live_mut(conn).expect("set up above");
-        let request = std::mem::take(&mut entry.request);
+        let request = std::mem::take(&mut entry.private);
         let id = entry.id.clone();
         let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
-            entry.times.connect_called = Some(called);
-            entry.times.connect_returned = Some(now);
+            entry.times.mark(Step::ConnectCalled, called);
+            entry.times.mark(Step::ConnectReturned, now);
             entry.state = ConnState::Connecting;
         }
         Ok(())
@@ -435,12 +437,12 @@ impl<T: Transport> Endpoint<T> {
         }
         let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
         entry.established = Some(via);
-        entry.times.established = Some(now);
+        entry.times.mark(Step::Established, now);
         entry.state = ConnState::Established;
         entry.deadline = None;
         entry.pending.established = true;
         if entry.role == Role::Active {
-            entry.peer_private = PrivateData::from(private_data);
+            entry.private = PrivateData::from(private_data);
         }
         let passive = entry.role == Role::Passive;
         // Messages held until now follow the event: they are in the inbox already.

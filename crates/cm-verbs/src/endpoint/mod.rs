@@ -92,7 +92,11 @@ struct Conn<T: Transport> {
     qp: Option<QpNum>,
     caps: QueueCaps,
     buffers: Option<T::Buffers>,
-    free_send: Vec<u32>,
+    /// The send buffer the next message goes in: RC completes a QP's sends in the
+    /// order they were posted, so the free buffers are a ring.
+    send_next: u32,
+    /// Sends posted and not yet completed.
+    sends_in_flight: u32,
     deadline: Option<Duration>,
     /// What the notify path did before ESTABLISHED arrived.
     via: Option<EstablishedVia>,
@@ -104,21 +108,19 @@ struct Conn<T: Transport> {
     inbox: VecDeque<(u32, Vec<u8>)>,
     /// What it has to report.
     pending: Pending,
-    /// Active side: the REQ's private data and the resolution timeout, until connect.
-    request: PrivateData,
+    /// Active side: the resolution timeout, until connect.
     resolve_timeout: Duration,
-    peer_private: PrivateData,
-    times: ConnTimes,
+    /// Private data: the REQ's to send (active side, until connect), then the peer's
+    /// (the REQ's on a passive side, the REP's on an active side) until reported.
+    private: PrivateData,
+    times: Times,
 }
 
 impl<T: Transport> Conn<T> {
     /// A connection that has just begun, on its id, with nothing set up yet.
     fn new(id: T::Id, role: Role, state: ConnState, caps: QueueCaps, now: Duration) -> Self {
         Conn {
-            times: ConnTimes {
-                started: now,
-                ..ConnTimes::default()
-            },
+            times: Times::new(now),
             id,
             role,
             state,
@@ -127,17 +129,79 @@ impl<T: Transport> Conn<T> {
             qp: None,
             caps,
             buffers: None,
-            free_send: Vec::new(),
+            send_next: 0,
+            sends_in_flight: 0,
             deadline: None,
             via: None,
             established: None,
             inbox: VecDeque::new(),
             pending: Pending::default(),
-            request: PrivateData::empty(),
             resolve_timeout: Duration::ZERO,
-            peer_private: PrivateData::empty(),
+            private: PrivateData::empty(),
         }
     }
+}
+
+/// When a connection passed each step of its setup, compactly (nanoseconds on the
+/// transport's clock, [`Times::NONE`] for a step not passed): [`ConnTimes`] per
+/// connection would double the size of its entry.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    started: u64,
+    steps: [u64; Step::COUNT],
+}
+
+/// The steps [`Times`] records, in [`ConnTimes`]' order.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    AddrResolved,
+    RouteResolved,
+    CreateQpCalled,
+    QpCreated,
+    ConnectCalled,
+    ConnectReturned,
+    Established,
+}
+
+impl Step {
+    const COUNT: usize = 7;
+}
+
+impl Times {
+    const NONE: u64 = u64::MAX;
+
+    fn new(started: Duration) -> Self {
+        Times {
+            started: nanos(started),
+            steps: [Self::NONE; Step::COUNT],
+        }
+    }
+
+    fn mark(&mut self, step: Step, at: Duration) {
+        self.steps[step as usize] = nanos(at);
+    }
+
+    fn public(&self) -> ConnTimes {
+        let step = |s: Step| {
+            let at = self.steps[s as usize];
+            (at != Self::NONE).then(|| Duration::from_nanos(at))
+        };
+        ConnTimes {
+            started: Duration::from_nanos(self.started),
+            addr_resolved: step(Step::AddrResolved),
+            route_resolved: step(Step::RouteResolved),
+            create_qp_called: step(Step::CreateQpCalled),
+            qp_created: step(Step::QpCreated),
+            connect_called: step(Step::ConnectCalled),
+            connect_returned: step(Step::ConnectReturned),
+            established: step(Step::Established),
+        }
+    }
+}
+
+/// A time as nanoseconds (584 years fit; later saturates just below "none").
+fn nanos(at: Duration) -> u64 {
+    u64::try_from(at.as_nanos()).unwrap_or(Times::NONE - 1)
 }
 
 /// A slot's occupant: a live connection, or one that closed and whose close the
@@ -389,7 +453,7 @@ impl<T: Transport> Endpoint<T> {
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
         entry.deadline = options.timeout.map(|t| now.saturating_add(t));
-        entry.request = options.private_data;
+        entry.private = options.private_data;
         entry.resolve_timeout = options.resolve_timeout;
         let conn = self.insert(entry);
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
@@ -470,15 +534,14 @@ impl<T: Transport> Endpoint<T> {
                 needs: "buffers",
             });
         };
-        let slot = entry
-            .free_send
-            .pop()
-            .ok_or(ConnError::SendQueueFull(conn))?;
-        let result = transport.post_send(&entry.id, buffers, slot, data, u64::from(slot));
-        if result.is_err() {
-            entry.free_send.push(slot);
+        if entry.sends_in_flight >= entry.caps.send_depth {
+            return Err(ConnError::SendQueueFull(conn));
         }
-        result.map_err(Into::into)
+        let slot = entry.send_next;
+        transport.post_send(&entry.id, buffers, slot, data, u64::from(slot))?;
+        entry.send_next = (slot + 1) % entry.caps.send_depth;
+        entry.sends_in_flight += 1;
+        Ok(())
     }
 
     /// Disconnects (DREQ) and forgets the connection: the application closed it, so
@@ -505,7 +568,7 @@ impl<T: Transport> Endpoint<T> {
             listener: entry.listener,
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),
-            times: entry.times,
+            times: entry.times.public(),
         })
     }
 

@@ -220,7 +220,7 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Request {
                 listener: entry.listener.unwrap_or(ListenerId(u32::MAX)),
                 conn,
-                private_data: entry.peer_private.clone(),
+                private_data: entry.private.clone(),
             });
         }
         if entry.pending.established {
@@ -229,7 +229,7 @@ impl<T: Transport> Endpoint<T> {
                 conn,
                 role: entry.role,
                 via: entry.established.unwrap_or(EstablishedVia::Handshake),
-                private_data: std::mem::take(&mut entry.peer_private),
+                private_data: std::mem::take(&mut entry.private),
             });
         }
         if let Some(data) = self.take_message(conn) {

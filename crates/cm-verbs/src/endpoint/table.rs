@@ -130,7 +130,7 @@ impl<T: Transport> Endpoint<T> {
             role,
             state,
             established,
-            peer_private,
+            private,
             inbox,
             pending,
             ..
@@ -161,7 +161,7 @@ impl<T: Transport> Endpoint<T> {
             reason,
             role,
             established,
-            peer_private,
+            peer_private: private,
             inbox,
             pending: Pending {
                 established: pending.established,
