@@ -12,6 +12,7 @@
 
 mod inputs;
 mod queue;
+mod slots;
 mod table;
 mod types;
 
@@ -255,7 +256,7 @@ pub struct Endpoint<T: Transport> {
     device_keys: Vec<T::DeviceKey>,
     devices: Vec<T::Device>,
     listeners: Vec<Option<Listener<T>>>,
-    slots: Vec<Slot<T>>,
+    slots: slots::Slots<Slot<T>>,
     free_slots: Vec<u32>,
     by_id: FxHashMap<usize, Owner>,
     by_qp: FxHashMap<QpNum, ConnectionId>,
@@ -312,7 +313,7 @@ impl<T: Transport> Endpoint<T> {
             device_keys: Vec::new(),
             devices: Vec::new(),
             listeners: Vec::new(),
-            slots: Vec::new(),
+            slots: slots::Slots::new(),
             free_slots: Vec::new(),
             by_id: FxHashMap::default(),
             by_qp: FxHashMap::default(),

@@ -217,13 +217,10 @@ impl<T: Transport> Endpoint<T> {
         let key = self.transport.id_key(&conn.id);
         let index = match self.free_slots.pop() {
             Some(index) => index as usize,
-            None => {
-                self.slots.push(Slot {
-                    generation: 0,
-                    entry: None,
-                });
-                self.slots.len() - 1
-            }
+            None => self.slots.push(Slot {
+                generation: 0,
+                entry: None,
+            }),
         };
         let slot = &mut self.slots[index];
         slot.entry = Some(Entry::Live(conn));
