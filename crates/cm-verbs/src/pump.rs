@@ -150,6 +150,9 @@ pub struct PumpCounters {
     pub stale_replaced: u64,
     /// Entries dropped because their id no longer owns the QP number an event named.
     pub stale_dropped: u64,
+    /// Early triggers dropped at [`NotifyPump::register_before_handshake`]: kept for a
+    /// QP number before its current QP could receive anything, so a previous QP's.
+    pub early_stale: u64,
 }
 
 /// Why a registration was refused.
@@ -368,6 +371,27 @@ impl<I: CmId> NotifyPump<I> {
             )
         });
         Ok(Registration { replaced, replayed })
+    }
+
+    /// [`NotifyPump::register`] for a QP whose REQ or REP has not left yet, as a
+    /// connection layer that registers before the handshake does: no trigger of this
+    /// QP can have happened, so one kept for its number belongs to a previous QP with
+    /// that number and is dropped (counted in [`PumpCounters::early_stale`]) instead of
+    /// replayed (a notify before `rdma_accept` answers EINVAL, which would end the notify
+    /// path of the new connection).
+    pub fn register_before_handshake(
+        &mut self,
+        id: I,
+        role: Role,
+    ) -> Result<Registration<I>, RegisterError> {
+        let qp = id.qp_num().ok_or(RegisterError::NoQp)?;
+        let stale = u64::from(self.early_comm_est.take(qp).is_some())
+            + u64::from(self.early_receive.take(qp).is_some());
+        if stale > 0 {
+            log::debug!("{qp}: {stale} early trigger(s) of a previous QP dropped");
+            self.counters.early_stale += stale;
+        }
+        self.register(id, role)
     }
 
     /// Removes the id registered for `qp` (on disconnect or before destroying it) and

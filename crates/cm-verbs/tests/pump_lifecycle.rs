@@ -441,3 +441,34 @@ fn the_table_stays_within_a_multiple_of_what_is_registered() {
     assert!(pump.is_empty());
     assert!(pump.capacity() >= 1000);
 }
+
+/// A trigger kept for a QP number, then a new QP with that number registered before its
+/// handshake: the trigger was the previous QP's. Dropped, not replayed (before
+/// `rdma_accept` the kernel answers EINVAL, which is final), the new connection's own
+/// receive completion still forces its establish.
+#[test]
+fn a_stale_early_trigger_is_not_replayed_for_a_qp_registered_before_its_handshake() {
+    const EINVAL: NotifyError = NotifyError::Os(Errno(22));
+    let mut pump = NotifyPump::new();
+    // A late COMM_EST of the number's previous QP: nobody owns it now, it is kept.
+    pump.on_async_event(comm_est(QP));
+    assert_eq!(pump.counters().early_kept, 1);
+    let id = TestId::new(QP, &[Err(EINVAL)]);
+    let registration = pump
+        .register_before_handshake(id.clone(), Role::Passive)
+        .expect("registered");
+    assert!(registration.replayed.is_none(), "not replayed");
+    assert_eq!(pump.counters().early_stale, 1);
+    assert_eq!(id.calls(), 0, "no notify before the handshake");
+    assert_eq!(pump.progress(QP), Some(Progress::Pending));
+    // The script's EINVAL stood for the kernel before accept; after it, the receive
+    // trigger forces the establish.
+    id.0.answers.borrow_mut().clear();
+    assert_eq!(
+        pump.on_receive_completion(QP),
+        Some(PumpEvent::Forced {
+            qp: QP,
+            trigger: Trigger::ReceiveCompletion
+        })
+    );
+}

@@ -333,12 +333,12 @@ impl<T: Transport> Endpoint<T> {
         entry.buffers = Some(buffers);
         entry.send_next = 0;
         entry.sends_in_flight = 0;
-        // Registered before the REQ or REP leaves, so no trigger can come first; one
-        // that did (a COMM_EST read for a QP number not yet known) is replayed now.
+        // Registered before the REQ or REP leaves, so no trigger of this QP can come
+        // first: one kept for its number is a previous QP's, and is dropped.
         if !self.notify {
             return Ok(());
         }
-        match self.pump.register(id, role) {
+        match self.pump.register_before_handshake(id, role) {
             Ok(registration) => {
                 if let Some(pumped) = registration.replayed {
                     self.on_pumped(pumped);
