@@ -404,3 +404,27 @@ fn closes_nobody_takes_are_bounded_and_counted() {
     let stats = server.stats();
     assert_eq!((stats.queued(), stats.ready_entries), (0, 0), "{stats:?}");
 }
+
+#[test]
+fn a_closed_listeners_handle_never_names_the_listener_that_takes_its_place() {
+    let mut sim = sim(SimConfig::default(), 9, false, Box::new(|_, _| {}));
+    // `main` is the client here; listen on it as a second server.
+    let endpoint = &mut sim.main;
+    let addr = endpoint.transport().addr(PORT + 1);
+    let old = endpoint.listen(addr, ListenOptions::default()).unwrap();
+    endpoint.close_listener(old).unwrap();
+    // The same slot, another port: what is under test is the handle, not the address.
+    let other = endpoint.transport().addr(PORT + 2);
+    let new = endpoint.listen(other, ListenOptions::default()).unwrap();
+    assert_ne!(old, new);
+    assert_eq!(
+        endpoint.close_listener(old),
+        Err(ConnError::UnknownListener(old))
+    );
+    assert_eq!(
+        endpoint.listener_addr(old),
+        Err(ConnError::UnknownListener(old))
+    );
+    assert!(endpoint.listener_addr(new).unwrap().is_some());
+    assert_eq!(endpoint.listener_count(), 1);
+}

@@ -212,10 +212,9 @@ impl<T: Transport> Endpoint<T> {
 
     pub(super) fn on_listener_event(&mut self, listener: ListenerId, kind: CmEventType) {
         if kind == CmEventType::DeviceRemoval {
-            let Some(entry) = self.listeners[listener.0 as usize].take() else {
+            let Some(entry) = self.take_listener(listener) else {
                 return;
             };
-            self.live_listeners -= 1;
             self.by_id.remove(&self.transport.id_key(&entry.id));
             let key = self.transport.device_key(&entry.id);
             drop(entry);
@@ -244,10 +243,7 @@ impl<T: Transport> Endpoint<T> {
                 return;
             }
         };
-        let Some(options) = self.listeners[listener.0 as usize]
-            .as_ref()
-            .map(|l| l.options.clone())
-        else {
+        let Some(options) = self.listener_entry(listener).map(|l| l.options.clone()) else {
             return;
         };
         let now = self.transport.now();
@@ -281,8 +277,7 @@ impl<T: Transport> Endpoint<T> {
         let id = entry.id.clone();
         let timeout = entry
             .listener
-            .and_then(|l| self.listeners.get(l.0 as usize))
-            .and_then(|l| l.as_ref())
+            .and_then(|l| self.listener_entry(l))
             .and_then(|l| l.options.establish_timeout);
         let called = self.transport.now();
         self.transport.accept(&id, private_data)?;

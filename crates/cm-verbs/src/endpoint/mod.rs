@@ -256,6 +256,8 @@ pub struct Endpoint<T: Transport> {
     device_keys: Vec<T::DeviceKey>,
     devices: Vec<T::Device>,
     listeners: Vec<Option<Listener<T>>>,
+    /// Each listener slot's generation, moved on when its listener goes.
+    listener_generations: Vec<u32>,
     slots: slots::Slots<Slot<T>>,
     free_slots: Vec<u32>,
     by_id: FxHashMap<usize, Owner>,
@@ -313,6 +315,7 @@ impl<T: Transport> Endpoint<T> {
             device_keys: Vec::new(),
             devices: Vec::new(),
             listeners: Vec::new(),
+            listener_generations: Vec::new(),
             slots: slots::Slots::new(),
             free_slots: Vec::new(),
             by_id: FxHashMap::default(),
@@ -409,10 +412,11 @@ impl<T: Transport> Endpoint<T> {
             Some(free) => free,
             None => {
                 self.listeners.push(None);
+                self.listener_generations.push(0);
                 self.listeners.len() - 1
             }
         };
-        let listener = ListenerId(index as u32);
+        let listener = ListenerId::new(index, self.listener_generations[index]);
         self.by_id
             .insert(self.transport.id_key(&id), Owner::Listener(listener));
         self.listeners[index] = Some(Listener { id, options });
@@ -429,11 +433,8 @@ impl<T: Transport> Endpoint<T> {
     /// Stops listening; connections it accepted carry on. O(1).
     pub fn close_listener(&mut self, listener: ListenerId) -> Result<(), ConnError> {
         let entry = self
-            .listeners
-            .get_mut(listener.0 as usize)
-            .and_then(Option::take)
+            .take_listener(listener)
             .ok_or(ConnError::UnknownListener(listener))?;
-        self.live_listeners -= 1;
         self.by_id.remove(&self.transport.id_key(&entry.id));
         Ok(())
     }

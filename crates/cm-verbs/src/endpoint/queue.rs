@@ -218,7 +218,7 @@ impl<T: Transport> Endpoint<T> {
         if entry.pending.request {
             entry.pending.request = false;
             return Some(Event::Request {
-                listener: entry.listener.unwrap_or(ListenerId(u32::MAX)),
+                listener: entry.listener.unwrap_or(ListenerId(u64::MAX)),
                 conn,
                 private_data: entry.private.clone(),
             });

@@ -46,16 +46,16 @@ impl<T: Transport> Endpoint<T> {
             self.close(conn, reason.clone(), false);
         }
         for index in 0..self.listeners.len() {
+            let listener = ListenerId::new(index, self.listener_generations[index]);
             let on_device = self.listeners[index]
                 .as_ref()
                 .is_some_and(|l| self.transport.device_key(&l.id) == Some(key));
             if on_device {
-                if let Some(entry) = self.listeners[index].take() {
-                    self.live_listeners -= 1;
+                if let Some(entry) = self.take_listener(listener) {
                     self.by_id.remove(&self.transport.id_key(&entry.id));
                 }
                 self.push_endpoint_event(Event::ListenerClosed {
-                    listener: ListenerId(index as u32),
+                    listener,
                     reason: reason.clone(),
                 });
             }
@@ -100,8 +100,8 @@ impl<T: Transport> Endpoint<T> {
                 || entry.state == ConnState::Established
                 || entry
                     .listener
-                    .and_then(|l| self.listeners.get(l.0 as usize))
-                    .is_some_and(|l| l.as_ref().is_some_and(|l| !l.options.auto_accept))
+                    .and_then(|l| self.listener_entry(l))
+                    .is_some_and(|l| !l.options.auto_accept)
         });
         let report = seen || !matches!(reason, CloseReason::SetupFailed(_));
         self.end(conn, disconnect, report.then_some(reason));
@@ -311,10 +311,26 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn listener(&self, listener: ListenerId) -> Result<&Listener<T>, ConnError> {
-        self.listeners
-            .get(listener.0 as usize)
-            .and_then(Option::as_ref)
+        self.listener_entry(listener)
             .ok_or(ConnError::UnknownListener(listener))
+    }
+
+    /// The live listener `listener` names (not one that took its slot since).
+    pub(super) fn listener_entry(&self, listener: ListenerId) -> Option<&Listener<T>> {
+        let index = listener.index();
+        (self.listener_generations.get(index) == Some(&listener.generation()))
+            .then(|| self.listeners[index].as_ref())
+            .flatten()
+    }
+
+    /// Takes the listener out; its handle (and every copy) names nothing from now on.
+    pub(super) fn take_listener(&mut self, listener: ListenerId) -> Option<Listener<T>> {
+        self.listener_entry(listener)?;
+        let index = listener.index();
+        let entry = self.listeners[index].take()?;
+        self.listener_generations[index] = self.listener_generations[index].wrapping_add(1);
+        self.live_listeners -= 1;
+        Some(entry)
     }
 }
 

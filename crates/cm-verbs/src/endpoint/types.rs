@@ -37,13 +37,29 @@ impl std::fmt::Display for ConnectionId {
     }
 }
 
-/// Names one listener of an [`Endpoint`](crate::Endpoint).
+/// Names one listener of an [`Endpoint`](crate::Endpoint). A handle of a listener that
+/// is gone names nothing (every call on it answers [`ConnError::UnknownListener`]), even
+/// when a new listener takes its place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ListenerId(pub(crate) u32);
+pub struct ListenerId(pub(crate) u64);
+
+impl ListenerId {
+    pub(crate) fn new(index: usize, generation: u32) -> Self {
+        ListenerId(u64::from(generation) << 32 | index as u64)
+    }
+
+    pub(crate) fn index(self) -> usize {
+        (self.0 & u64::from(u32::MAX)) as usize
+    }
+
+    pub(crate) fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
 
 impl std::fmt::Display for ListenerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "listener {}", self.0)
+        write!(f, "listener {}.{}", self.index(), self.generation())
     }
 }
 
