@@ -26,5 +26,7 @@
 #[cfg(feature = "rdma")]
 pub mod rdma_run;
 pub mod report;
+pub mod session;
 pub mod sim_run;
 pub mod stats;
+pub mod steps;
