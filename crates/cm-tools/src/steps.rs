@@ -21,8 +21,8 @@ pub enum Step {
     Established,
     /// From ESTABLISHED until this side's messages are sent and as many received.
     Exchange,
-    /// On the side that disconnects: from the disconnect call until the connection is
-    /// closed (the side disconnected by its peer records none).
+    /// On the side that disconnects: the disconnect call, after which the connection
+    /// counts as closed (the side disconnected by its peer records none).
     Disconnect,
 }
 
