@@ -7,8 +7,9 @@
 //! - `lookup/*`: one QP-number lookup with std's SipHash and with FxHash, the pump's
 //!   hasher: what the choice saves on the one lookup every pumped event pays.
 //! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
-//!   RTU loss; peak heap and page faults per connection are measured in separate,
-//!   untimed runs.
+//!   RTU loss, both sides on the connection API (`cm_verbs::Endpoint` over the simulated
+//!   transport); peak heap and page faults per connection are measured in separate,
+//!   untimed runs, and a point whose untimed run exceeds a budget is not repeated.
 //! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
 //!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
 //!
@@ -18,7 +19,7 @@
 //! [`SimFabric`]: cm_mock::sim::SimFabric
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cm_benches::results::{record, Figure};
 use cm_benches::sim::{
@@ -30,6 +31,11 @@ use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyOutcome, QpNum};
 use cm_mock::MockCmId;
 use cm_verbs::{NotifyPump, Role};
 use criterion::{criterion_group, BatchSize, BenchmarkId, Criterion, Throughput};
+
+/// A scale point whose untimed run takes longer than this gets no timed repetitions
+/// (criterion's ten would take ten times as long): the untimed run's time per
+/// connection stands for it.
+const SCALE_RUN_BUDGET: Duration = Duration::from_secs(60);
 
 /// Connections registered with the pump in the pump benches: the lookup is in a table of
 /// realistic size, not a one-entry map.
@@ -206,9 +212,11 @@ fn scale(c: &mut Criterion) {
         let config = scale_config(connections);
         // Untimed run: outcome and peak heap.
         let mut report = None;
+        let started = Instant::now();
         let info = allocation_counter::measure(|| {
             report = Some(cm_tools::sim_run::run(&config));
         });
+        let took = started.elapsed();
         let report = report.expect("the run returned");
         let key = format!("scale/{connections}");
         // The simulated work: messages delivered and CM events handed over, per
@@ -221,22 +229,6 @@ fn scale(c: &mut Criterion) {
             "count",
             "messages delivered + CM events handed to the application, per connection",
         ));
-        // A second untimed run sees the heap as the timed repetitions do.
-        let faults_before = minor_page_faults();
-        black_box(cm_tools::sim_run::run(&config));
-        if let Some((before, after)) = faults_before.zip(minor_page_faults()) {
-            let heap = if heap_kept_warm() {
-                "heap kept between runs (GLIBC_TUNABLES trim threshold)"
-            } else {
-                "glibc's default trimming: large runs map their heap afresh each time"
-            };
-            record(&Figure::measured(
-                &format!("{key}/page_faults_per_conn"),
-                (after - before) as f64 / f64::from(connections),
-                "count",
-                &format!("minor page faults of one repeated run; {heap}"),
-            ));
-        }
         record(&Figure::measured(
             &format!("{key}/peak_bytes_per_conn"),
             info.bytes_max as f64 / f64::from(connections),
@@ -258,6 +250,42 @@ fn scale(c: &mut Criterion) {
                 report.teardown_failures
             ),
         ));
+        let per_conn_ns = took.as_nanos() as f64 / f64::from(connections);
+        record(&Figure::measured(
+            &format!("{key}/one_run_ns_per_conn"),
+            per_conn_ns,
+            "ns",
+            "wall time of the untimed run (allocations counted), per connection",
+        ));
+        if took > SCALE_RUN_BUDGET {
+            record(&Figure::skipped(
+                &key,
+                &format!(
+                    "one run took {:.0} s ({:.1} µs per connection), over the {} s budget \
+                     for timed repetitions",
+                    took.as_secs_f64(),
+                    per_conn_ns / 1e3,
+                    SCALE_RUN_BUDGET.as_secs()
+                ),
+            ));
+            continue;
+        }
+        // A second untimed run sees the heap as the timed repetitions do.
+        let faults_before = minor_page_faults();
+        black_box(cm_tools::sim_run::run(&config));
+        if let Some((before, after)) = faults_before.zip(minor_page_faults()) {
+            let heap = if heap_kept_warm() {
+                "heap kept between runs (GLIBC_TUNABLES trim threshold)"
+            } else {
+                "glibc's default trimming: large runs map their heap afresh each time"
+            };
+            record(&Figure::measured(
+                &format!("{key}/page_faults_per_conn"),
+                (after - before) as f64 / f64::from(connections),
+                "count",
+                &format!("minor page faults of one repeated run; {heap}"),
+            ));
+        }
         group.throughput(Throughput::Elements(u64::from(connections)));
         group.bench_with_input(
             BenchmarkId::from_parameter(connections),
