@@ -776,3 +776,55 @@ pub fn cm_error(error: ConnError) -> CmError {
 fn log_line(line: &str) {
     eprintln!("cmnotify: {line}");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cm_mock::sim::{SimConfig, SimPair, SimTransport};
+
+    /// The real mode's exchange (the client sends, the server echoes, the client
+    /// disconnects once its messages came back) on the simulated transport.
+    #[test]
+    fn the_real_modes_exchange_runs_on_the_simulated_transport() {
+        let SimPair {
+            fabric,
+            server,
+            client,
+        } = SimPair::new(SimConfig::default(), 3);
+        let server = SimTransport::on_side(server);
+        let addr = server.addr(7471);
+        let plan = |server: bool| Plan {
+            server,
+            addr,
+            source: None,
+            connections: 5,
+            notify: true,
+            messages: if server { 0 } else { 2 },
+            message_size: 100,
+            caps: queue_caps(100),
+            resolve_timeout: Duration::from_secs(2),
+            resolve_attempts: 1,
+            establish_timeout: Some(IDLE_TIMEOUT),
+            disconnect_when_done: true,
+        };
+        let mut server = Session::new(Endpoint::new(server), plan(true));
+        let mut client = Session::new(Endpoint::new(SimTransport::on_side(client)), plan(false));
+        server.start().unwrap();
+        client.start().unwrap();
+        let mut ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| {}).unwrap();
+        while ready(&mut client) + ready(&mut server) > 0 || fabric.step() {}
+        assert!(client.finished() && server.finished());
+        for conn in client.conns().iter().chain(server.conns()) {
+            assert_eq!(conn.established_reports, 1, "{conn:?}");
+            assert_eq!((conn.sends_posted, conn.received), (2, 2), "{conn:?}");
+            assert_eq!(conn.closed, Some(CloseReason::Disconnected), "{conn:?}");
+            assert_eq!(conn.failure, None);
+        }
+        assert!(client
+            .conns()
+            .iter()
+            .all(|c| c.span(Step::Exchange).duration().is_some()));
+        assert_eq!(client.endpoint().connection_count(), 0);
+        assert_eq!(server.endpoint().connection_count(), 0);
+    }
+}
