@@ -811,7 +811,7 @@ mod tests {
         let mut client = Session::new(Endpoint::new(SimTransport::on_side(client)), plan(false));
         server.start().unwrap();
         client.start().unwrap();
-        let mut ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| {}).unwrap();
+        let ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| {}).unwrap();
         while ready(&mut client) + ready(&mut server) > 0 || fabric.step() {}
         assert!(client.finished() && server.finished());
         for conn in client.conns().iter().chain(server.conns()) {
