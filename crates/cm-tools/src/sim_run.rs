@@ -265,7 +265,8 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
             Endpoint::new(SimTransport::on_side(client)),
             plan(config, false, addr),
         ),
-        conn_of: HashMap::with_capacity(config.connections as usize),
+        server_numbers: HashMap::with_capacity(config.connections as usize),
+        client_numbers: HashMap::with_capacity(config.connections as usize),
         trace: config.trace_conn.map(|conn| TraceKeeper {
             conn: ConnId(conn),
             handle: None,
@@ -314,9 +315,12 @@ struct World {
     client: Session<SimTransport>,
     server_inputs: Inputs,
     client_inputs: Inputs,
-    /// The fabric's connection number of each server connection (the client's are
-    /// numbered in the order it connects, as the fabric numbers them).
-    conn_of: HashMap<ConnectionId, u32>,
+    /// The fabric's connection number of each server connection.
+    server_numbers: HashMap<ConnectionId, u32>,
+    /// The same of each client connection that was established (one that never was
+    /// keeps the number of its place in the order of connects, as the fabric numbers
+    /// them).
+    client_numbers: HashMap<ConnectionId, u32>,
     trace: Option<TraceKeeper>,
 }
 
@@ -348,27 +352,28 @@ impl World {
     fn handle_ready(&mut self, sweep: bool) -> usize {
         let mut client = 0;
         if sweep || self.client_inputs.ready() {
+            let numbers = &mut self.client_numbers;
             client = self
                 .client
-                .handle_ready(&mut |_, _| {})
+                .handle_ready(&mut |endpoint, event| {
+                    numbers.extend(fabric_number(endpoint, event));
+                })
                 .expect("the simulated transport does not fail");
             self.client_inputs.busy = client > 0;
         }
         if !(sweep || self.server_inputs.ready()) {
             return client;
         }
-        let (conn_of, trace) = (&mut self.conn_of, &mut self.trace);
+        let (numbers, trace) = (&mut self.server_numbers, &mut self.trace);
         let server = self
             .server
             .handle_ready(&mut |endpoint, event| {
-                if let Event::Request { conn, .. } = event {
-                    let id = endpoint.cm_id(*conn).ok().and_then(|id| id.conn());
-                    if let Some(ConnId(number)) = id {
-                        conn_of.insert(*conn, number);
-                        if let Some(keeper) = trace.as_mut().filter(|k| k.conn.0 == number) {
-                            keeper.handle = Some(*conn);
-                        }
-                    }
+                let Some((conn, number)) = fabric_number(endpoint, event) else {
+                    return;
+                };
+                numbers.insert(conn, number);
+                if let Some(keeper) = trace.as_mut().filter(|k| k.conn.0 == number) {
+                    keeper.handle.get_or_insert(conn);
                 }
             })
             .expect("the simulated transport does not fail");
@@ -391,7 +396,11 @@ impl World {
 
     fn report(mut self, config: &SimRun, teardown_failures: u64) -> SimReport {
         let mut outcomes = vec![ConnOutcome::default(); config.connections as usize];
-        for (number, record) in self.client.conns().iter().enumerate() {
+        for (index, record) in self.client.conns().iter().enumerate() {
+            let number = record
+                .handle
+                .and_then(|h| self.client_numbers.get(&h).copied())
+                .map_or(index, |n| n as usize);
             if let Some(outcome) = outcomes.get_mut(number) {
                 outcome.active_established = record.established_reports;
                 outcome.active_failure = failure(record);
@@ -399,7 +408,9 @@ impl World {
         }
         let mut latencies = Vec::new();
         for record in self.server.conns() {
-            let number = record.handle.and_then(|h| self.conn_of.get(&h).copied());
+            let number = record
+                .handle
+                .and_then(|h| self.server_numbers.get(&h).copied());
             let Some(outcome) = number.and_then(|n| outcomes.get_mut(n as usize)) else {
                 continue;
             };
@@ -434,6 +445,16 @@ impl World {
             trace_entries_held_max,
         }
     }
+}
+
+/// The fabric's number of the connection `event` names, when this side learns of it
+/// (a request, or the connection established), while the endpoint still knows it.
+fn fabric_number(endpoint: &Endpoint<SimTransport>, event: &Event) -> Option<(ConnectionId, u32)> {
+    let (Event::Request { conn, .. } | Event::Established { conn, .. }) = event else {
+        return None;
+    };
+    let ConnId(number) = endpoint.cm_id(*conn).ok()?.conn()?;
+    Some((*conn, number))
 }
 
 /// What the fabric holds for one side's endpoint, seen from outside it.
