@@ -9,7 +9,8 @@
 //! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
 //!   RTU loss, both sides on the connection API (`cm_verbs::Endpoint` over the simulated
 //!   transport); peak heap and page faults per connection are measured in separate,
-//!   untimed runs, and a point whose untimed run exceeds a budget is not repeated.
+//!   untimed runs, and a point whose untimed run exceeds a budget is not repeated (nor
+//!   run, when linear growth from the previous point would already exceed it).
 //! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
 //!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
 //!
@@ -34,7 +35,8 @@ use criterion::{criterion_group, BatchSize, BenchmarkId, Criterion, Throughput};
 
 /// A scale point whose untimed run takes longer than this gets no timed repetitions
 /// (criterion's ten would take ten times as long): the untimed run's time per
-/// connection stands for it.
+/// connection stands for it. A point that would exceed it even growing linearly from
+/// the previous one is not run at all.
 const SCALE_RUN_BUDGET: Duration = Duration::from_secs(60);
 
 /// Connections registered with the pump in the pump benches: the lookup is in a table of
@@ -201,6 +203,8 @@ fn scale(c: &mut Criterion) {
     let mut group = c.benchmark_group("scale");
     group.sample_size(10);
     group.warm_up_time(Duration::from_millis(1));
+    // The previous point's connections and the time of its untimed run.
+    let mut previous: Option<(u32, Duration)> = None;
     for &connections in &SCALE_POINTS {
         if smoke_mode() && connections > 10_000 {
             record(&Figure::skipped(
@@ -208,6 +212,24 @@ fn scale(c: &mut Criterion) {
                 "smoke mode: the 100k point runs only in `cargo xtask bench`",
             ));
             continue;
+        }
+        // Even linear growth from the previous point would take this one past the
+        // budget: not even its untimed run is worth the wait.
+        if let Some((before, took)) = previous {
+            let at_least = took.mul_f64(f64::from(connections) / f64::from(before));
+            if at_least > SCALE_RUN_BUDGET {
+                record(&Figure::skipped(
+                    &format!("scale/{connections}"),
+                    &format!(
+                        "the {before}-connection run took {:.1} s: this one would take at \
+                         least {:.0} s, over the {} s budget",
+                        took.as_secs_f64(),
+                        at_least.as_secs_f64(),
+                        SCALE_RUN_BUDGET.as_secs()
+                    ),
+                ));
+                continue;
+            }
         }
         let config = scale_config(connections);
         // Untimed run: outcome and peak heap.
@@ -217,6 +239,7 @@ fn scale(c: &mut Criterion) {
             report = Some(cm_tools::sim_run::run(&config));
         });
         let took = started.elapsed();
+        previous = Some((connections, took));
         let report = report.expect("the run returned");
         let key = format!("scale/{connections}");
         // The simulated work: messages delivered and CM events handed over, per
