@@ -44,8 +44,8 @@ pub struct SimRun {
     /// Whether the client sends data as soon as its side is established (the data that
     /// raises COMM_EST on the server when the RTU is late or lost).
     pub send_data: bool,
-    /// Whether the server runs the notify pump; without it COMM_EST is ignored, as by
-    /// an application that does not forward it.
+    /// Whether the endpoints' notify path runs ([`Endpoint::set_notify`]); without it
+    /// COMM_EST is ignored, as by an application that does not forward it.
     pub pump: bool,
     /// Model soft-RoCE: no COMM_EST is ever raised; only the receive completion tells.
     pub soft_roce: bool,
@@ -55,8 +55,9 @@ pub struct SimRun {
     pub trace_conn: Option<u32>,
     /// Further random faults per message kind (for fault matrices and property tests).
     pub odds: Vec<(MsgKind, FaultOdds)>,
-    /// Disconnect and destroy every id at the end, checking that nothing is left
-    /// unacknowledged.
+    /// Disconnect every connection once the fabric is quiet (the client, then the
+    /// server whatever it still holds), checking that the endpoints hold nothing more
+    /// and that every CM event was acknowledged.
     pub teardown: bool,
     /// Deterministic faults (drop, delay, duplicate the nth REQ, REP, RTU, …), applied
     /// in addition to the random ones.
