@@ -7,8 +7,10 @@
 //! - `lookup/*`: one QP-number lookup with std's SipHash and with FxHash, the pump's
 //!   hasher: what the choice saves on the one lookup every pumped event pays.
 //! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
-//!   RTU loss; peak heap and page faults per connection are measured in separate,
-//!   untimed runs.
+//!   RTU loss, both sides on the connection API (`cm_verbs::Endpoint` over the simulated
+//!   transport); peak heap and page faults per connection are measured in separate,
+//!   untimed runs, and a point whose untimed run exceeds a budget is not repeated (nor
+//!   run, when linear growth from the previous point would already exceed it).
 //! - `endpoint_echo/*`: one echo round trip through the connection API (`send`, `recv`)
 //!   on a simulated connection while 0, 1k, 10k or 100k others sit idle.
 //! - `soak/*`: 10M messages echoed over 1k connections through the connection API;
@@ -22,7 +24,7 @@
 //! [`SimFabric`]: cm_mock::sim::SimFabric
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cm_benches::endpoint::{
     soak, EchoFixture, ECHO_IDLE_POINTS, SOAK_QUEUED_END, SOAK_RSS_END_OVER_MIDDLE,
@@ -37,6 +39,13 @@ use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyOutcome, QpNum};
 use cm_mock::MockCmId;
 use cm_verbs::{NotifyPump, Role};
 use criterion::{criterion_group, BatchSize, BenchmarkId, Criterion, Throughput};
+
+/// A scale point whose untimed run takes longer than this gets no timed repetitions
+/// (criterion's ten would take ten times as long): the untimed run's time per
+/// connection stands for it. A point that would exceed it even growing linearly from
+/// the previous one is not run at all. Ten repetitions of a run at the budget take five
+/// minutes.
+const SCALE_RUN_BUDGET: Duration = Duration::from_secs(30);
 
 /// Connections registered with the pump in the pump benches: the lookup is in a table of
 /// realistic size, not a one-entry map.
@@ -202,6 +211,8 @@ fn scale(c: &mut Criterion) {
     let mut group = c.benchmark_group("scale");
     group.sample_size(10);
     group.warm_up_time(Duration::from_millis(1));
+    // The previous point's connections and the time of its untimed run.
+    let mut previous: Option<(u32, Duration)> = None;
     for &connections in &SCALE_POINTS {
         if smoke_mode() && connections > 10_000 {
             record(&Figure::skipped(
@@ -210,12 +221,33 @@ fn scale(c: &mut Criterion) {
             ));
             continue;
         }
+        // Even linear growth from the previous point would take this one past the
+        // budget: not even its untimed run is worth the wait.
+        if let Some((before, took)) = previous {
+            let at_least = took.mul_f64(f64::from(connections) / f64::from(before));
+            if at_least > SCALE_RUN_BUDGET {
+                record(&Figure::skipped(
+                    &format!("scale/{connections}"),
+                    &format!(
+                        "the {before}-connection run took {:.1} s: this one would take at \
+                         least {:.0} s, over the {} s budget",
+                        took.as_secs_f64(),
+                        at_least.as_secs_f64(),
+                        SCALE_RUN_BUDGET.as_secs()
+                    ),
+                ));
+                continue;
+            }
+        }
         let config = scale_config(connections);
         // Untimed run: outcome and peak heap.
         let mut report = None;
+        let started = Instant::now();
         let info = allocation_counter::measure(|| {
             report = Some(cm_tools::sim_run::run(&config));
         });
+        let took = started.elapsed();
+        previous = Some((connections, took));
         let report = report.expect("the run returned");
         let key = format!("scale/{connections}");
         // The simulated work: messages delivered and CM events handed over, per
@@ -228,22 +260,6 @@ fn scale(c: &mut Criterion) {
             "count",
             "messages delivered + CM events handed to the application, per connection",
         ));
-        // A second untimed run sees the heap as the timed repetitions do.
-        let faults_before = minor_page_faults();
-        black_box(cm_tools::sim_run::run(&config));
-        if let Some((before, after)) = faults_before.zip(minor_page_faults()) {
-            let heap = if heap_kept_warm() {
-                "heap kept between runs (GLIBC_TUNABLES trim threshold)"
-            } else {
-                "glibc's default trimming: large runs map their heap afresh each time"
-            };
-            record(&Figure::measured(
-                &format!("{key}/page_faults_per_conn"),
-                (after - before) as f64 / f64::from(connections),
-                "count",
-                &format!("minor page faults of one repeated run; {heap}"),
-            ));
-        }
         record(&Figure::measured(
             &format!("{key}/peak_bytes_per_conn"),
             info.bytes_max as f64 / f64::from(connections),
@@ -265,6 +281,42 @@ fn scale(c: &mut Criterion) {
                 report.teardown_failures
             ),
         ));
+        let per_conn_ns = took.as_nanos() as f64 / f64::from(connections);
+        record(&Figure::measured(
+            &format!("{key}/one_run_ns_per_conn"),
+            per_conn_ns,
+            "ns",
+            "wall time of the untimed run (allocations counted), per connection",
+        ));
+        if took > SCALE_RUN_BUDGET {
+            record(&Figure::skipped(
+                &key,
+                &format!(
+                    "one run took {:.0} s ({:.1} µs per connection), over the {} s budget \
+                     for timed repetitions",
+                    took.as_secs_f64(),
+                    per_conn_ns / 1e3,
+                    SCALE_RUN_BUDGET.as_secs()
+                ),
+            ));
+            continue;
+        }
+        // A second untimed run sees the heap as the timed repetitions do.
+        let faults_before = minor_page_faults();
+        black_box(cm_tools::sim_run::run(&config));
+        if let Some((before, after)) = faults_before.zip(minor_page_faults()) {
+            let heap = if heap_kept_warm() {
+                "heap kept between runs (GLIBC_TUNABLES trim threshold)"
+            } else {
+                "glibc's default trimming: large runs map their heap afresh each time"
+            };
+            record(&Figure::measured(
+                &format!("{key}/page_faults_per_conn"),
+                (after - before) as f64 / f64::from(connections),
+                "count",
+                &format!("minor page faults of one repeated run; {heap}"),
+            ));
+        }
         group.throughput(Throughput::Elements(u64::from(connections)));
         group.bench_with_input(
             BenchmarkId::from_parameter(connections),

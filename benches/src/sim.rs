@@ -100,8 +100,9 @@ pub use cm_testkit::SCALE_POINTS;
 /// The probability of losing each RTU in the scale runs.
 pub const SCALE_RTU_LOSS: f64 = 0.1;
 
-/// The scale run of `connections`: a server on the pump and event loop and a client
-/// opening every connection at once, [`SCALE_RTU_LOSS`] of the RTUs lost (the client's
+/// The scale run of `connections`: a server and a client, each one `Endpoint` (the
+/// connection API) over the simulated transport, the client opening every connection
+/// at once, [`SCALE_RTU_LOSS`] of the RTUs lost (the client's
 /// first SEND raises COMM_EST and the pump forces those), then a full teardown that
 /// checks nothing is left unacknowledged.
 pub fn scale_config(connections: u32) -> SimRun {

@@ -1,8 +1,9 @@
 //! `cmnotify`, the command-line tool of the notify path, and the library behind it.
 //!
-//! [`sim_run::run`] plays a server and a client on the simulated fabric, the server
-//! written against `cm-verbs` as a real one would be, and reports how every connection
-//! became established (by RTU, or rescued by notify) or failed:
+//! [`sim_run::run`] plays a server and a client on the simulated fabric, both the real
+//! mode's own ([`session`]: one `cm_verbs::Endpoint` each, over the simulated transport
+//! instead of librdmacm), and reports how every connection became established (by RTU,
+//! or rescued by notify) or failed:
 //!
 //! ```
 //! use cm_tools::sim_run::{run, SimRun};
@@ -20,8 +21,8 @@
 //!
 //! [`ladder`] draws one traced connection as a ladder diagram (SVG, or text).
 //!
-//! With the `rdma` feature, [`rdma_run`] does the same on real devices through
-//! librdmacm, ucmatose-style (server with `-s`, client with `-a`), with cmtime-style
+//! With the `rdma` feature, `rdma_run` runs the same server or client on real devices
+//! through librdmacm, ucmatose-style (server with `-s`, client with `-a`), with cmtime-style
 //! per-step timings.
 #![forbid(unsafe_code)]
 
@@ -29,5 +30,7 @@ pub mod ladder;
 #[cfg(feature = "rdma")]
 pub mod rdma_run;
 pub mod report;
+pub mod session;
 pub mod sim_run;
 pub mod stats;
+pub mod steps;

@@ -3,6 +3,8 @@
 //! only: one [`cm_verbs::Endpoint`] over [`cm_verbs::rdma::RdmaTransport`] owns the CM
 //! channel, the device readers, the notify pump and every connection, and the run is a
 //! `match` on the events [`Endpoint::next_event`](cm_verbs::Endpoint::next_event) yields.
+//! The server and the client are [`crate::session`]'s, the same code the simulated mode
+//! runs over its fabric.
 //!
 //! - Server (`-s`): listens on `-b`, accepts `-c` connections (refuses any beyond),
 //!   one QP each, receives posted before the REP. The endpoint forwards COMM_EST and a
@@ -30,7 +32,8 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-pub use report::{human, PumpJson, RealReport, Span, Step, StepStats};
+pub use crate::steps::{Span, Step, StepStats};
+pub use report::{human, PumpJson, RealReport};
 pub use session::run;
 
 /// What a real-device run does.
@@ -80,12 +83,6 @@ impl RealRun {
     pub fn messages(&self) -> u32 {
         self.messages.unwrap_or(if self.server { 0 } else { 1 })
     }
-
-    /// The receive buffer of one posted receive: large enough for rping's and ucmatose's
-    /// default messages whatever `--size` says.
-    fn receive_size(&self) -> usize {
-        self.message_size.max(MIN_RECEIVE_SIZE)
-    }
 }
 
 /// ucmatose's default message size.
@@ -93,14 +90,8 @@ pub const DEFAULT_MESSAGE_SIZE: usize = 100;
 /// The largest message size `--size` takes.
 pub const MAX_MESSAGE_SIZE: usize = 4096;
 /// The most messages per connection: the send queue depth.
-pub const MAX_MESSAGES: u32 = SEND_SLOTS as u32;
+pub const MAX_MESSAGES: u32 = crate::session::SEND_SLOTS;
 
-/// Receives posted per connection (the QP's receive queue depth).
-const RECEIVE_SLOTS: u32 = 16;
-/// Send buffers per connection (the QP's send queue depth).
-const SEND_SLOTS: usize = 16;
-/// The smallest receive buffer.
-const MIN_RECEIVE_SIZE: usize = 512;
 /// The kernel's timeout of one address or route resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Address resolution attempts per connection: the first one after the devices come up
@@ -110,11 +101,6 @@ const RESOLVE_ATTEMPTS: u32 = 5;
 /// established before it is closed as timed out (the endpoint's deadline; without it a
 /// passive side whose RTU is lost waits ~69 s of REP retries).
 const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long an established connection may go without progress (a message, a send
-/// completing, its end) before it is given up and disconnected; also how long a server
-/// that has had a request waits for the next event before it gives up on the
-/// connections that never came. A peer that vanished without a DREQ cannot hang a run.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The whole tool: runs, prints, and turns the outcome into an exit status (0: every
 /// connection established, exchanged and torn down; 1: some failed, or the device went
@@ -165,7 +151,8 @@ mod tests {
             ..server
         };
         assert_eq!(ucmatose_like.messages(), 10);
-        assert!(ucmatose_like.receive_size() >= DEFAULT_MESSAGE_SIZE);
+        let caps = crate::session::queue_caps(ucmatose_like.message_size);
+        assert!(caps.buffer_size as usize >= DEFAULT_MESSAGE_SIZE);
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct SimJson {
     /// The same figure as `notify_failed`, under its first name (kept for readers of
     /// older documents).
     pub notify_errors: u64,
-    /// COMM_EST events nobody forwarded.
+    /// COMM_EST events nobody forwarded (the server endpoint's `unrouted` counter).
     pub comm_est_ignored: u64,
     /// RTUs the client sent, whether delivered or lost.
     pub rtus_sent: u64,
@@ -58,11 +58,14 @@ pub struct SimJson {
     pub messages_dropped: u64,
     /// RTUs that arrived after a forced establish (counted and dropped).
     pub late_rtus: u64,
-    /// Virtual microseconds from the trigger to ESTABLISHED.
+    /// For connections rescued by notify: virtual microseconds from the server's accept
+    /// returning (REP sent) to ESTABLISHED (the key's name is the field's first meaning,
+    /// from the trigger; the endpoint does not say when its notify ran).
     pub trigger_to_established_us: LatencyJson,
     /// Virtual seconds the run took.
     pub virtual_seconds: f64,
-    /// Ids that could not be destroyed at teardown (always 0).
+    /// Connections the endpoints still held after the teardown, plus CM events never
+    /// acknowledged (always 0).
     pub teardown_failures: u64,
     /// With `--trace N`: the timeline of connection N, one line per entry (absent
     /// otherwise).
@@ -234,7 +237,7 @@ pub fn human(r: &SimReport) -> String {
     if t.count > 0 {
         let _ = writeln!(
             out,
-            "  trigger -> ESTABLISHED  p50 {}  p99 {}  max {}  (virtual time, {} samples)",
+            "  REP -> ESTABLISHED   p50 {}  p99 {}  max {}  (rescued ones; virtual time, {} samples)",
             show(t.p50),
             show(t.p99),
             show(t.max),

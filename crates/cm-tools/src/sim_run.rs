@@ -1,24 +1,31 @@
-//! A server and a client on the simulated fabric, many connections at once, the server
-//! written against `cm-verbs` exactly as a real one would be: the same [`EventLoop`] and
-//! [`NotifyPump`], fed from a [`SimFabric`] instead of file descriptors.
+//! A server and a client on the simulated fabric, many connections at once: the same
+//! [`Session`] code as the real mode (`cmnotify --backend rdma`), each side one
+//! [`Endpoint`] over a [`SimTransport`] on one [`SimPair`]; only the transport differs.
+//! Both endpoints are driven in one thread, alternately and without waiting, and the
+//! fabric's virtual time moves only when neither has anything left to handle.
+//!
+//! How every connection ended comes from the endpoints' events (ESTABLISHED reports per
+//! side, how each got there, why each closed); the fabric contributes its counters and,
+//! for a traced connection, its trace.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use cm_core::{CmEvent, CmEventSource, CmEventType, CmId, QpNum};
+use cm_core::QpNum;
 use cm_mock::sim::{
-    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimBackend, SimCmId, SimConfig, SimFabric,
-    SimPair, SimStats, TraceEntry, TraceEvent,
+    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimAddr, SimChannel, SimConfig, SimDevice,
+    SimFabric, SimPair, SimSide, SimStats, SimTransport, TraceEntry, TraceEvent,
 };
-use cm_verbs::{
-    BackendLoop, Control, EventLoop, LoopEvent, NotifyPump, PumpCounters, PumpEvent, Ready, Role,
-};
+use cm_verbs::{CloseReason, ConnectionId, Endpoint, EstablishedVia, Event, PumpCounters};
 
+use crate::session::{queue_caps, ConnRecord, Plan, Session};
 use crate::stats::LatencySummary;
+use crate::steps::Step;
 
 /// The port the simulated server listens on.
 const PORT: u16 = 7471;
-/// Bytes of the SEND the client posts once its side is established.
-const PAYLOAD: u32 = 64;
+/// Bytes of the message the client sends once its side is established.
+const PAYLOAD: usize = 64;
 /// With a traced connection, the fabric's trace (which records every connection) is
 /// drained and filtered every this many steps, so that memory follows one connection,
 /// not the whole run.
@@ -37,8 +44,8 @@ pub struct SimRun {
     /// Whether the client sends data as soon as its side is established (the data that
     /// raises COMM_EST on the server when the RTU is late or lost).
     pub send_data: bool,
-    /// Whether the server runs the notify pump; without it COMM_EST is ignored, as by
-    /// an application that does not forward it.
+    /// Whether the endpoints' notify path runs ([`Endpoint::set_notify`]); without it
+    /// COMM_EST is ignored, as by an application that does not forward it.
     pub pump: bool,
     /// Model soft-RoCE: no COMM_EST is ever raised; only the receive completion tells.
     pub soft_roce: bool,
@@ -48,8 +55,9 @@ pub struct SimRun {
     pub trace_conn: Option<u32>,
     /// Further random faults per message kind (for fault matrices and property tests).
     pub odds: Vec<(MsgKind, FaultOdds)>,
-    /// Disconnect and destroy every id at the end, checking that nothing is left
-    /// unacknowledged.
+    /// Disconnect every connection once the fabric is quiet (the client, then the
+    /// server whatever it still holds), checking that the endpoints hold nothing more
+    /// and that every CM event was acknowledged.
     pub teardown: bool,
     /// Deterministic faults (drop, delay, duplicate the nth REQ, REP, RTU, …), applied
     /// in addition to the random ones.
@@ -75,32 +83,35 @@ impl Default for SimRun {
 }
 
 /// How one connection ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConnOutcome {
-    /// ESTABLISHED events the client saw.
+    /// [`Event::Established`] reports the client's endpoint gave.
     pub active_established: u32,
-    /// ESTABLISHED events the server saw.
+    /// [`Event::Established`] reports the server's endpoint gave.
     pub passive_established: u32,
-    /// The server's ESTABLISHED followed a forced establish by the pump.
+    /// The server side was established by the notify path
+    /// ([`EstablishedVia::Notify`]).
     pub forced: bool,
-    /// The pump's notify answered EISCONN (the RTU won the race).
+    /// The notify path's notify answered EISCONN: the RTU won the race
+    /// ([`EstablishedVia::RtuWonRace`]).
     pub raced: bool,
-    /// The failure event of the client side, if any.
-    pub active_failure: Option<CmEventType>,
-    /// The failure event of the server side, if any.
-    pub passive_failure: Option<CmEventType>,
+    /// Why the client side failed, if it did: how it closed ([`Event::Closed`]), unless
+    /// it was established and then disconnected.
+    pub active_failure: Option<CloseReason>,
+    /// Why the server side failed, if it did (as `active_failure`).
+    pub passive_failure: Option<CloseReason>,
 }
 
 impl ConnOutcome {
     /// The invariant: each side saw exactly one ESTABLISHED, or none and a failure.
     pub fn holds_invariant(&self) -> bool {
-        let side = |established: u32, failure: Option<CmEventType>| match established {
+        let side = |established: u32, failure: &Option<CloseReason>| match established {
             1 => failure.is_none(),
             0 => true,
             _ => false,
         };
-        side(self.active_established, self.active_failure)
-            && side(self.passive_established, self.passive_failure)
+        side(self.active_established, &self.active_failure)
+            && side(self.passive_established, &self.passive_failure)
     }
 
     /// Whether both sides are established.
@@ -116,18 +127,21 @@ pub struct SimReport {
     pub run: SimRun,
     /// Per connection, indexed by connection number.
     pub outcomes: Vec<ConnOutcome>,
-    /// The pump's counters (all zero without the pump).
+    /// The server endpoint's notify counters (all zero without the pump).
     pub pump: PumpCounters,
-    /// COMM_EST events the server's device raised that nobody forwarded.
+    /// Asynchronous events (on this fabric, COMM_EST) the server's notify path did not
+    /// take: the endpoint's `unrouted` counter. Without the pump, every COMM_EST.
     pub comm_est_ignored: u64,
-    /// Virtual time from the trigger (COMM_EST or receive completion) to ESTABLISHED,
-    /// for forced connections.
+    /// For connections the notify path rescued: virtual time from the server's accept
+    /// returning (REP sent) to the connection established, from the endpoint's
+    /// [`cm_verbs::ConnTimes`].
     pub trigger_to_established: LatencySummary,
     /// Virtual time the whole run took.
     pub virtual_time: Duration,
     /// The fabric's counters.
     pub fabric: SimStats,
-    /// Ids that could not be destroyed at teardown (must be 0).
+    /// Connections the endpoints still held after the teardown, plus CM events handed
+    /// to them and never acknowledged (must be 0).
     pub teardown_failures: u64,
     /// The timeline of the traced connection.
     pub trace: Option<String>,
@@ -166,7 +180,7 @@ impl SimReport {
     pub fn unreachable(&self) -> usize {
         self.outcomes
             .iter()
-            .filter(|o| o.passive_failure == Some(CmEventType::Unreachable))
+            .filter(|o| matches!(o.passive_failure, Some(CloseReason::Unreachable { .. })))
             .count()
     }
     /// Connections not established on both sides.
@@ -187,6 +201,29 @@ pub fn run(config: &SimRun) -> SimReport {
     run_with_progress(config, &mut |_| {})
 }
 
+/// The side of the shared server or client this run plays.
+fn plan(config: &SimRun, server: bool, addr: SimAddr) -> Plan<SimAddr> {
+    Plan {
+        server,
+        addr,
+        source: None,
+        connections: config.connections,
+        notify: config.pump,
+        // The client sends one message at once (the data that raises COMM_EST on a
+        // server whose RTU is late or lost); the server echoes it.
+        messages: u32::from(!server && config.send_data),
+        message_size: PAYLOAD,
+        caps: queue_caps(PAYLOAD),
+        resolve_timeout: Duration::from_secs(2),
+        resolve_attempts: 1,
+        // The CM's own REP retries decide, as the demo without the pump shows.
+        establish_timeout: None,
+        // Every connection stays up until the fabric is quiet, then the teardown
+        // closes them all.
+        disconnect_when_done: false,
+    }
+}
+
 /// [`run`], calling `progress` now and then with how many connections have settled
 /// (server side established or failed).
 pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> SimReport {
@@ -203,8 +240,11 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         SimConfig::default()
     };
     sim_config.trace = config.trace_conn.is_some();
-    let pair = SimPair::new(sim_config, config.seed);
-    let fabric = &pair.fabric;
+    let SimPair {
+        fabric,
+        server,
+        client,
+    } = SimPair::new(sim_config, config.seed);
     if config.rtu_loss > 0.0 {
         fabric.set_fault_odds(MsgKind::Rtu, FaultOdds::drop(config.rtu_loss));
     }
@@ -218,111 +258,248 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop).on_conn(ConnId(conn)));
     }
 
-    pair.listen(PORT).expect("a fresh node binds and listens");
-    let SimPair {
-        fabric,
-        server,
-        client,
-    } = pair;
-    let (server_channel, mut server_cq) = (server.channel, server.device);
-    let (mut client_channel, mut client_cq) = (client.channel, client.device);
-
+    let inputs = (Inputs::of(&server), Inputs::of(&client));
+    let server = SimTransport::on_side(server);
+    let addr = server.addr(PORT);
     let mut world = World {
-        outcomes: vec![ConnOutcome::default(); config.connections as usize],
-        trigger_at: vec![None; config.connections as usize],
-        latencies: Vec::new(),
-        conn_of_qp: ConnOfQp::default(),
-        passive_ids: Vec::with_capacity(config.connections as usize),
-        active_ids: Vec::with_capacity(config.connections as usize),
-        comm_est_ignored: 0,
-        settled: 0,
+        server_inputs: inputs.0,
+        client_inputs: inputs.1,
+        server: Session::new(Endpoint::new(server), plan(config, true, addr)),
+        client: Session::new(
+            Endpoint::new(SimTransport::on_side(client)),
+            plan(config, false, addr),
+        ),
+        server_numbers: HashMap::with_capacity(config.connections as usize),
+        client_numbers: HashMap::with_capacity(config.connections as usize),
         trace: config.trace_conn.map(|conn| TraceKeeper {
             conn: ConnId(conn),
+            handle: None,
             qp: None,
             kept: Vec::new(),
             recorded: 0,
             held_max: 0,
         }),
+        fabric,
     };
-    for _ in 0..config.connections {
-        let id = client_channel.create_id();
-        id.resolve_addr(server.node.id(), PORT)
-            .expect("resolving a live node is accepted");
-        world.active_ids.push(id);
-    }
-
-    let pump = NotifyPump::with_policy(Default::default(), config.connections as usize);
-    let mut server_loop = EventLoop::new(server_channel, server.node.device(), pump);
-    let all = Ready {
-        cm_events: true,
-        async_events: true,
-        shutdown: false,
-    };
-    let mut steps = 0u64;
-    loop {
-        world.client_events(&mut client_channel, config, &fabric);
-        while client_cq.poll_cq().is_some() {}
-        server_loop
-            .poll_once(all, &mut |pump, event| {
-                world.server_event(pump, event, config, &fabric);
-                Control::Continue
-            })
-            .expect("the simulated sources do not fail");
-        while let Some(completion) = server_cq.poll_cq() {
-            if config.pump {
-                if let Some(event) = server_loop.pump().on_receive_completion(completion.qp) {
-                    world.pump_event(event, &fabric);
-                }
-            }
-        }
-        steps += 1;
-        if steps % 4096 == 0 {
-            progress(world.settled);
-        }
-        if steps % TRACE_DRAIN_STEPS == 0 {
-            world.drain_trace(&fabric);
-        }
-        if !fabric.step() {
-            break;
-        }
-    }
-    progress(world.settled);
+    world
+        .server
+        .start()
+        .expect("a fresh node binds and listens");
+    world
+        .client
+        .start()
+        .expect("connecting on the simulated fabric starts");
+    world.run_until_quiet(&mut |world| progress(world.server.settled()));
+    progress(world.server.settled());
 
     let mut teardown_failures = 0;
     if config.teardown {
-        teardown_failures = world.teardown(&fabric, &mut client_channel, &mut server_loop);
+        // The client ends every connection, as the real client does once its exchange
+        // is done; then whatever the server still holds.
+        world.client.close_all();
+        world.run_until_quiet(&mut |_| {});
+        world.server.close_all();
+        world.run_until_quiet(&mut |_| {});
+        let left =
+            world.client.endpoint().connection_count() + world.server.endpoint().connection_count();
+        // Every CM event the fabric handed over was read and acknowledged.
+        let stats = world.fabric.stats();
+        let unacked = stats.events_delivered.saturating_sub(stats.events_acked);
+        teardown_failures = left as u64 + unacked;
     }
-    let (_, _, pump) = server_loop.into_parts();
-    world.drain_trace(&fabric);
-    let (trace, trace_entries, trace_entries_recorded, trace_entries_held_max) =
-        match world.trace.take() {
-            Some(keeper) => (
-                Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
-                keeper.kept,
-                keeper.recorded,
-                keeper.held_max,
-            ),
-            None => (None, Vec::new(), 0, 0),
-        };
-    SimReport {
-        run: config.clone(),
-        outcomes: world.outcomes,
-        pump: pump.counters(),
-        comm_est_ignored: world.comm_est_ignored,
-        trigger_to_established: LatencySummary::from_durations(&mut world.latencies),
-        virtual_time: fabric.now(),
-        fabric: fabric.stats(),
-        teardown_failures,
-        trace,
-        trace_entries,
-        trace_entries_recorded,
-        trace_entries_held_max,
+    world.drain_trace();
+    world.report(config, teardown_failures)
+}
+
+/// The two sides on one fabric, and what the run needs to name connections as the
+/// fabric does.
+struct World {
+    fabric: SimFabric,
+    server: Session<SimTransport>,
+    client: Session<SimTransport>,
+    server_inputs: Inputs,
+    client_inputs: Inputs,
+    /// The fabric's connection number of each server connection.
+    server_numbers: HashMap<ConnectionId, u32>,
+    /// The same of each client connection that was established (one that never was
+    /// keeps the number of its place in the order of connects, as the fabric numbers
+    /// them).
+    client_numbers: HashMap<ConnectionId, u32>,
+    trace: Option<TraceKeeper>,
+}
+
+impl World {
+    /// Handles both sides' events and lets virtual time pass until neither side has
+    /// anything to handle and nothing is scheduled; `every` runs now and then.
+    fn run_until_quiet(&mut self, every: &mut dyn FnMut(&World)) {
+        let mut steps = 0u64;
+        loop {
+            let handled = self.handle_ready(false);
+            steps += 1;
+            if steps % 4096 == 0 {
+                every(self);
+            }
+            if steps % TRACE_DRAIN_STEPS == 0 {
+                self.drain_trace();
+            }
+            // Nothing scheduled: a last look at both sides, for work they queued
+            // themselves (completions of their own sends).
+            if handled == 0 && !self.fabric.step() && self.handle_ready(true) == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Both sides' ready events, answered; how many. A side is polled only when the
+    /// fabric brought it something or it handled events last time (`sweep`: always):
+    /// each poll costs the endpoint a pass over its connections.
+    fn handle_ready(&mut self, sweep: bool) -> usize {
+        let mut client = 0;
+        if sweep || self.client_inputs.ready() {
+            let numbers = &mut self.client_numbers;
+            client = self
+                .client
+                .handle_ready(&mut |endpoint, event| {
+                    numbers.extend(fabric_number(endpoint, event));
+                })
+                .expect("the simulated transport does not fail");
+            self.client_inputs.busy = client > 0;
+        }
+        if !(sweep || self.server_inputs.ready()) {
+            return client;
+        }
+        let (numbers, trace) = (&mut self.server_numbers, &mut self.trace);
+        let server = self
+            .server
+            .handle_ready(&mut |endpoint, event| {
+                let Some((conn, number)) = fabric_number(endpoint, event) else {
+                    return;
+                };
+                numbers.insert(conn, number);
+                if let Some(keeper) = trace.as_mut().filter(|k| k.conn.0 == number) {
+                    keeper.handle.get_or_insert(conn);
+                }
+            })
+            .expect("the simulated transport does not fail");
+        self.server_inputs.busy = server > 0;
+        if let Some(keeper) = self.trace.as_mut().filter(|k| k.qp.is_none()) {
+            // Accepted by now: its QP names the device's events for it.
+            keeper.qp = keeper
+                .handle
+                .and_then(|h| self.server.endpoint().info(h).ok())
+                .and_then(|info| info.qp);
+        }
+        client + server
+    }
+
+    fn drain_trace(&mut self) {
+        if let Some(keeper) = &mut self.trace {
+            keeper.drain(&self.fabric);
+        }
+    }
+
+    fn report(mut self, config: &SimRun, teardown_failures: u64) -> SimReport {
+        let mut outcomes = vec![ConnOutcome::default(); config.connections as usize];
+        for (index, record) in self.client.conns().iter().enumerate() {
+            let number = record
+                .handle
+                .and_then(|h| self.client_numbers.get(&h).copied())
+                .map_or(index, |n| n as usize);
+            if let Some(outcome) = outcomes.get_mut(number) {
+                outcome.active_established = record.established_reports;
+                outcome.active_failure = failure(record);
+            }
+        }
+        let mut latencies = Vec::new();
+        for record in self.server.conns() {
+            let number = record
+                .handle
+                .and_then(|h| self.server_numbers.get(&h).copied());
+            let Some(outcome) = number.and_then(|n| outcomes.get_mut(n as usize)) else {
+                continue;
+            };
+            outcome.passive_established = record.established_reports;
+            outcome.passive_failure = failure(record);
+            outcome.forced = matches!(record.established, Some(EstablishedVia::Notify(_)));
+            outcome.raced = matches!(record.established, Some(EstablishedVia::RtuWonRace(_)));
+            if outcome.forced {
+                latencies.extend(record.span(Step::Established).duration());
+            }
+        }
+        let counters = self.server.endpoint().counters();
+        let (trace, trace_entries, trace_entries_recorded, trace_entries_held_max) =
+            match self.trace.take() {
+                Some(keeper) => (
+                    Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
+                    keeper.kept,
+                    keeper.recorded,
+                    keeper.held_max,
+                ),
+                None => (None, Vec::new(), 0, 0),
+            };
+        SimReport {
+            run: config.clone(),
+            outcomes,
+            pump: counters,
+            comm_est_ignored: counters.unrouted,
+            trigger_to_established: LatencySummary::from_durations(&mut latencies),
+            virtual_time: self.fabric.now(),
+            fabric: self.fabric.stats(),
+            teardown_failures,
+            trace,
+            trace_entries,
+            trace_entries_recorded,
+            trace_entries_held_max,
+        }
+    }
+}
+
+/// The fabric's number of the connection `event` names, when this side learns of it
+/// (a request, or the connection established), while the endpoint still knows it.
+fn fabric_number(endpoint: &Endpoint<SimTransport>, event: &Event) -> Option<(ConnectionId, u32)> {
+    let (Event::Request { conn, .. } | Event::Established { conn, .. }) = event else {
+        return None;
+    };
+    let ConnId(number) = endpoint.cm_id(*conn).ok()?.conn()?;
+    Some((*conn, number))
+}
+
+/// What the fabric holds for one side's endpoint, seen from outside it.
+struct Inputs {
+    channel: SimChannel,
+    device: SimDevice,
+    /// The side handled events last time: it may have queued work of its own.
+    busy: bool,
+}
+
+impl Inputs {
+    fn of(side: &SimSide) -> Self {
+        Inputs {
+            channel: side.channel.clone(),
+            device: side.device.clone(),
+            busy: true,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.busy || self.channel.queued() > 0 || self.device.has_pending()
+    }
+}
+
+/// Why one side failed: how it closed, unless it was established and then
+/// disconnected (by either side).
+fn failure(record: &ConnRecord) -> Option<CloseReason> {
+    match &record.closed {
+        Some(CloseReason::Disconnected) if record.established.is_some() => None,
+        other => other.clone(),
     }
 }
 
 /// The timeline of one connection, kept while the run goes.
 struct TraceKeeper {
     conn: ConnId,
+    /// The server's handle of the connection, once requested.
+    handle: Option<ConnectionId>,
     /// The connection's server QP, once accepted.
     qp: Option<QpNum>,
     kept: Vec<TraceEntry>,
@@ -362,257 +539,6 @@ fn concerns(event: &TraceEvent, conn: ConnId, passive_qp: Option<QpNum>) -> bool
             passive_qp.is_some() && event.qp_num() == passive_qp
         }
         TraceEvent::RecvCompletion { qp, .. } => Some(*qp) == passive_qp,
-    }
-}
-
-/// The connection of each server QP. The fabric numbers QPs densely from a small base,
-/// so a table indexed by QP number beats a hash map: no hashing, and the run touches it
-/// in QP order, which keeps it in cache at any scale.
-#[derive(Default)]
-struct ConnOfQp {
-    conns: Vec<Option<ConnId>>,
-}
-
-impl ConnOfQp {
-    fn insert(&mut self, qp: QpNum, conn: ConnId) {
-        let index = qp.0 as usize;
-        if index >= self.conns.len() {
-            self.conns.resize(index + 1, None);
-        }
-        self.conns[index] = Some(conn);
-    }
-
-    fn get(&self, qp: QpNum) -> Option<ConnId> {
-        self.conns.get(qp.0 as usize).copied().flatten()
-    }
-}
-
-struct World {
-    outcomes: Vec<ConnOutcome>,
-    /// When the pump forced each connection (indexed by connection), until ESTABLISHED.
-    trigger_at: Vec<Option<Duration>>,
-    latencies: Vec<Duration>,
-    conn_of_qp: ConnOfQp,
-    passive_ids: Vec<SimCmId>,
-    active_ids: Vec<SimCmId>,
-    comm_est_ignored: u64,
-    settled: usize,
-    trace: Option<TraceKeeper>,
-}
-
-impl World {
-    fn drain_trace(&mut self, fabric: &SimFabric) {
-        if let Some(keeper) = &mut self.trace {
-            keeper.drain(fabric);
-        }
-    }
-
-    fn outcome(&mut self, conn: Option<ConnId>) -> Option<&mut ConnOutcome> {
-        self.outcomes.get_mut(conn?.0 as usize)
-    }
-
-    fn client_events(
-        &mut self,
-        channel: &mut cm_mock::sim::SimChannel,
-        config: &SimRun,
-        fabric: &SimFabric,
-    ) {
-        while let Some(event) = channel.try_next_event().expect("simulated channel") {
-            let id = event.id();
-            let kind = event.event_type();
-            let conn = event.conn();
-            event.ack().expect("acked once");
-            match kind {
-                CmEventType::AddrResolved => {
-                    id.resolve_route().expect("address resolved");
-                }
-                CmEventType::RouteResolved => {
-                    id.create_qp().expect("route resolved: the id has a device");
-                    id.connect(b"cmnotify").expect("route and QP ready");
-                }
-                CmEventType::Established => {
-                    if let Some(o) = self.outcome(conn) {
-                        o.active_established += 1;
-                    }
-                    if config.send_data {
-                        id.post_send(PAYLOAD).expect("established QP can send");
-                    }
-                }
-                CmEventType::Disconnected => {
-                    // The other side must answer with its own disconnect, or teardown
-                    // waits for a long CM timeout.
-                    let _ = id.disconnect();
-                }
-                failure if failure.is_connect_failure() => {
-                    if let Some(o) = self.outcome(conn) {
-                        o.active_failure.get_or_insert(failure);
-                    }
-                }
-                _ => {}
-            }
-        }
-        let _ = fabric;
-    }
-
-    fn server_event(
-        &mut self,
-        pump: &mut NotifyPump<SimCmId>,
-        event: LoopEvent<cm_mock::sim::SimCmEvent>,
-        config: &SimRun,
-        fabric: &SimFabric,
-    ) {
-        let event = match event {
-            LoopEvent::Pump(pumped) => {
-                self.pump_event(pumped, fabric);
-                return;
-            }
-            LoopEvent::Cm(event) => event,
-        };
-        let id = event.id();
-        let kind = event.event_type();
-        let conn = event.conn();
-        event.ack().expect("acked once");
-        match kind {
-            CmEventType::ConnectRequest => {
-                let qp = id.create_qp().expect("a request's id has a device");
-                id.accept(b"").expect("a fresh request can be accepted");
-                if let Some(conn) = conn {
-                    self.conn_of_qp.insert(qp, conn);
-                    if let Some(keeper) = self.trace.as_mut().filter(|k| k.conn == conn) {
-                        keeper.qp.get_or_insert(qp);
-                    }
-                }
-                if config.pump {
-                    let registration = pump
-                        .register(id.clone(), Role::Passive)
-                        .expect("an accepted id has a QP");
-                    if let Some(replayed) = registration.replayed {
-                        self.pump_event(replayed, fabric);
-                    }
-                }
-                self.passive_ids.push(id);
-            }
-            CmEventType::Established => {
-                let now = fabric.now();
-                if let Some(conn) = conn {
-                    let at = self
-                        .trigger_at
-                        .get_mut(conn.0 as usize)
-                        .and_then(Option::take);
-                    if let Some(at) = at {
-                        self.latencies.push(now.saturating_sub(at));
-                    }
-                }
-                if let Some(o) = self.outcome(conn) {
-                    o.passive_established += 1;
-                    self.settled += 1;
-                }
-            }
-            CmEventType::Disconnected => {
-                let _ = id.disconnect();
-            }
-            failure if failure.is_connect_failure() => {
-                if let Some(o) = self.outcome(conn) {
-                    o.passive_failure.get_or_insert(failure);
-                    self.settled += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn pump_event(&mut self, event: PumpEvent, fabric: &SimFabric) {
-        match event {
-            PumpEvent::Forced { qp, .. } => {
-                if let Some(conn) = self.conn_of_qp.get(qp) {
-                    if let Some(at) = self.trigger_at.get_mut(conn.0 as usize) {
-                        *at = Some(fabric.now());
-                    }
-                    if let Some(o) = self.outcome(Some(conn)) {
-                        o.forced = true;
-                    }
-                }
-            }
-            PumpEvent::AlreadyEstablished { qp, .. } => {
-                if let Some(conn) = self.conn_of_qp.get(qp) {
-                    if let Some(o) = self.outcome(Some(conn)) {
-                        o.raced = true;
-                    }
-                }
-            }
-            PumpEvent::Unrouted(e) if e.event_type == cm_core::AsyncEventType::CommEst => {
-                self.comm_est_ignored += 1;
-            }
-            PumpEvent::NotifyFailed { .. }
-            | PumpEvent::PathMigrated { .. }
-            | PumpEvent::Unrouted(_)
-            | PumpEvent::PassThrough(_) => {}
-        }
-    }
-
-    /// Disconnects every connection, answers every DISCONNECTED, acks every event and
-    /// destroys every id. Returns how many ids could not be destroyed.
-    fn teardown(
-        &mut self,
-        fabric: &SimFabric,
-        client_channel: &mut cm_mock::sim::SimChannel,
-        server_loop: &mut BackendLoop<SimBackend>,
-    ) -> u64 {
-        for id in &self.active_ids {
-            let _ = id.disconnect();
-        }
-        let mut steps = 0u64;
-        loop {
-            steps += 1;
-            if steps % TRACE_DRAIN_STEPS == 0 {
-                self.drain_trace(fabric);
-            }
-            while let Some(event) = client_channel.try_next_event().expect("simulated channel") {
-                if event.event_type() == CmEventType::Disconnected {
-                    let _ = event.id().disconnect();
-                }
-                event.ack().expect("acked once");
-            }
-            let all = Ready {
-                cm_events: true,
-                async_events: true,
-                shutdown: false,
-            };
-            server_loop
-                .poll_once(all, &mut |_pump, event| {
-                    if let LoopEvent::Cm(event) = event {
-                        if event.event_type() == CmEventType::Disconnected {
-                            let _ = event.id().disconnect();
-                        }
-                        event.ack().expect("acked once");
-                    }
-                    Control::Continue
-                })
-                .expect("the simulated sources do not fail");
-            if !fabric.step() {
-                break;
-            }
-        }
-        let mut failures = 0;
-        // Only server ids were registered with the pump; a client QP would be one more
-        // (missing) lookup in its table per connection.
-        for id in self.active_ids.drain(..) {
-            if id.destroy().is_err() {
-                failures += 1;
-            }
-        }
-        // The pump drops an id on its DISCONNECTED or failure event, so after the
-        // drain above it is normally empty: then skip a lookup per connection.
-        let registered = !server_loop.pump().is_empty();
-        for id in self.passive_ids.drain(..) {
-            if let Some(qp) = registered.then(|| id.qp_num()).flatten() {
-                server_loop.pump().unregister(qp);
-            }
-            if id.destroy().is_err() {
-                failures += 1;
-            }
-        }
-        failures
     }
 }
 

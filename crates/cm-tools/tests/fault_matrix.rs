@@ -7,8 +7,8 @@
 //! The table of outcomes is written to stderr (uncaptured, so it shows in
 //! `cargo test` and `cargo xtask ci` logs) and to `target/fault-matrix.md`.
 //!
-//! Message faults run through `cm_tools::sim_run` (the server on cm-verbs' EventLoop
-//! and NotifyPump); faults that need the application to act mid-run (disconnect,
+//! Message faults run through `cm_tools::sim_run` (server and client each on a
+//! cm-verbs `Endpoint` over the simulated transport); faults that need the application to act mid-run (disconnect,
 //! destroy) run through the one-connection driver below.
 
 use std::fmt::Write as _;
@@ -25,7 +25,7 @@ use cm_mock::sim::{
     SimDevice, SimFabric, SimPair,
 };
 use cm_tools::sim_run::{run, SimRun};
-use cm_verbs::{NotifyPump, PumpEvent, Role};
+use cm_verbs::{CloseReason, NotifyPump, PumpEvent, Role};
 
 const SEEDS: u64 = 20;
 const CONNECTIONS: u32 = 4;
@@ -78,10 +78,11 @@ impl Fault {
 }
 
 /// What one side of one connection saw.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct SideRecord {
     established: u32,
-    failure: Option<CmEventType>,
+    /// The event (one-connection driver) or close reason (whole run) that ended it.
+    failure: Option<String>,
     established_after_failure: bool,
 }
 
@@ -93,7 +94,7 @@ impl SideRecord {
                 self.established_after_failure |= self.failure.is_some();
             }
             failure if failure.is_connect_failure() => {
-                self.failure.get_or_insert(failure);
+                self.failure.get_or_insert_with(|| failure.to_string());
             }
             _ => {}
         }
@@ -164,7 +165,7 @@ fn jitter() -> FaultOdds {
     }
 }
 
-/// A message fault through the whole server/client run (EventLoop + NotifyPump).
+/// A message fault through the whole server/client run (two endpoints).
 fn message_cell(fault: Fault, pump: bool) -> Cell {
     let mut cell = Cell::default();
     for seed in 0..SEEDS {
@@ -178,23 +179,23 @@ fn message_cell(fault: Fault, pump: bool) -> Cell {
             ..SimRun::default()
         });
         for (conn, outcome) in report.outcomes.iter().enumerate() {
-            let side = |established, failure| SideRecord {
+            let side = |established, failure: &Option<CloseReason>| SideRecord {
                 established,
-                failure,
+                failure: failure.as_ref().map(|reason| format!("{reason:?}")),
                 established_after_failure: false,
             };
             cell.add_connection(
-                side(outcome.active_established, outcome.active_failure),
-                side(outcome.passive_established, outcome.passive_failure),
+                side(outcome.active_established, &outcome.active_failure),
+                side(outcome.passive_established, &outcome.passive_failure),
                 &format!("seed {seed} conn {conn}"),
             );
             // With no application action, every side settles: exactly one ESTABLISHED,
             // or a failure.
-            let settled = |established: u32, failure: Option<CmEventType>| {
+            let settled = |established: u32, failure: &Option<CloseReason>| {
                 established == 1 || failure.is_some()
             };
-            if !settled(outcome.active_established, outcome.active_failure)
-                || !settled(outcome.passive_established, outcome.passive_failure)
+            if !settled(outcome.active_established, &outcome.active_failure)
+                || !settled(outcome.passive_established, &outcome.passive_failure)
             {
                 cell.violations
                     .push(format!("seed {seed} conn {conn}: unsettled {outcome:?}"));

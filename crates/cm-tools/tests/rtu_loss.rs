@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use cm_core::CmEventType;
 use cm_mock::sim::{FaultOdds, MsgKind};
 use cm_tools::sim_run::{run, SimRun};
+use cm_verbs::CloseReason;
 use proptest::prelude::*;
 
 #[test]
@@ -47,7 +47,13 @@ fn without_the_pump_the_same_scenario_ends_unreachable() {
     assert_eq!(report.unreachable(), 50);
     assert_eq!(report.comm_est_ignored, 50);
     for outcome in &report.outcomes {
-        assert_eq!(outcome.passive_failure, Some(CmEventType::Unreachable));
+        assert!(
+            matches!(
+                outcome.passive_failure,
+                Some(CloseReason::Unreachable { .. })
+            ),
+            "{outcome:?}"
+        );
         assert_eq!(
             outcome.active_established, 1,
             "the active side thinks it is up"

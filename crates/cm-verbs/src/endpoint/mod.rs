@@ -77,6 +77,9 @@ pub struct ConnectionInfo<A> {
     pub peer_addr: Option<A>,
     /// When it passed each step of its setup.
     pub times: ConnTimes,
+    /// Messages sent and not yet completed (their buffers are in flight): completed
+    /// sends are reported as one coalesced [`Event::Sent`], this says how many remain.
+    pub sends_in_flight: u32,
 }
 
 struct Listener<T: Transport> {
@@ -571,6 +574,7 @@ impl<T: Transport> Endpoint<T> {
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),
             times: entry.times.public(),
+            sends_in_flight: entry.sends_in_flight,
         })
     }
 

@@ -1,0 +1,834 @@
+//! The server and the client of `cmnotify`, written once on the connection API and run
+//! on either transport: one [`Endpoint`] owns the CM channel, the device readers, the
+//! notify path and every connection, and a [`Session`] is the application's answer to
+//! each event it yields. The real mode drives it with [`Session::drive`] (blocking, with
+//! deadlines); the simulated mode puts a server and a client on one fabric and drives
+//! both with [`Session::handle_ready`], never waiting.
+//!
+//! - Server: listens on [`Plan::addr`], accepts [`Plan::connections`] connections
+//!   (refuses any beyond), one QP each, receives posted before the REP. The endpoint
+//!   forwards COMM_EST and a receive completing on a connection not yet established
+//!   with `rdma_notify` (unless [`Plan::notify`] is off). With no messages of its own it
+//!   echoes every message it receives and lets the client disconnect; with N it sends N
+//!   once a connection is established, waits for N back (and its own to complete), then
+//!   disconnects.
+//! - Client: opens every connection at once, each sending [`Plan::messages`] messages
+//!   once established; once they are sent and as many have come back it disconnects.
+//!   An address resolution that fails is retried on a new connection.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use cm_core::{AsyncEventType, CmError, QpNum, QueueCaps, Transport};
+use cm_verbs::{
+    CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, Endpoint, EstablishedVia,
+    Event, ListenOptions, PrivateData,
+};
+
+use crate::steps::{Span, Step};
+
+/// How long an established connection may go without progress (a message, a send
+/// completing, its end) before [`Session::drive`] gives it up and disconnects; also how
+/// long a server that has had a request waits for the next event before it gives up on
+/// the connections that never came. A peer that vanished without a DREQ cannot hang a
+/// run.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Receives posted per connection (the QP's receive queue depth).
+pub const RECEIVE_SLOTS: u32 = 16;
+/// Send buffers per connection (the QP's send queue depth).
+pub const SEND_SLOTS: u32 = 16;
+/// The smallest receive buffer: large enough for rping's and ucmatose's default
+/// messages whatever the run sends.
+pub const MIN_RECEIVE_SIZE: usize = 512;
+
+/// The queues of every connection of a run sending `message_size`-byte messages.
+pub fn queue_caps(message_size: usize) -> QueueCaps {
+    QueueCaps {
+        recv_depth: RECEIVE_SLOTS,
+        send_depth: SEND_SLOTS,
+        buffer_size: u32::try_from(message_size.max(MIN_RECEIVE_SIZE)).unwrap_or(u32::MAX),
+    }
+}
+
+/// What one side of a run does, whatever the transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan<A> {
+    /// Passive side (listen and accept) instead of the client.
+    pub server: bool,
+    /// Server: the address to listen on. Client: the server's address.
+    pub addr: A,
+    /// Client: the address to resolve from (`None`: the routing decides).
+    pub source: Option<A>,
+    /// Connections to open (client) or accept (server).
+    pub connections: u32,
+    /// Whether the endpoint's notify path runs ([`Endpoint::set_notify`]).
+    pub notify: bool,
+    /// Messages this side sends first on each connection once it is established (0 on
+    /// a server: it echoes what it receives).
+    pub messages: u32,
+    /// Bytes per message sent first (echoes copy what they received).
+    pub message_size: usize,
+    /// Queues and buffers of every connection.
+    pub caps: QueueCaps,
+    /// Address and route resolution timeout, each.
+    pub resolve_timeout: Duration,
+    /// Address resolution attempts per connection (a failed one is retried on a new
+    /// connection).
+    pub resolve_attempts: u32,
+    /// How long a connection may take from connect or accept to established before the
+    /// endpoint closes it as timed out (`None`: the CM's own retries decide).
+    pub establish_timeout: Option<Duration>,
+    /// Whether the side that initiates the end disconnects as soon as its exchange is
+    /// done; if not, connections stay up until [`Session::close_all`].
+    pub disconnect_when_done: bool,
+}
+
+/// One connection as the run sees it (a retried address resolution keeps its slot).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnRecord {
+    /// The endpoint's handle of the current attempt (`None`: connect failed at once).
+    pub handle: Option<ConnectionId>,
+    /// When each [`Step`] began and ended.
+    pub spans: [Span; Step::ALL.len()],
+    /// Address resolution attempts so far.
+    pub attempts: u32,
+    /// How it became established (the first report).
+    pub established: Option<EstablishedVia>,
+    /// [`Event::Established`] reports received (exactly one for an established
+    /// connection).
+    pub established_reports: u32,
+    /// Its QP, once known.
+    pub qp: Option<QpNum>,
+    /// Messages posted.
+    pub sends_posted: u32,
+    /// Sends completed (posted and no longer in flight when an [`Event::Sent`] came).
+    pub sends_done: u32,
+    /// Messages received.
+    pub received: u32,
+    /// How it ended, once it did (for a connection this side closed: the reason it
+    /// closed it with).
+    pub closed: Option<CloseReason>,
+    /// Why it failed, one line.
+    pub failure: Option<String>,
+    /// Echoes waiting for a free send buffer.
+    pending: VecDeque<Vec<u8>>,
+    /// When it is given up if nothing happens (set once established).
+    idle_deadline: Option<Duration>,
+    disconnect_called: bool,
+}
+
+impl ConnRecord {
+    fn new(handle: Option<ConnectionId>, attempts: u32) -> Self {
+        ConnRecord {
+            handle,
+            spans: [Span::default(); Step::ALL.len()],
+            attempts,
+            established: None,
+            established_reports: 0,
+            qp: None,
+            sends_posted: 0,
+            sends_done: 0,
+            received: 0,
+            closed: None,
+            failure: None,
+            pending: VecDeque::new(),
+            idle_deadline: None,
+            disconnect_called: false,
+        }
+    }
+
+    /// The span of `step`.
+    pub fn span(&self, step: Step) -> Span {
+        self.spans[step.index()]
+    }
+
+    fn span_mut(&mut self, step: Step) -> &mut Span {
+        &mut self.spans[step.index()]
+    }
+
+    /// Whether it ended.
+    pub fn is_done(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    /// The setup steps the endpoint timed.
+    fn take_times(&mut self, times: &ConnTimes) {
+        let spans = [
+            (Step::ResolveAddr, Some(times.started), times.addr_resolved),
+            (
+                Step::ResolveRoute,
+                times.addr_resolved,
+                times.route_resolved,
+            ),
+            (Step::CreateQp, times.create_qp_called, times.qp_created),
+            (Step::Connect, times.connect_called, times.connect_returned),
+            (Step::Established, times.connect_returned, times.established),
+        ];
+        for (step, start, end) in spans {
+            if start.is_some() && end.is_some() {
+                self.spans[step.index()] = Span::between(start, end);
+            }
+        }
+    }
+}
+
+/// One side of a run: the endpoint and what the application knows of its connections.
+pub struct Session<T: Transport> {
+    plan: Plan<T::Addr>,
+    endpoint: Endpoint<T>,
+    conns: Vec<ConnRecord>,
+    by_handle: HashMap<ConnectionId, usize>,
+    resolve_retries: u32,
+    local: Option<T::Addr>,
+    remote: Option<T::Addr>,
+    /// Set when the device went away or failed: the run stops.
+    aborted: Option<String>,
+    /// Set when nothing happened for too long: the run stops, what is left failed.
+    gave_up: bool,
+    /// When the last event arrived.
+    last_event: Duration,
+    /// Connections established or ended without being established.
+    settled: usize,
+}
+
+impl<T: Transport> std::fmt::Debug for Session<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("server", &self.plan.server)
+            .field("connections", &self.conns.len())
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport> Session<T> {
+    /// A session on `endpoint` (its notify path set as the plan says); nothing starts
+    /// before [`Session::start`].
+    pub fn new(mut endpoint: Endpoint<T>, plan: Plan<T::Addr>) -> Self {
+        endpoint.set_notify(plan.notify);
+        Session {
+            conns: Vec::with_capacity(usize::try_from(plan.connections).unwrap_or(0)),
+            plan,
+            endpoint,
+            by_handle: HashMap::new(),
+            resolve_retries: 0,
+            local: None,
+            remote: None,
+            aborted: None,
+            gave_up: false,
+            last_event: Duration::ZERO,
+            settled: 0,
+        }
+    }
+
+    /// Listens (server) or starts every connection (client). An error is what stops
+    /// the run before it starts: the listen address unusable.
+    pub fn start(&mut self) -> Result<(), CmError> {
+        if self.plan.server {
+            self.listen()
+        } else {
+            for index in 0..self.wanted() {
+                self.connect(index, 1);
+            }
+            Ok(())
+        }
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan<T::Addr> {
+        &self.plan
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Endpoint<T> {
+        &self.endpoint
+    }
+
+    /// Every connection, in the order they were started (client) or requested (server).
+    pub fn conns(&self) -> &[ConnRecord] {
+        &self.conns
+    }
+
+    /// Connections established or ended without being established so far.
+    pub fn settled(&self) -> usize {
+        self.settled
+    }
+
+    /// Address resolutions retried after ADDR_ERROR.
+    pub fn resolve_retries(&self) -> u32 {
+        self.resolve_retries
+    }
+
+    /// The local address (server: listening; client: of the first established
+    /// connection).
+    pub fn local(&self) -> Option<T::Addr> {
+        self.local
+    }
+
+    /// The peer's address (server: of the first request).
+    pub fn remote(&self) -> Option<T::Addr> {
+        self.remote
+    }
+
+    /// Why the run stopped early (the device went away or failed).
+    pub fn aborted(&self) -> Option<&str> {
+        self.aborted.as_deref()
+    }
+
+    /// The transport's clock.
+    pub fn now(&self) -> Duration {
+        self.endpoint.transport().now()
+    }
+
+    fn wanted(&self) -> usize {
+        usize::try_from(self.plan.connections).unwrap_or(usize::MAX)
+    }
+
+    fn listen(&mut self) -> Result<(), CmError> {
+        let options = ListenOptions {
+            backlog: u16::try_from(self.plan.connections.min(1024)).unwrap_or(1024),
+            caps: self.plan.caps,
+            // Each request is answered here: the ones beyond the plan are refused.
+            auto_accept: false,
+            private_data: PrivateData::empty(),
+            establish_timeout: self.plan.establish_timeout,
+        };
+        let listener = self
+            .endpoint
+            .listen(self.plan.addr, options)
+            .map_err(cm_error)?;
+        self.local = self.endpoint.listener_addr(listener).map_err(cm_error)?;
+        Ok(())
+    }
+
+    /// Starts (or, for a retried resolution, restarts) client connection `index`.
+    fn connect(&mut self, index: usize, attempt: u32) {
+        let options = ConnectOptions {
+            source: self.plan.source,
+            caps: self.plan.caps,
+            private_data: PrivateData::empty(),
+            resolve_timeout: self.plan.resolve_timeout,
+            timeout: self.plan.establish_timeout,
+        };
+        let conn = match self.endpoint.connect(self.plan.addr, options) {
+            Ok(handle) => {
+                self.by_handle.insert(handle, index);
+                ConnRecord::new(Some(handle), attempt)
+            }
+            Err(error) => {
+                // No handle: nothing will be reported for it.
+                let mut conn = ConnRecord::new(None, attempt);
+                conn.failure = Some(format!("connection {index}: connect: {error}"));
+                conn.closed = Some(CloseReason::Disconnected);
+                self.settled += 1;
+                conn
+            }
+        };
+        if index < self.conns.len() {
+            self.conns[index] = conn;
+        } else {
+            self.conns.push(conn);
+        }
+    }
+
+    /// Whether the run is over: stopped, given up, or every connection ended.
+    pub fn finished(&self) -> bool {
+        self.aborted.is_some()
+            || self.gave_up
+            || (self.conns.len() >= self.wanted() && self.conns.iter().all(ConnRecord::is_done))
+    }
+
+    /// The earliest time the run must look again without an event: an established
+    /// connection's idle deadline, or, once any connection exists (a server's first
+    /// request), the end of the run's patience without any event.
+    fn next_deadline(&self) -> Option<Duration> {
+        let idle = self
+            .conns
+            .iter()
+            .filter(|c| !c.is_done())
+            .filter_map(|c| c.idle_deadline);
+        let overall =
+            (!self.conns.is_empty()).then(|| self.last_event.saturating_add(IDLE_TIMEOUT));
+        idle.chain(overall).min()
+    }
+
+    /// Runs to the end, waiting in the endpoint for each event (and giving up on what
+    /// makes no progress for [`IDLE_TIMEOUT`]).
+    pub fn drive(&mut self) -> Result<(), ConnError> {
+        while !self.finished() {
+            let timeout = self
+                .next_deadline()
+                .map(|deadline| deadline.saturating_sub(self.now()));
+            match self.endpoint.next_event(timeout)? {
+                Some(event) => {
+                    self.last_event = self.now();
+                    self.on_event(event);
+                }
+                None => self.expire(),
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles every event ready now, without waiting, showing each to `inspect` (with
+    /// the endpoint, while the connection it names is still live) before answering it.
+    /// Returns how many there were.
+    pub fn handle_ready(
+        &mut self,
+        inspect: &mut dyn FnMut(&Endpoint<T>, &Event),
+    ) -> Result<usize, ConnError> {
+        let mut handled = 0;
+        while let Some(event) = self.endpoint.poll()? {
+            inspect(&self.endpoint, &event);
+            self.on_event(event);
+            handled += 1;
+        }
+        Ok(handled)
+    }
+
+    /// Disconnects every connection still open, as the end of the run (not a failure
+    /// for an established one).
+    pub fn close_all(&mut self) {
+        for index in 0..self.conns.len() {
+            let conn = &mut self.conns[index];
+            if conn.is_done() {
+                continue;
+            }
+            if conn.established.is_none() {
+                conn.failure = Some(format!(
+                    "connection {index}: still not established when the run ended"
+                ));
+            }
+            self.disconnect(index);
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Request { conn, .. } => self.on_request(conn),
+            Event::Established { conn, via, .. } => self.on_established(conn, via),
+            Event::Sent { conn } => {
+                if let Some(index) = self.index(conn) {
+                    // One Sent stands for every completion since the last: count what
+                    // is no longer in flight.
+                    let in_flight = self.endpoint.info(conn).map_or(0, |i| i.sends_in_flight);
+                    let record = &mut self.conns[index];
+                    record.sends_done = record.sends_posted.saturating_sub(in_flight);
+                    self.progress(index);
+                    self.flush_echoes(index);
+                    self.check_exchange_done(index);
+                }
+            }
+            Event::Received { conn, data } => self.on_received(conn, data),
+            Event::Closed { conn, reason } => self.on_closed(conn, reason),
+            Event::ListenerClosed { reason, .. } => {
+                let addr = self.local_text();
+                self.abort(format!(
+                    "the listener on {addr} closed: {}",
+                    describe(&reason)
+                ));
+            }
+            // Port and GID changes need no answer here (the notify path counts them as
+            // passed through); a fatal device error ends the run.
+            Event::Device(event) => {
+                if event.event_type == AsyncEventType::DeviceFatal && self.aborted.is_none() {
+                    let addr = self.local_text();
+                    self.abort(format!(
+                        "the RDMA device under {addr} reported a fatal error"
+                    ));
+                }
+            }
+            Event::NotifyFailed { conn, qp, error } => {
+                log_line(&format!("{conn} ({qp}): notify refused: {error}"));
+            }
+        }
+    }
+
+    fn local_text(&self) -> String {
+        self.local.map_or_else(|| "-".into(), |a| format!("{a:?}"))
+    }
+
+    fn index(&self, conn: ConnectionId) -> Option<usize> {
+        self.by_handle.get(&conn).copied()
+    }
+
+    fn on_request(&mut self, handle: ConnectionId) {
+        if self.conns.len() >= self.wanted() || self.aborted.is_some() {
+            // Beyond the plan: refused.
+            if let Err(error) = self.endpoint.reject_request(handle, &PrivateData::empty()) {
+                log_line(&format!("refusing a request beyond -c: {error}"));
+            }
+            return;
+        }
+        let index = self.conns.len();
+        self.conns.push(ConnRecord::new(Some(handle), 1));
+        self.by_handle.insert(handle, index);
+        if self.remote.is_none() {
+            self.remote = self
+                .endpoint
+                .info(handle)
+                .ok()
+                .and_then(|info| info.peer_addr);
+        }
+        match self.endpoint.accept_request(handle, &PrivateData::empty()) {
+            Ok(()) => self.conns[index].qp = self.endpoint.info(handle).ok().and_then(|i| i.qp),
+            // Its Closed (SetupFailed) follows.
+            Err(error) => {
+                self.conns[index].failure = Some(format!("connection {index}: accept: {error}"));
+            }
+        }
+    }
+
+    fn on_established(&mut self, handle: ConnectionId, via: EstablishedVia) {
+        let Some(index) = self.index(handle) else {
+            return;
+        };
+        let info = self.endpoint.info(handle).ok();
+        if self.local.is_none() {
+            self.local = info.as_ref().and_then(|i| i.local_addr);
+        }
+        let now = self.now();
+        let conn = &mut self.conns[index];
+        conn.established_reports += 1;
+        if conn.established.is_some() {
+            // Reported twice: counted (the exactly-once check sees it), answered once.
+            return;
+        }
+        conn.established = Some(via);
+        self.settled += 1;
+        if let Some(info) = &info {
+            conn.take_times(&info.times);
+            conn.qp = conn.qp.or(info.qp);
+        }
+        let messages = self.plan.messages;
+        if messages > 0 {
+            conn.span_mut(Step::Exchange).begin(now);
+            let size = self.plan.message_size;
+            for seq in 0..messages {
+                let mut payload =
+                    format!("cmnotify connection {index} message {seq}\0").into_bytes();
+                payload.resize(size, 0);
+                match self.endpoint.send(handle, &payload) {
+                    Ok(()) => {}
+                    // Closed meanwhile: its Closed follows (an incomplete exchange).
+                    Err(ConnError::UnknownConnection(_)) => return,
+                    Err(error) => return self.give_up(index, format!("send {seq}: {error}")),
+                }
+                self.conns[index].sends_posted += 1;
+            }
+        }
+        self.progress(index);
+        self.check_exchange_done(index);
+    }
+
+    fn on_received(&mut self, handle: ConnectionId, data: Vec<u8>) {
+        let Some(index) = self.index(handle) else {
+            return;
+        };
+        self.conns[index].received += 1;
+        self.progress(index);
+        if self.plan.server && self.plan.messages == 0 {
+            self.conns[index].pending.push_back(data);
+        }
+        // Also retried here: a send buffer freed without its own Sent event.
+        self.flush_echoes(index);
+        self.check_exchange_done(index);
+    }
+
+    /// Sends the echoes waiting for a buffer, until the send queue is full (a later
+    /// event on the connection retries).
+    fn flush_echoes(&mut self, index: usize) {
+        let Some(handle) = self.conns[index].handle else {
+            return;
+        };
+        while let Some(data) = self.conns[index].pending.front() {
+            match self.endpoint.send(handle, data) {
+                Ok(()) => {
+                    self.conns[index].pending.pop_front();
+                    self.conns[index].sends_posted += 1;
+                }
+                // A later Sent frees a buffer; a connection closed meanwhile has its
+                // Closed queued.
+                Err(ConnError::SendQueueFull(_) | ConnError::UnknownConnection(_)) => return,
+                Err(error) => return self.give_up(index, format!("echo: {error}")),
+            }
+        }
+    }
+
+    /// Notes the end of the exchange (this side's messages sent and as many received)
+    /// and then, when the plan says so, disconnects if this side initiates: a client
+    /// always, a server when it sends first. A side with no messages is done once
+    /// established.
+    fn check_exchange_done(&mut self, index: usize) {
+        let messages = self.plan.messages;
+        let initiates = !self.plan.server || messages > 0;
+        let now = self.now();
+        let conn = &mut self.conns[index];
+        if conn.established.is_none() || conn.sends_done < messages || conn.received < messages {
+            return;
+        }
+        if messages > 0 {
+            conn.span_mut(Step::Exchange).finish(now);
+        }
+        if initiates && self.plan.disconnect_when_done && !conn.disconnect_called {
+            self.disconnect(index);
+        }
+    }
+
+    /// Disconnects connection `index` and counts it closed at once (whether or not the
+    /// endpoint then reports its end).
+    fn disconnect(&mut self, index: usize) {
+        let conn = &self.conns[index];
+        if conn.is_done() || conn.disconnect_called {
+            return;
+        }
+        let Some(handle) = conn.handle else {
+            return;
+        };
+        let began = self.now();
+        match self.endpoint.disconnect(handle) {
+            Ok(()) => {}
+            // The peer disconnected first, in the same batch: its Closed follows.
+            Err(ConnError::UnknownConnection(_)) => return,
+            Err(error) => {
+                self.conns[index].failure =
+                    Some(format!("connection {index}: disconnect: {error}"));
+                return;
+            }
+        }
+        let conn = &mut self.conns[index];
+        conn.disconnect_called = true;
+        conn.span_mut(Step::Disconnect).begin(began);
+        self.by_handle.remove(&handle);
+        let now = self.now();
+        self.close(index, CloseReason::Disconnected, now);
+    }
+
+    /// Whether the connection's exchange is complete (always, with no messages).
+    fn exchanged(&self, conn: &ConnRecord) -> bool {
+        self.plan.messages == 0 || conn.span(Step::Exchange).end.is_some()
+    }
+
+    fn on_closed(&mut self, handle: ConnectionId, reason: CloseReason) {
+        let Some(index) = self.by_handle.remove(&handle) else {
+            return;
+        };
+        // An address resolution that failed is retried on a new connection.
+        let attempts = self.conns[index].attempts;
+        if let CloseReason::AddressError { status } = reason {
+            if !self.plan.server && attempts < self.plan.resolve_attempts {
+                let attempt = attempts + 1;
+                let of = self.plan.resolve_attempts;
+                self.resolve_retries += 1;
+                log_line(&format!(
+                    "connection {index}: ADDR_ERROR (status {status}), attempt {attempt} of {of}"
+                ));
+                self.connect(index, attempt);
+                return;
+            }
+        }
+        if matches!(
+            reason,
+            CloseReason::DeviceRemoved | CloseReason::DeviceFatal
+        ) && self.aborted.is_none()
+        {
+            let what = if reason == CloseReason::DeviceRemoved {
+                "was removed"
+            } else {
+                "reported a fatal error"
+            };
+            let addr = self.local_text();
+            self.abort(format!("the RDMA device under {addr} {what}"));
+        }
+        let conn = &mut self.conns[index];
+        if conn.failure.is_none() {
+            conn.failure = match &reason {
+                CloseReason::Disconnected if conn.established.is_none() => {
+                    Some("disconnected before it was established".into())
+                }
+                CloseReason::Disconnected => None,
+                other => Some(describe(other)),
+            }
+            .map(|why| format!("connection {index}: {why}"));
+        }
+        let now = self.now();
+        self.close(index, reason, now);
+        let conn = &self.conns[index];
+        if conn.established.is_some() && conn.failure.is_none() && !self.exchanged(conn) {
+            let messages = self.plan.messages;
+            let why = format!(
+                "connection {index}: disconnected before the exchange completed (sent {}/{messages}, received {}/{messages})",
+                conn.sends_done, conn.received
+            );
+            self.conns[index].failure = Some(why);
+        }
+    }
+
+    /// Records the end of connection `index` (the first one counts).
+    fn close(&mut self, index: usize, reason: CloseReason, now: Duration) {
+        let conn = &mut self.conns[index];
+        if conn.closed.is_some() {
+            return;
+        }
+        if conn.disconnect_called {
+            conn.span_mut(Step::Disconnect).finish(now);
+        }
+        if conn.established.is_none() {
+            self.settled += 1;
+        }
+        conn.closed = Some(reason);
+    }
+
+    /// Something happened on an established connection: its idle deadline moves.
+    fn progress(&mut self, index: usize) {
+        let deadline = self.now().saturating_add(IDLE_TIMEOUT);
+        self.conns[index].idle_deadline = Some(deadline);
+    }
+
+    /// A deadline of the run passed with no event.
+    fn expire(&mut self) {
+        let now = self.now();
+        for index in 0..self.conns.len() {
+            let conn = &self.conns[index];
+            if !conn.is_done() && conn.idle_deadline.is_some_and(|d| d <= now) {
+                let messages = self.plan.messages;
+                let why = format!(
+                    "nothing happened for {} s (sent {}/{messages}, received {}/{messages})",
+                    IDLE_TIMEOUT.as_secs(),
+                    conn.sends_done,
+                    conn.received
+                );
+                self.give_up(index, why);
+            }
+        }
+        if self.last_event.saturating_add(IDLE_TIMEOUT) <= now && !self.finished() {
+            // Connections that never came (server) or never ended: given up, the run
+            // ends; the endpoint drops whatever is left.
+            for index in 0..self.conns.len() {
+                if !self.conns[index].is_done() {
+                    self.give_up(
+                        index,
+                        format!("nothing happened for {} s", IDLE_TIMEOUT.as_secs()),
+                    );
+                }
+            }
+            let missing = self.wanted().saturating_sub(self.conns.len());
+            if missing > 0 {
+                log_line(&format!(
+                    "{missing} connection(s) never arrived in {} s",
+                    IDLE_TIMEOUT.as_secs()
+                ));
+            }
+            self.gave_up = true;
+        }
+    }
+
+    /// Fails the connection and closes it (its Closed event is then ignored).
+    fn give_up(&mut self, index: usize, why: String) {
+        let now = self.now();
+        let conn = &mut self.conns[index];
+        conn.failure
+            .get_or_insert_with(|| format!("connection {index}: {why}"));
+        if conn.is_done() {
+            return;
+        }
+        if let Some(handle) = conn.handle {
+            self.by_handle.remove(&handle);
+            let _ = self.endpoint.disconnect(handle);
+        }
+        self.close(index, CloseReason::TimedOut, now);
+    }
+
+    /// Stops the run; the caller reports the reason.
+    fn abort(&mut self, why: String) {
+        self.aborted = Some(why);
+    }
+}
+
+/// One line for why a connection ended.
+pub fn describe(reason: &CloseReason) -> String {
+    match reason {
+        CloseReason::Disconnected => "disconnected".into(),
+        CloseReason::Rejected { reason, .. } => format!("rejected by the peer ({reason})"),
+        CloseReason::Unreachable { status } => format!("UNREACHABLE (status {status})"),
+        CloseReason::AddressError { status } => format!("ADDR_ERROR (status {status})"),
+        CloseReason::RouteError { status } => format!("ROUTE_ERROR (status {status})"),
+        CloseReason::ConnectError { status } => format!("CONNECT_ERROR (status {status})"),
+        CloseReason::DeviceRemoved => "the RDMA device was removed".into(),
+        CloseReason::DeviceFatal => "the RDMA device reported a fatal error".into(),
+        CloseReason::QpError { detail } => format!("QP error ({detail:?})"),
+        CloseReason::TimedOut => "timed out (connect/establish deadline)".into(),
+        CloseReason::SetupFailed(error) => format!("setup failed: {error}"),
+        CloseReason::RejectedHere => "refused here".into(),
+    }
+}
+
+/// The endpoint's setup calls and its loop fail only with a backend error; anything
+/// else (not expected there) is named generically.
+pub fn cm_error(error: ConnError) -> CmError {
+    match error {
+        ConnError::Cm(e) => e,
+        _ => CmError::InvalidArgument {
+            op: "cmnotify",
+            reason: "the endpoint failed",
+        },
+    }
+}
+
+/// Diagnostics go to stderr, one line each, so that stdout stays the report (or JSON).
+fn log_line(line: &str) {
+    eprintln!("cmnotify: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cm_mock::sim::{SimConfig, SimPair, SimTransport};
+
+    /// The real mode's exchange (the client sends, the server echoes, the client
+    /// disconnects once its messages came back) on the simulated transport.
+    #[test]
+    fn the_real_modes_exchange_runs_on_the_simulated_transport() {
+        let SimPair {
+            fabric,
+            server,
+            client,
+        } = SimPair::new(SimConfig::default(), 3);
+        let server = SimTransport::on_side(server);
+        let addr = server.addr(7471);
+        let plan = |server: bool| Plan {
+            server,
+            addr,
+            source: None,
+            connections: 5,
+            notify: true,
+            messages: if server { 0 } else { 2 },
+            message_size: 100,
+            caps: queue_caps(100),
+            resolve_timeout: Duration::from_secs(2),
+            resolve_attempts: 1,
+            establish_timeout: Some(IDLE_TIMEOUT),
+            disconnect_when_done: true,
+        };
+        let mut server = Session::new(Endpoint::new(server), plan(true));
+        let mut client = Session::new(Endpoint::new(SimTransport::on_side(client)), plan(false));
+        server.start().unwrap();
+        client.start().unwrap();
+        let ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| {}).unwrap();
+        while ready(&mut client) + ready(&mut server) > 0 || fabric.step() {}
+        assert!(client.finished() && server.finished());
+        for conn in client.conns().iter().chain(server.conns()) {
+            assert_eq!(conn.established_reports, 1, "{conn:?}");
+            assert_eq!((conn.sends_posted, conn.received), (2, 2), "{conn:?}");
+            assert_eq!(conn.closed, Some(CloseReason::Disconnected), "{conn:?}");
+            assert_eq!(conn.failure, None);
+        }
+        assert!(client
+            .conns()
+            .iter()
+            .all(|c| c.span(Step::Exchange).duration().is_some()));
+        assert_eq!(client.endpoint().connection_count(), 0);
+        assert_eq!(server.endpoint().connection_count(), 0);
+    }
+}
