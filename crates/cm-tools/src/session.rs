@@ -442,6 +442,8 @@ impl<T: Transport> Session<T> {
             Event::NotifyFailed { conn, qp, error } => {
                 log_line(&format!("{conn} ({qp}): notify refused: {error}"));
             }
+            // Events added to the API later: named in the log, not acted on.
+            other => log_line(&format!("not handled: {other:?}")),
         }
     }
 
@@ -761,6 +763,7 @@ pub fn describe(reason: &CloseReason) -> String {
         CloseReason::TimedOut => "timed out (connect/establish deadline)".into(),
         CloseReason::SetupFailed(error) => format!("setup failed: {error}"),
         CloseReason::RejectedHere => "refused here".into(),
+        other => format!("{other:?}"),
     }
 }
 

@@ -230,6 +230,7 @@ pub struct ConnTimes {
 
 /// Why a connection (or a listener) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CloseReason {
     /// Disconnected by the peer (DREQ) or by this side.
     Disconnected,
@@ -291,6 +292,7 @@ pub enum QpErrorDetail {
 
 /// Something the endpoint reports, in the order it happened per connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// A connection request to a listener with `auto_accept` off: answer it with
     /// `accept_request` or `reject_request`.
@@ -359,7 +361,16 @@ pub enum Event {
 }
 
 /// What went wrong in a call of the connection API.
+///
+/// Converts into [`std::io::Error`] for code written against `io::Result`: a backend
+/// error keeps its errno; the others map to the nearest [`std::io::ErrorKind`] (an
+/// unknown handle `NotFound`, a wrong state `NotConnected`, data that does not fit
+/// `InvalidInput`, a full send queue `WouldBlock`, a timeout `TimedOut`, a closed
+/// connection by its reason: disconnected `ConnectionReset`, rejected
+/// `ConnectionRefused`, unreachable or timed out `TimedOut`, otherwise
+/// `ConnectionAborted`, as is a closed listener), with the error as its source.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnError {
     /// A backend call failed (errno kept).
     #[error(transparent)]
@@ -475,5 +486,81 @@ impl EndpointStats {
     /// Everything still to be reported or taken, counted once per entry.
     pub fn queued(&self) -> usize {
         self.closed_unreported + self.held_messages + self.endpoint_events
+    }
+}
+
+impl From<ConnError> for std::io::Error {
+    fn from(error: ConnError) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &error {
+            ConnError::Cm(cm) => {
+                let errno = cm.errno();
+                return std::io::Error::new(std::io::Error::from_raw_os_error(errno).kind(), error);
+            }
+            ConnError::UnknownConnection(_) | ConnError::UnknownListener(_) => ErrorKind::NotFound,
+            ConnError::WrongState { .. } => ErrorKind::NotConnected,
+            ConnError::PrivateDataTooLong { .. } | ConnError::MessageTooLarge { .. } => {
+                ErrorKind::InvalidInput
+            }
+            ConnError::SendQueueFull(_) => ErrorKind::WouldBlock,
+            ConnError::Timeout => ErrorKind::TimedOut,
+            ConnError::ListenerClosed { .. } => ErrorKind::ConnectionAborted,
+            ConnError::Closed { reason, .. } => match reason {
+                CloseReason::Disconnected => ErrorKind::ConnectionReset,
+                CloseReason::Rejected { .. } | CloseReason::RejectedHere => {
+                    ErrorKind::ConnectionRefused
+                }
+                CloseReason::Unreachable { .. } | CloseReason::TimedOut => ErrorKind::TimedOut,
+                _ => ErrorKind::ConnectionAborted,
+            },
+        };
+        std::io::Error::new(kind, error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind;
+
+    use super::*;
+
+    fn kind(error: ConnError) -> ErrorKind {
+        std::io::Error::from(error).kind()
+    }
+
+    #[test]
+    fn conn_errors_become_io_errors_of_the_nearest_kind_with_errno_kept() {
+        let conn = ConnectionId::new(1, 0);
+        let refused = CmError::from_errno("rdma_connect", 111);
+        let io = std::io::Error::from(ConnError::Cm(refused.clone()));
+        assert_eq!(io.kind(), ErrorKind::ConnectionRefused);
+        assert_eq!(
+            io.get_ref().map(ToString::to_string),
+            Some(ConnError::Cm(refused).to_string()),
+            "the error itself is the source"
+        );
+        assert_eq!(
+            kind(ConnError::UnknownConnection(conn)),
+            ErrorKind::NotFound
+        );
+        assert_eq!(kind(ConnError::SendQueueFull(conn)), ErrorKind::WouldBlock);
+        assert_eq!(kind(ConnError::Timeout), ErrorKind::TimedOut);
+        let closed = |reason| ConnError::Closed { conn, reason };
+        assert_eq!(
+            kind(closed(CloseReason::Disconnected)),
+            ErrorKind::ConnectionReset
+        );
+        assert_eq!(
+            kind(closed(CloseReason::Unreachable { status: -110 })),
+            ErrorKind::TimedOut
+        );
+        assert_eq!(
+            kind(closed(CloseReason::DeviceRemoved)),
+            ErrorKind::ConnectionAborted
+        );
+        assert_eq!(
+            kind(ConnError::MessageTooLarge { len: 2, max: 1 }),
+            ErrorKind::InvalidInput
+        );
     }
 }
