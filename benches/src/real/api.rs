@@ -9,9 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{
-    ConnectionId, Endpoint, EndpointOptions, EstablishedVia, Event, ListenOptions, PrivateData,
-};
+use cm_verbs::{ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions, PrivateData};
 
 use super::fixture::{Setup, WAIT};
 
@@ -27,11 +25,10 @@ pub(super) struct ApiServer {
 }
 
 impl ApiServer {
-    /// An endpoint with `options` listening on the setup's A address, reporting each
-    /// request.
-    pub(super) fn new(setup: &Setup, options: EndpointOptions) -> Result<ApiServer, String> {
+    /// An endpoint listening on the setup's A address, reporting each request.
+    pub(super) fn new(setup: &Setup) -> Result<ApiServer, String> {
         let transport = RdmaTransport::new().map_err(|e| format!("RdmaTransport::new: {e}"))?;
-        let mut endpoint = Endpoint::with_options(transport, options);
+        let mut endpoint = Endpoint::new(transport);
         let options = ListenOptions {
             auto_accept: false,
             ..ListenOptions::default()
@@ -44,6 +41,11 @@ impl ApiServer {
             .map_err(conn_err("listener_addr"))?
             .ok_or("the listener has no address")?;
         Ok(ApiServer { endpoint, addr })
+    }
+
+    /// Busy polling on (`Some(budget)`) or off for the next waits.
+    pub(super) fn set_busy_poll(&mut self, budget: Option<Duration>) {
+        self.endpoint.set_busy_poll(budget);
     }
 
     /// Waits for the next request and accepts it (QP, receives posted and the REP, all

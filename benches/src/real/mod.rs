@@ -27,7 +27,6 @@ use criterion::Criterion;
 
 use crate::results::{record, Figure};
 use api::ApiServer;
-use cm_verbs::EndpointOptions;
 use fixture::{connect_and_send, disconnect, err, Client, SetupSteps, SETTLE};
 pub use fixture::{setup, Setup};
 use hand::HandServer;
@@ -164,8 +163,8 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
         return Ok(figures);
     };
     let mut pumped = PumpServer::new(setup)?;
-    let mut api = ApiServer::new(setup, EndpointOptions::default())?;
-    let mut api_busy = ApiServer::new(setup, EndpointOptions::busy_poll(BUSY_POLL))?;
+    // One endpoint for both API paths: a process has one reader per device.
+    let mut api = ApiServer::new(setup)?;
 
     let _rtu_drop = setup.drop_rtus(nft)?;
     let mut samples = Samples::default();
@@ -212,10 +211,13 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                 })?;
             }
             Path::Api | Path::ApiBusy => {
-                let (server, into) = if path == Path::Api {
-                    (&mut api, &mut samples.api)
+                let busy = path == Path::ApiBusy;
+                api.set_busy_poll(busy.then_some(BUSY_POLL));
+                let server = &mut api;
+                let into = if busy {
+                    &mut samples.api_busy
                 } else {
-                    (&mut api_busy, &mut samples.api_busy)
+                    &mut samples.api
                 };
                 let mut server_side = None;
                 let client =

@@ -102,7 +102,7 @@ pub struct ConnRecord {
     pub qp: Option<QpNum>,
     /// Messages posted.
     pub sends_posted: u32,
-    /// Sends completed (posted and no longer in flight when an [`Event::Sent`] came).
+    /// Sends reported complete ([`Event::Sent`]'s counts).
     pub sends_done: u32,
     /// Messages received.
     pub received: u32,
@@ -408,13 +408,9 @@ impl<T: Transport> Session<T> {
         match event {
             Event::Request { conn, .. } => self.on_request(conn),
             Event::Established { conn, via, .. } => self.on_established(conn, via),
-            Event::Sent { conn } => {
+            Event::Sent { conn, completed } => {
                 if let Some(index) = self.index(conn) {
-                    // One Sent stands for every completion since the last: count what
-                    // is no longer in flight.
-                    let in_flight = self.endpoint.info(conn).map_or(0, |i| i.sends_in_flight);
-                    let record = &mut self.conns[index];
-                    record.sends_done = record.sends_posted.saturating_sub(in_flight);
+                    self.conns[index].sends_done += completed;
                     self.progress(index);
                     self.flush_echoes(index);
                     self.check_exchange_done(index);

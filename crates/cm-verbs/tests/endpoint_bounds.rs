@@ -267,7 +267,7 @@ fn streamer(total: u32) -> Behaviour {
     let mut next = 0u32;
     Box::new(move |client, event| {
         let conn = match event {
-            Event::Established { conn, .. } | Event::Sent { conn } => conn,
+            Event::Established { conn, .. } | Event::Sent { conn, .. } => conn,
             _ => return,
         };
         while next < total {

@@ -125,7 +125,7 @@ impl<T: Transport> Endpoint<T> {
                 if let Some(entry) = self.live_mut(conn) {
                     // In order (RC): the oldest send's buffer is free again.
                     entry.sends_in_flight = entry.sends_in_flight.saturating_sub(1);
-                    entry.pending.sent = true;
+                    entry.pending.sent = entry.pending.sent.saturating_add(1);
                     self.mark_ready(conn);
                 }
             }
@@ -168,27 +168,30 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 
-    /// Reads the receives that completed on `conn` before its end was read, so that
-    /// what the peer sent before it left is delivered before the close.
-    pub(super) fn drain_receives(&mut self, conn: ConnectionId) {
+    /// Reads the completions that came on `conn` before its end was read (CM events
+    /// are read before completions in a pass), so that what the peer sent before it
+    /// left is delivered, and the sends it acknowledged are reported, before the close.
+    pub(super) fn drain_completions(&mut self, conn: ConnectionId) {
         let Some(id) = self.live(conn).map(|c| c.id.clone()) else {
             return;
         };
-        loop {
-            let mut batch = std::mem::take(&mut self.completions);
-            batch.clear();
-            let n = self
-                .transport
-                .poll_cq(&id, CqKind::Recv, &mut batch, POLL_BATCH)
-                .unwrap_or(0);
-            for completion in batch.iter().copied() {
-                if completion.is_success() && self.live(conn).is_some() {
-                    self.on_received(conn, completion);
+        for kind in [CqKind::Recv, CqKind::Send] {
+            loop {
+                let mut batch = std::mem::take(&mut self.completions);
+                batch.clear();
+                let n = self
+                    .transport
+                    .poll_cq(&id, kind, &mut batch, POLL_BATCH)
+                    .unwrap_or(0);
+                for completion in batch.iter().copied() {
+                    if completion.is_success() {
+                        self.on_completion(conn, completion);
+                    }
                 }
-            }
-            self.completions = batch;
-            if n < POLL_BATCH || self.live(conn).is_none() {
-                return;
+                self.completions = batch;
+                if n < POLL_BATCH || self.live(conn).is_none() {
+                    break;
+                }
             }
         }
     }
@@ -383,7 +386,7 @@ impl<T: Transport> Endpoint<T> {
             }
             CmEventType::Disconnected => {
                 // What the peer sent before it left comes first.
-                self.drain_receives(conn);
+                self.drain_completions(conn);
                 // Our DREP: the peer's teardown waits for it.
                 self.close(conn, CloseReason::Disconnected, true);
                 Ok(())

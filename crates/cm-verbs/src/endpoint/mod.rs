@@ -350,6 +350,12 @@ impl<T: Transport> Endpoint<T> {
         self.notify = on;
     }
 
+    /// Turns busy polling on (`Some(budget)`: a waiting call spins on its sources for
+    /// up to `budget` before it sleeps) or off (`None`), from the next wait on. O(1).
+    pub fn set_busy_poll(&mut self, budget: Option<Duration>) {
+        self.options.busy_poll = budget;
+    }
+
     /// The transport. O(1).
     pub fn transport(&self) -> &T {
         &self.transport

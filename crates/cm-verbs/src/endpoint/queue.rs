@@ -38,8 +38,8 @@ pub(super) struct Pending {
     pub(super) established: bool,
     /// The latest [`Event::NotifyFailed`] not yet taken.
     pub(super) notify_failed: Option<(QpNum, cm_core::NotifyError)>,
-    /// A send completed since the last [`Event::Sent`] was taken.
-    pub(super) sent: bool,
+    /// Sends completed since the last [`Event::Sent`] was taken.
+    pub(super) sent: u32,
     /// Its place in the ready queue (0: not queued); an entry with another ticket is
     /// stale.
     pub(super) ticket: u32,
@@ -209,6 +209,10 @@ impl<T: Transport> Endpoint<T> {
             self.held_messages -= 1;
             return Take::Event(Event::Received { conn, data });
         }
+        if closed.pending.sent > 0 {
+            let completed = std::mem::take(&mut closed.pending.sent);
+            return Take::Event(Event::Sent { conn, completed });
+        }
         let reason = self.free_closed(conn);
         Take::Event(Event::Closed { conn, reason })
     }
@@ -239,9 +243,9 @@ impl<T: Transport> Endpoint<T> {
         if let Some((qp, error)) = entry.pending.notify_failed.take() {
             return Some(Event::NotifyFailed { conn, qp, error });
         }
-        if entry.pending.sent {
-            entry.pending.sent = false;
-            return Some(Event::Sent { conn });
+        if entry.pending.sent > 0 {
+            let completed = std::mem::take(&mut entry.pending.sent);
+            return Some(Event::Sent { conn, completed });
         }
         None
     }
@@ -253,7 +257,7 @@ impl<T: Transport> Endpoint<T> {
             return p.request
                 || p.established
                 || p.notify_failed.is_some()
-                || p.sent
+                || p.sent > 0
                 || (entry.state == ConnState::Established && !entry.inbox.is_empty());
         }
         self.closed(conn).is_some()

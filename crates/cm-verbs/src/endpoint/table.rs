@@ -165,6 +165,7 @@ impl<T: Transport> Endpoint<T> {
             inbox,
             pending: Pending {
                 established: pending.established,
+                sent: pending.sent,
                 ticket,
                 ..Pending::default()
             },

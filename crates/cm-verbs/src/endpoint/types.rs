@@ -317,11 +317,14 @@ pub enum Event {
         /// active side).
         private_data: PrivateData,
     },
-    /// A message sent with [`Endpoint::send`](crate::Endpoint::send) completed: the
-    /// peer's queue pair acknowledged it and its send buffer is free again.
+    /// Messages sent with [`Endpoint::send`](crate::Endpoint::send) completed: the
+    /// peer's queue pair acknowledged them and their send buffers are free again. One
+    /// event stands for every completion since the last one was taken.
     Sent {
         /// The connection.
         conn: ConnectionId,
+        /// Sends completed since the last [`Event::Sent`] of the connection.
+        completed: u32,
     },
     /// A message arrived. Messages that arrive before the connection is reported
     /// established are held and reported right after [`Event::Established`].
