@@ -407,6 +407,8 @@ struct Side {
     peak: usize,
     /// The most live connections so far (the deadline heap's bound).
     peak_conns: usize,
+    /// A fatal error or removal was raised on the side's device.
+    device_lost: bool,
 }
 
 struct World {
@@ -464,6 +466,7 @@ impl World {
             gone: HashSet::new(),
             peak: 0,
             peak_conns: 0,
+            device_lost: false,
         };
         let mut world = World {
             fabric,
@@ -510,11 +513,11 @@ impl World {
     }
 
     /// The timeout of a waiting call on `who`. Zero while the endpoint reads no
-    /// device: the simulated transport then counts the device's unread events as
-    /// ready, and a wait spins without virtual time moving (cm-verbs'
-    /// `a_wait_after_a_fatal_device_error_ends_at_its_timeout`).
+    /// device, or may stop reading it during the wait: the simulated transport then
+    /// counts the device's unread events and completions as ready, and a wait spins
+    /// without virtual time moving (cm-verbs' ignored `a_wait_after_*` tests).
     fn wait(&self, who: Who, code: u8) -> Option<Duration> {
-        if self.ep(who).device_count() == 0 {
+        if self.sides[who as usize].device_lost || self.ep(who).device_count() == 0 {
             Some(Duration::ZERO)
         } else {
             wait(code)
@@ -953,6 +956,9 @@ impl World {
     }
 
     fn device(&mut self, who: Who, what: DeviceOp) {
+        if matches!(what, DeviceOp::Fatal | DeviceOp::Remove) {
+            self.side(who).device_lost = true;
+        }
         let ep = self.ep(who);
         let node = ep.transport().node().clone();
         let qp_of = |pick: u8| {
