@@ -13,11 +13,14 @@ mod input;
 #[path = "../../../fuzz/src/sim_ops.rs"]
 mod sim_ops;
 
-use std::path::{Path, PathBuf};
+#[allow(unreachable_pub, dead_code)]
+#[path = "../../../fuzz/src/corpus.rs"]
+mod corpus;
+
+use std::path::Path;
 
 use cm_mock::sim::SplitMix64;
-
-type Body = fn(&[u8]);
+use corpus::{replay, Body};
 
 const TARGETS: [(&str, Body); 5] = [
     ("async_event", decode_checks::async_event),
@@ -27,47 +30,13 @@ const TARGETS: [(&str, Body); 5] = [
     ("sim_ops", sim_ops::run),
 ];
 
-fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-/// Runs `body` on `data`, naming the input when it panics.
-fn replay(target: &str, name: &str, data: &[u8], body: Body) {
-    let result = std::panic::catch_unwind(|| body(data));
-    if let Err(panic) = result {
-        let message = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("non-string panic");
-        panic!(
-            "{target}: input {name} ({} bytes: {data:02x?}) failed: {message}",
-            data.len()
-        );
-    }
-}
-
 #[test]
 fn committed_seed_corpus_replays_without_a_finding() {
-    let mut total = 0;
-    for (target, body) in TARGETS {
-        let dir = corpus_dir(target);
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|entry| entry.expect("a directory entry").path())
-            .filter(|path| path.is_file())
-            .collect();
-        files.sort();
-        assert!(!files.is_empty(), "{target}: the seed corpus is empty");
-        for file in &files {
-            let data = std::fs::read(file).expect("a readable corpus file");
-            let name = file.file_name().expect("a file name").to_string_lossy();
-            replay(target, &name, &data, body);
-        }
-        total += files.len();
-    }
+    let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+    let total: usize = TARGETS
+        .iter()
+        .map(|(target, body)| corpus::replay_corpus(&fuzz_dir, target, *body))
+        .sum();
     eprintln!("replayed {total} corpus inputs");
 }
 
