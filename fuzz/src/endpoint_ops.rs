@@ -491,11 +491,11 @@ fn conn_of(event: &Event) -> Option<ConnectionId> {
     match event {
         Event::Request { conn, .. }
         | Event::Established { conn, .. }
-        | Event::Sent { conn }
+        | Event::Sent { conn, .. }
         | Event::Received { conn, .. }
         | Event::Closed { conn, .. }
         | Event::NotifyFailed { conn, .. } => Some(*conn),
-        Event::ListenerClosed { .. } | Event::Device(_) => None,
+        _ => None,
     }
 }
 
@@ -910,7 +910,7 @@ impl World {
                 self.closed_for_good(who, conn);
             }
             // Messages and completed sends come after the connection's ESTABLISHED.
-            Event::Received { conn, .. } | Event::Sent { conn } => assert!(
+            Event::Received { conn, .. } | Event::Sent { conn, .. } => assert!(
                 self.sides[who as usize].established.contains(&conn),
                 "{at}: {who:?} reported {conn}'s data before it was established"
             ),

@@ -155,11 +155,9 @@ fn disconnect_all(endpoint: &mut SimEndpoint) {
 }
 
 /// Found by the property test: a server that takes everything with `poll` and never
-/// calls `accept` keeps an entry of accept's queue per connection it had; stale ones
-/// are dropped only when another connection is established, so with every connection
-/// gone the queue stays past the documented 2 x (live) + 64.
+/// calls `accept` has an entry of accept's queue per connection it had; once those
+/// connections are gone, the stale entries go too (the documented 2 x (live) + 64).
 #[test]
-#[ignore = "bound exceeded: accept-queue entries outlive their connections until the next establishment"]
 fn accept_entries_nobody_took_go_with_their_connections() {
     let (fabric, mut server, mut client, _) = connected(72, None);
     disconnect_all(&mut client);
@@ -171,10 +169,8 @@ fn accept_entries_nobody_took_go_with_their_connections() {
 }
 
 /// Found by the property test: connections that end long before their connect
-/// deadline leave it in the heap until it comes due, past the documented
-/// 2 x (connections) + 64.
+/// deadline do not leave it in the heap past the documented 2 x (connections) + 64.
 #[test]
-#[ignore = "bound exceeded: deadlines of closed connections stay until they come due"]
 fn deadlines_of_closed_connections_do_not_pile_up() {
     let (_fabric, _server, mut client, _) = connected(72, Some(Duration::from_secs(60)));
     disconnect_all(&mut client);

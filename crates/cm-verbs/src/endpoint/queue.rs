@@ -111,7 +111,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Drops stale ready entries once they outnumber the live ones: amortised O(1).
-    fn compact_ready(&mut self) {
+    pub(super) fn compact_ready(&mut self) {
         let live = self.live_conns + self.closed_conns + self.endpoint_events.len();
         if self.ready.len() <= 2 * live + 64 {
             return;

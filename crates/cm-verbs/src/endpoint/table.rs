@@ -212,6 +212,11 @@ impl<T: Transport> Endpoint<T> {
         slot.entry = None;
         slot.generation = slot.generation.wrapping_add(1);
         self.free_slots.push(conn.index() as u32);
+        // Entries naming it are stale now: once they outnumber the live ones, they go
+        // (amortised O(1): a sweep at least halves its queue).
+        self.compact_ready();
+        self.compact_accepted();
+        self.compact_deadlines();
     }
 
     pub(super) fn insert(&mut self, conn: Conn<T>) -> ConnectionId {

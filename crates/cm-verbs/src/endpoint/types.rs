@@ -479,7 +479,7 @@ pub struct EndpointStats {
     /// Entries of `accept`'s queue, stale ones included (the same bound).
     pub accept_entries: usize,
     /// Deadlines kept, stale ones included (at most about twice the connections, plus
-    /// 64, once a pass has expired what was due).
+    /// 64).
     pub deadline_entries: usize,
     /// Events dropped because a bound was reached.
     pub dropped_events: u64,
