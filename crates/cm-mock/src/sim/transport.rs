@@ -106,8 +106,12 @@ impl SimTransport {
         self.on_step = Some(Box::new(hook));
     }
 
-    fn ready(&self) -> bool {
-        !self.tokens.is_empty() || self.channel.queued() > 0 || self.device.has_pending()
+    /// Whether the channel, or the device when the caller reads it (`reading`), has
+    /// something: a device whose reader was given back (or never opened) is not waited
+    /// on, as `poll(2)` would not watch its descriptors.
+    fn ready(&self, reading: bool) -> bool {
+        self.channel.queued() > 0
+            || (reading && (!self.tokens.is_empty() || self.device.has_pending()))
     }
 
     fn queues(&mut self, id: &SimCmId, op: &'static str) -> Result<&mut Queues, CmError> {
@@ -393,18 +397,19 @@ impl Transport for SimTransport {
 
     fn wait(
         &mut self,
-        _devices: &[SimDeviceReader],
+        devices: &[SimDeviceReader],
         timeout: Option<Duration>,
     ) -> Result<bool, CmError> {
+        let reading = !devices.is_empty();
         let fabric = self.node.fabric().clone();
         let deadline = timeout.map(|t| fabric.now().saturating_add(t));
         loop {
-            if self.ready() {
+            if self.ready(reading) {
                 return Ok(true);
             }
             if let Some(hook) = self.on_step.as_mut() {
                 hook();
-                if self.ready() {
+                if self.ready(reading) {
                     return Ok(true);
                 }
             }
