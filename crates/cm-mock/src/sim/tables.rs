@@ -178,6 +178,23 @@ impl<T> Slots<T> {
         }
     }
 
+    /// How many slots there are, free or not.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The value in `slot`.
+    #[cfg(test)]
+    pub(crate) fn get(&self, slot: u32) -> Option<&T> {
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    /// The value in `slot`, to change.
+    pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut T> {
+        self.slots.get_mut(slot as usize)?.as_mut()
+    }
+
     /// Takes the value out of `slot`, freeing it.
     pub(crate) fn take(&mut self, slot: u32) -> Option<T> {
         let value = self.slots.get_mut(slot as usize)?.take()?;
@@ -308,6 +325,8 @@ mod tests {
         assert_eq!(slots.take(a), Some('a'));
         assert_eq!(slots.take(a), None);
         assert_eq!(slots.put('c'), a);
+        assert_eq!(slots.get_mut(a), Some(&mut 'c'));
+        assert_eq!(slots.get_mut(99), None);
         assert_eq!(slots.take(b), Some('b'));
         assert_eq!(slots.take(a), Some('c'));
         assert_eq!(slots.take(99), None);
