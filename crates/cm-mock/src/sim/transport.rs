@@ -381,7 +381,9 @@ impl SimTransport {
 
     /// Frees the slots of the node's QPs destroyed since the last call, so that new
     /// QPs reuse them: the connection API never destroys a simulated id itself, but
-    /// code that does (or destroys the channel) gets the memory back.
+    /// code that does (or destroys the channel) gets the memory back. The node keeps
+    /// one list, read by whichever transport asks first: with two transports on one
+    /// node (which also share its completions), one may miss the other's.
     fn free_destroyed(&mut self) {
         let node = self.node.id();
         self.node
