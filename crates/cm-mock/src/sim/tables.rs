@@ -145,7 +145,9 @@ impl<T> BlockQueue<T> {
 }
 
 /// Values parked in numbered slots; a freed slot is the next one reused (last freed,
-/// first reused, so a busy run keeps touching the same few cache lines).
+/// first reused, so a busy run keeps touching the same few cache lines). Once every
+/// slot is free again after a peak of more than a chunk, the table gives its memory
+/// back: a scale run's burst of messages in flight is not held for the rest of the run.
 #[derive(Debug)]
 pub(crate) struct Slots<T> {
     slots: Chunked<Option<T>>,
@@ -178,10 +180,31 @@ impl<T> Slots<T> {
         }
     }
 
+    /// How many slots there are, free or not.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The value in `slot`.
+    #[cfg(test)]
+    pub(crate) fn get(&self, slot: u32) -> Option<&T> {
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    /// The value in `slot`, to change.
+    pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut T> {
+        self.slots.get_mut(slot as usize)?.as_mut()
+    }
+
     /// Takes the value out of `slot`, freeing it.
     pub(crate) fn take(&mut self, slot: u32) -> Option<T> {
         let value = self.slots.get_mut(slot as usize)?.take()?;
         self.free.push(slot);
+        if self.free.len() == self.slots.len() && self.slots.len() > CHUNK {
+            // No slot number is held by anyone now, so numbering can start over.
+            *self = Slots::default();
+        }
         Some(value)
     }
 }
@@ -308,9 +331,27 @@ mod tests {
         assert_eq!(slots.take(a), Some('a'));
         assert_eq!(slots.take(a), None);
         assert_eq!(slots.put('c'), a);
+        assert_eq!(slots.get_mut(a), Some(&mut 'c'));
+        assert_eq!(slots.get_mut(99), None);
         assert_eq!(slots.take(b), Some('b'));
         assert_eq!(slots.take(a), Some('c'));
         assert_eq!(slots.take(99), None);
+    }
+
+    #[test]
+    fn slots_give_their_memory_back_once_all_are_free() {
+        let mut slots = Slots::default();
+        let taken: Vec<u32> = (0..2 * CHUNK).map(|n| slots.put(n)).collect();
+        for &slot in &taken[1..] {
+            assert!(slots.take(slot).is_some());
+        }
+        // One still parked: nothing is given back yet.
+        assert_eq!(slots.len(), 2 * CHUNK);
+        assert_eq!(slots.take(taken[0]), Some(0));
+        assert_eq!(slots.len(), 0);
+        assert_eq!(slots.put(7), 0);
+        assert_eq!(slots.take(taken[1]), None);
+        assert_eq!(slots.take(0), Some(7));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::num::NonZeroU16;
 use std::time::Duration;
 
 use cm_core::{
@@ -15,6 +16,7 @@ use cm_core::{
     WorkCompletion,
 };
 
+use super::tables::{Chunked, Slots};
 use super::{NodeId, SimChannel, SimCmEvent, SimCmId, SimDevice, SimNode, SimSide};
 
 /// An address on the simulated fabric: a node and a port.
@@ -39,9 +41,68 @@ pub struct SimBuffers {
     caps: QueueCaps,
 }
 
-#[derive(Debug, Default)]
+/// A QP's state on the transport, kept small because a scale run holds one per
+/// connection and side: the compact run of posted receives inline, everything else
+/// (payloads, completions, receives posted out of order) in a [`Busy`] that only QPs
+/// with something outstanding hold.
+#[derive(Debug)]
 struct Queues {
     token: u64,
+    /// Everything beyond the compact state; `None` while it would be empty, as an idle
+    /// connection's is.
+    busy: Option<Box<Busy>>,
+    /// The first receives of the posted FIFO, as a run: `len` work request ids from
+    /// `first`, each the next modulo `wrap` (the receive depth). The connection API
+    /// posts slot numbers as ids and reposts each slot as it is read, so its posted
+    /// receives stay one such run however long it runs.
+    run: Run,
+}
+
+// An idle QP costs its transport 24 bytes in the slot table: checked when compiling.
+const _: () = assert!(std::mem::size_of::<Option<Queues>>() == 24);
+
+/// A run of posted receive ids `first, first + 1, …` modulo `wrap`.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    len: u32,
+    first: u16,
+    /// The QP's receive depth (at most 16384 by [`QueueCaps::validate`]); never 0, which
+    /// also lets `Option<Queues>` take no room of its own.
+    wrap: NonZeroU16,
+}
+
+impl Run {
+    /// Whether `wr_id` can go at the end of the run.
+    fn continues(&self, wr_id: u64) -> bool {
+        let wrap = u64::from(self.wrap.get());
+        wr_id < wrap
+            && self.len < u32::MAX
+            && (self.len == 0 || wr_id == (u64::from(self.first) + u64::from(self.len)) % wrap)
+    }
+
+    /// Appends `wr_id`, which [`Run::continues`] the run.
+    fn push(&mut self, wr_id: u64) {
+        if self.len == 0 {
+            // Below `wrap`, a u16: checked by `continues`.
+            self.first = wr_id as u16;
+        }
+        self.len += 1;
+    }
+
+    /// Takes the first id of a non-empty run.
+    fn pop(&mut self) -> u64 {
+        let wr_id = self.first;
+        self.first = ((u32::from(wr_id) + 1) % u32::from(self.wrap.get())) as u16;
+        self.len -= 1;
+        u64::from(wr_id)
+    }
+}
+
+/// The parts of a QP's state that are empty while the connection is idle.
+#[derive(Debug, Default)]
+struct Busy {
+    /// Posted receives after the run, in order: ids that did not continue it (or came
+    /// while some were already here).
     posted: VecDeque<u64>,
     /// Payloads that arrived with no receive posted (the real QP would RNR-retry them).
     unposted: VecDeque<(Vec<u8>, u32)>,
@@ -50,12 +111,144 @@ struct Queues {
     send: VecDeque<WorkCompletion>,
 }
 
+impl Busy {
+    /// Entries a pooled [`Busy`] keeps room for in each queue: what a connection with
+    /// a few messages in flight needs, no more, so the pool stays small.
+    const POOLED_ROOM: usize = 16;
+
+    fn is_empty(&self) -> bool {
+        self.posted.is_empty()
+            && self.unposted.is_empty()
+            && self.landed.is_empty()
+            && self.recv.is_empty()
+            && self.send.is_empty()
+    }
+
+    /// Gives back room beyond [`Busy::POOLED_ROOM`] of an empty one, before pooling it.
+    fn trim(&mut self) {
+        self.posted.shrink_to(Self::POOLED_ROOM);
+        self.unposted.shrink_to(Self::POOLED_ROOM);
+        self.landed.shrink_to(Self::POOLED_ROOM);
+        self.recv.shrink_to(Self::POOLED_ROOM);
+        self.send.shrink_to(Self::POOLED_ROOM);
+    }
+}
+
+impl Queues {
+    fn new(token: u64, recv_depth: NonZeroU16) -> Self {
+        Queues {
+            token,
+            busy: None,
+            run: Run {
+                len: 0,
+                first: 0,
+                wrap: recv_depth,
+            },
+        }
+    }
+
+    /// The busy part, taken from `pool` (or allocated) when the QP had none.
+    fn busy(&mut self, pool: &mut Pool) -> &mut Busy {
+        self.busy.get_or_insert_with(|| pool.take())
+    }
+
+    /// Appends a posted receive to the FIFO: to the run while it continues it and
+    /// nothing follows it.
+    fn post(&mut self, wr_id: u64, pool: &mut Pool) {
+        let behind = self.busy.as_ref().is_some_and(|b| !b.posted.is_empty());
+        if !behind && self.run.continues(wr_id) {
+            self.run.push(wr_id);
+        } else {
+            self.busy(pool).posted.push_back(wr_id);
+        }
+    }
+
+    /// Takes the first posted receive; when that empties the run, the ids waiting
+    /// behind it that form a run become the new one.
+    fn take_posted(&mut self) -> Option<u64> {
+        let wr_id = if self.run.len > 0 {
+            self.run.pop()
+        } else {
+            self.busy.as_mut()?.posted.pop_front()?
+        };
+        if self.run.len == 0 {
+            if let Some(busy) = self.busy.as_mut() {
+                while let Some(&next) = busy.posted.front() {
+                    if !self.run.continues(next) {
+                        break;
+                    }
+                    busy.posted.pop_front();
+                    self.run.push(next);
+                }
+            }
+        }
+        Some(wr_id)
+    }
+
+    /// Puts the busy part back in `pool` once it is empty, so that an idle connection
+    /// holds nothing beyond its [`Queues`] and a busy one reuses a warm allocation.
+    fn settle(&mut self, pool: &mut Pool) {
+        if self.busy.as_ref().is_some_and(|b| b.is_empty()) {
+            if let Some(busy) = self.busy.take() {
+                pool.give(busy);
+            }
+        }
+    }
+}
+
+/// Empty [`Busy`] parts kept for reuse, so that a connection going busy and idle in
+/// turn (every message) allocates nothing once warm.
+#[derive(Debug, Default)]
+struct Pool {
+    /// Boxed because a part moves between a QP and the pool as it is: neither way
+    /// allocates.
+    #[allow(clippy::vec_box)]
+    parts: Vec<Box<Busy>>,
+}
+
+impl Pool {
+    /// Parts kept at most: enough for the connections that carry traffic at one time
+    /// in the benches, small next to the QPs themselves.
+    const MAX: usize = 64;
+
+    /// A pooled part, or a new one.
+    fn take(&mut self) -> Box<Busy> {
+        self.parts.pop().unwrap_or_default()
+    }
+
+    /// Keeps an empty part for reuse (trimmed), or drops it when the pool is full.
+    fn give(&mut self, mut busy: Box<Busy>) {
+        if self.parts.len() < Self::MAX {
+            busy.trim();
+            self.parts.push(busy);
+        }
+    }
+}
+
+/// No slot: the QP is not this transport's (or was freed).
+const NO_SLOT: u32 = u32::MAX;
+
 /// The simulated fabric seen from one node, as a [`Transport`].
+///
+/// Built for scale runs: an idle QP (receives posted, nothing in flight) costs it 24
+/// bytes plus four per QP number of the fabric; what a QP has in flight (payloads,
+/// completions) lives in a part it holds only meanwhile, from a small pool of warm
+/// ones. A QP's state goes when its id is destroyed on the fabric, and its slot serves
+/// the next QP created.
 pub struct SimTransport {
     node: SimNode,
     channel: SimChannel,
     device: SimDevice,
-    queues: HashMap<QpNum, Queues>,
+    /// Every QP's state, in a dense slot (reused once the QP is destroyed).
+    queues: Slots<Queues>,
+    /// QP number → slot in `queues` ([`NO_SLOT`] for the other nodes' QPs). The fabric
+    /// numbers QPs densely from a small base, so a table beats a hash map: four bytes
+    /// per QP of the fabric, no hashing.
+    by_qp: Chunked<u32>,
+    /// The node's destroyed QPs, read from the fabric (kept for its room).
+    destroyed: Vec<QpNum>,
+    /// Empty [`Busy`] parts to reuse.
+    pool: Pool,
     tokens: VecDeque<u64>,
     on_step: Option<Box<dyn FnMut()>>,
 }
@@ -76,11 +269,19 @@ impl SimTransport {
 
     /// A transport on one side of a [`super::SimPair`] (its node, channel and device).
     pub fn on_side(side: SimSide) -> Self {
+        side.node
+            .fabric()
+            .inner
+            .borrow_mut()
+            .watch_destroyed_qps(side.node.id());
         SimTransport {
             node: side.node,
             channel: side.channel,
             device: side.device,
-            queues: HashMap::new(),
+            queues: Slots::default(),
+            by_qp: Chunked::default(),
+            destroyed: Vec::new(),
+            pool: Pool::default(),
             tokens: VecDeque::new(),
             on_step: None,
         }
@@ -114,15 +315,23 @@ impl SimTransport {
             || (reading && (!self.tokens.is_empty() || self.device.has_pending()))
     }
 
-    fn queues(&mut self, id: &SimCmId, op: &'static str) -> Result<&mut Queues, CmError> {
+    /// The id's QP number, its state, and the pool its busy part comes from and goes
+    /// back to.
+    fn queues(
+        &mut self,
+        id: &SimCmId,
+        op: &'static str,
+    ) -> Result<(QpNum, &mut Queues, &mut Pool), CmError> {
         let qp = cm_core::CmId::qp_num(id).ok_or(CmError::InvalidArgument {
             op,
             reason: "the id has no QP",
         })?;
-        self.queues.get_mut(&qp).ok_or(CmError::InvalidArgument {
+        let slot = self.by_qp.get(qp.0 as usize).copied().unwrap_or(NO_SLOT);
+        let queues = self.queues.get_mut(slot).ok_or(CmError::InvalidArgument {
             op,
             reason: "the QP was not created by this transport",
-        })
+        })?;
+        Ok((qp, queues, &mut self.pool))
     }
 
     /// Moves every receive completion of the node into its QP's queue.
@@ -130,13 +339,20 @@ impl SimTransport {
         let mut payload = Vec::new();
         while let Some(completion) = self.device.poll_cq_data(&mut payload) {
             let data = std::mem::take(&mut payload);
-            let Some(queues) = self.queues.get_mut(&completion.qp) else {
+            let slot = self
+                .by_qp
+                .get(completion.qp.0 as usize)
+                .copied()
+                .unwrap_or(NO_SLOT);
+            let Some(queues) = self.queues.get_mut(slot) else {
                 continue;
             };
-            queues.unposted.push_back((data, completion.byte_len));
-            let token = queues.token;
+            queues
+                .busy(&mut self.pool)
+                .unposted
+                .push_back((data, completion.byte_len));
             if Self::land(queues, completion.qp) {
-                self.tokens.push_back(token);
+                self.tokens.push_back(queues.token);
             }
         }
     }
@@ -144,14 +360,18 @@ impl SimTransport {
     /// Lands waiting payloads in posted receives; whether any landed.
     fn land(queues: &mut Queues, qp: QpNum) -> bool {
         let mut landed = false;
-        while !queues.unposted.is_empty() && !queues.posted.is_empty() {
-            let (Some((data, byte_len)), Some(wr_id)) =
-                (queues.unposted.pop_front(), queues.posted.pop_front())
-            else {
+        while queues.busy.as_ref().is_some_and(|b| !b.unposted.is_empty()) {
+            let Some(wr_id) = queues.take_posted() else {
                 break;
             };
-            queues.landed.insert(wr_id, data);
-            queues.recv.push_back(WorkCompletion {
+            let Some(busy) = queues.busy.as_mut() else {
+                break;
+            };
+            let Some((data, byte_len)) = busy.unposted.pop_front() else {
+                break;
+            };
+            busy.landed.insert(wr_id, data);
+            busy.recv.push_back(WorkCompletion {
                 wr_id,
                 qp,
                 kind: CqKind::Recv,
@@ -161,6 +381,26 @@ impl SimTransport {
             landed = true;
         }
         landed
+    }
+
+    /// Frees the slots of the node's QPs destroyed since the last call, so that new
+    /// QPs reuse them: the connection API never destroys a simulated id itself, but
+    /// code that does (or destroys the channel) gets the memory back. The node keeps
+    /// one list, read by whichever transport asks first: with two transports on one
+    /// node (which also share its completions), one may miss the other's.
+    fn free_destroyed(&mut self) {
+        let node = self.node.id();
+        self.node
+            .fabric()
+            .inner
+            .borrow_mut()
+            .take_destroyed_qps(node, &mut self.destroyed);
+        for qp in self.destroyed.drain(..) {
+            if let Some(slot) = self.by_qp.get_mut(qp.0 as usize) {
+                self.queues.take(*slot);
+                *slot = NO_SLOT;
+            }
+        }
     }
 }
 
@@ -283,14 +523,24 @@ impl Transport for SimTransport {
                 reason: "the device reader belongs to another node",
             });
         }
+        // Checked by `validate`: 1 to 16384.
+        let recv_depth = u16::try_from(caps.recv_depth)
+            .ok()
+            .and_then(NonZeroU16::new)
+            .ok_or(CmError::InvalidArgument {
+                op: "create_qp",
+                reason: "receive depth out of range",
+            })?;
         let qp = id.create_qp()?;
-        self.queues.insert(
-            qp,
-            Queues {
-                token,
-                ..Queues::default()
-            },
-        );
+        self.free_destroyed();
+        let slot = self.queues.put(Queues::new(token, recv_depth));
+        let index = qp.0 as usize;
+        while self.by_qp.len() <= index {
+            self.by_qp.push(NO_SLOT);
+        }
+        if let Some(entry) = self.by_qp.get_mut(index) {
+            *entry = slot;
+        }
         Ok(qp)
     }
 
@@ -312,14 +562,11 @@ impl Transport for SimTransport {
                 reason: "no such receive buffer",
             });
         }
-        let qp = cm_core::CmId::qp_num(id);
-        let queues = self.queues(id, "ibv_post_recv")?;
-        queues.posted.push_back(wr_id);
+        let (qp, queues, pool) = self.queues(id, "ibv_post_recv")?;
+        queues.post(wr_id, pool);
         let token = queues.token;
-        if let Some(qp) = qp {
-            if Self::land(queues, qp) {
-                self.tokens.push_back(token);
-            }
+        if Self::land(queues, qp) {
+            self.tokens.push_back(token);
         }
         Ok(())
     }
@@ -339,9 +586,8 @@ impl Transport for SimTransport {
             });
         }
         id.post_send_data(data)?;
-        let qp = cm_core::CmId::qp_num(id).unwrap_or(QpNum(0));
-        let queues = self.queues(id, "ibv_post_send")?;
-        queues.send.push_back(WorkCompletion {
+        let (qp, queues, pool) = self.queues(id, "ibv_post_send")?;
+        queues.busy(pool).send.push_back(WorkCompletion {
             wr_id,
             qp,
             kind: CqKind::Send,
@@ -361,8 +607,13 @@ impl Transport for SimTransport {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), CmError> {
-        let queues = self.queues(id, "read_recv")?;
-        let data = queues.landed.remove(&u64::from(slot)).unwrap_or_default();
+        let (_, queues, pool) = self.queues(id, "read_recv")?;
+        let data = queues
+            .busy
+            .as_mut()
+            .and_then(|busy| busy.landed.remove(&u64::from(slot)))
+            .unwrap_or_default();
+        queues.settle(pool);
         out.extend_from_slice(&data[..len.min(data.len())]);
         // A length-only send carries no bytes: the receiver sees zeroes, as in a fresh
         // buffer.
@@ -381,13 +632,17 @@ impl Transport for SimTransport {
         out: &mut Vec<WorkCompletion>,
         max: usize,
     ) -> Result<usize, CmError> {
-        let queues = self.queues(id, "ibv_poll_cq")?;
+        let (_, queues, pool) = self.queues(id, "ibv_poll_cq")?;
+        let Some(busy) = queues.busy.as_mut() else {
+            return Ok(0);
+        };
         let queue = match kind {
-            CqKind::Recv => &mut queues.recv,
-            CqKind::Send => &mut queues.send,
+            CqKind::Recv => &mut busy.recv,
+            CqKind::Send => &mut busy.send,
         };
         let n = max.min(queue.len());
         out.extend(queue.drain(..n));
+        queues.settle(pool);
         Ok(n)
     }
 
@@ -433,5 +688,184 @@ impl Transport for SimTransport {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{SimConfig, SimPair, SplitMix64};
+    use cm_core::CmEvent;
+
+    /// The posted receives answer exactly as a plain FIFO of ids, whatever mix of runs,
+    /// out-of-order slots and ids beyond the depth is posted.
+    #[test]
+    fn posted_receives_keep_their_order_in_every_form() {
+        let mut rng = SplitMix64::new(5);
+        let mut pool = Pool::default();
+        for depth in [1u16, 2, 5, 16] {
+            let mut queues = Queues::new(7, NonZeroU16::new(depth).unwrap());
+            let mut model = VecDeque::new();
+            for _ in 0..20_000 {
+                if rng.chance(0.5) {
+                    let next = model
+                        .back()
+                        .map_or(0, |&last: &u64| last.wrapping_add(1) % u64::from(depth));
+                    let wr_id = match rng.up_to(9) {
+                        0 => rng.up_to(u64::from(depth) * 2),
+                        1 => u64::MAX - rng.up_to(1),
+                        _ => next,
+                    };
+                    queues.post(wr_id, &mut pool);
+                    model.push_back(wr_id);
+                } else {
+                    assert_eq!(queues.take_posted(), model.pop_front());
+                }
+            }
+            while let Some(wr_id) = model.pop_front() {
+                assert_eq!(queues.take_posted(), Some(wr_id));
+            }
+            assert_eq!(queues.take_posted(), None);
+            queues.settle(&mut pool);
+            assert!(queues.busy.is_none(), "emptied, the busy part goes back");
+        }
+    }
+
+    /// The connection API's pattern (slots posted in order, each reposted as it is
+    /// read) stays a run: no busy part at rest, however many messages went through.
+    #[test]
+    fn reposting_slots_in_order_stays_a_run() {
+        let mut pool = Pool::default();
+        let mut queues = Queues::new(0, NonZeroU16::new(4).unwrap());
+        for slot in 0..4 {
+            queues.post(slot, &mut pool);
+        }
+        for message in 0..10 {
+            assert_eq!(queues.take_posted(), Some(message % 4));
+            queues.post(message % 4, &mut pool);
+            assert!(queues.busy.is_none());
+        }
+        assert_eq!(queues.run.len, 4);
+    }
+
+    const PORT: u16 = 7471;
+
+    fn next_event(transport: &mut SimTransport, fabric: &crate::sim::SimFabric) -> SimCmEvent {
+        fabric.run_until(|_| transport.channel.queued() > 0);
+        transport.next_cm_event().unwrap().expect("an event")
+    }
+
+    /// One connection between two transports, through the trait: (server, client,
+    /// server id, client id).
+    fn connected(caps: &QueueCaps) -> (SimPair, SimTransport, SimTransport, SimCmId, SimCmId) {
+        let pair = SimPair::new(SimConfig::default(), 3);
+        let mut server = SimTransport::on_side(pair.server.clone());
+        let mut client = SimTransport::on_side(pair.client.clone());
+        let listener = server.create_id().unwrap();
+        server.bind(&listener, server.addr(PORT)).unwrap();
+        server.listen(&listener, 8).unwrap();
+        let active = client.create_id().unwrap();
+        let timeout = Duration::from_millis(100);
+        client
+            .resolve_addr(&active, None, server.addr(PORT), timeout)
+            .unwrap();
+        next_event(&mut client, &pair.fabric).ack().unwrap();
+        client.resolve_route(&active, timeout).unwrap();
+        next_event(&mut client, &pair.fabric).ack().unwrap();
+        let device = client.open_device(&active).unwrap();
+        client.create_qp(&active, &device, 1, caps).unwrap();
+        client.connect(&active, b"").unwrap();
+        let request = next_event(&mut server, &pair.fabric);
+        let passive = server.event_id(&request).unwrap();
+        request.ack().unwrap();
+        let device = server.open_device(&passive).unwrap();
+        server.create_qp(&passive, &device, 2, caps).unwrap();
+        server.accept(&passive, b"").unwrap();
+        next_event(&mut client, &pair.fabric).ack().unwrap();
+        (pair, server, client, passive, active)
+    }
+
+    /// Messages land in the posted buffers in order, and once read the receiving QP
+    /// holds no busy part.
+    #[test]
+    fn messages_land_in_order_and_leave_the_qp_idle() {
+        let caps = QueueCaps {
+            recv_depth: 2,
+            ..QueueCaps::default()
+        };
+        let (pair, mut server, mut client, passive, active) = connected(&caps);
+        let (server_buffers, client_buffers) = (
+            server.register_buffers(&passive, &caps).unwrap(),
+            client.register_buffers(&active, &caps).unwrap(),
+        );
+        for slot in 0..2 {
+            server
+                .post_recv(&passive, &server_buffers, slot, u64::from(slot))
+                .unwrap();
+        }
+        let mut device = SimDeviceReader {
+            node: pair.server.node.id(),
+        };
+        for (n, message) in [&b"one"[..], b"two", b"three"].into_iter().enumerate() {
+            client
+                .post_send(&active, &client_buffers, 0, message, 9)
+                .unwrap();
+            let mut sent = Vec::new();
+            assert_eq!(
+                client.poll_cq(&active, CqKind::Send, &mut sent, 8).unwrap(),
+                1
+            );
+            pair.fabric.run_until_idle();
+            assert_eq!(server.next_cq_event(&mut device).unwrap(), Some(2));
+            let mut completions = Vec::new();
+            server
+                .poll_cq(&passive, CqKind::Recv, &mut completions, 8)
+                .unwrap();
+            let slot = (n % 2) as u32;
+            assert_eq!(completions.len(), 1);
+            assert_eq!(completions[0].wr_id, u64::from(slot));
+            let mut out = Vec::new();
+            server
+                .read_recv(&passive, &server_buffers, slot, message.len(), &mut out)
+                .unwrap();
+            assert_eq!(out, message);
+            server
+                .post_recv(&passive, &server_buffers, slot, u64::from(slot))
+                .unwrap();
+            for transport in [&server, &client] {
+                let idle = transport.by_qp.iter().filter(|&&s| s != NO_SLOT);
+                for &slot in idle {
+                    let queues = transport.queues.get(slot).unwrap();
+                    assert!(queues.busy.is_none(), "message {n}: a busy part kept");
+                }
+            }
+        }
+    }
+
+    /// A destroyed QP's slot is freed by the sweep and reused: creating and destroying
+    /// QPs in turn does not grow the transport.
+    #[test]
+    fn destroyed_qps_give_their_slots_back() {
+        let caps = QueueCaps::default();
+        let (_pair, mut server, _client, passive, _active) = connected(&caps);
+        let device = server.open_device(&passive).unwrap();
+        let mut ids = Vec::new();
+        for round in 0..50u64 {
+            for port in 0..4 {
+                let id = server.create_id().unwrap();
+                server.bind(&id, server.addr(100 + port)).unwrap();
+                server.create_qp(&id, &device, round, &caps).unwrap();
+                ids.push(id);
+            }
+            for id in ids.drain(..) {
+                id.destroy().unwrap();
+            }
+        }
+        // The last round's QPs go when the next QP is created.
+        let live = server.by_qp.iter().filter(|&&s| s != NO_SLOT).count();
+        assert_eq!(live, 1 + 4);
+        assert_eq!(server.queues.len(), 1 + 4);
+        // The connection's QP was never destroyed: it is still found.
+        server.arm_cq(&passive, CqKind::Recv).unwrap();
     }
 }

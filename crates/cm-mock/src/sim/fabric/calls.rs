@@ -323,6 +323,9 @@ impl Fabric {
         if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
             q.alive = false;
         }
+        if let (Some(qp), Some(watched)) = (qp, self.destroyed_qps(node)) {
+            watched.push(qp);
+        }
         let slot = self
             .ids
             .get_mut(key.index as usize)
@@ -558,6 +561,25 @@ impl Fabric {
 
     pub(crate) fn cm_state(&self, key: SimIdKey) -> Result<CmIdState, CmError> {
         self.id(key).map(|id| id.cm_state).ok_or(gone("cm_state"))
+    }
+
+    /// From now on, remembers the QPs of `node` that are destroyed, for
+    /// [`Fabric::take_destroyed_qps`].
+    pub(crate) fn watch_destroyed_qps(&mut self, node: NodeId) {
+        if let Some(n) = self.nodes.get_mut(node.0 as usize) {
+            n.destroyed_qps.get_or_insert_with(Vec::new);
+        }
+    }
+
+    /// Moves the QPs of `node` destroyed since the last call to `out`.
+    pub(crate) fn take_destroyed_qps(&mut self, node: NodeId, out: &mut Vec<QpNum>) {
+        if let Some(destroyed) = self.destroyed_qps(node) {
+            out.append(destroyed);
+        }
+    }
+
+    fn destroyed_qps(&mut self, node: NodeId) -> Option<&mut Vec<QpNum>> {
+        self.nodes.get_mut(node.0 as usize)?.destroyed_qps.as_mut()
     }
 
     pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {

@@ -184,6 +184,10 @@ struct Node {
     /// Receive completions, each with the payload the sender gave (empty for
     /// length-only sends).
     completions: VecDeque<(RecvCompletion, Private)>,
+    /// The node's QPs destroyed since a transport last asked (see
+    /// `take_destroyed_qps`); `None` while no transport watches, so that bare fabric
+    /// use keeps nothing.
+    destroyed_qps: Option<Vec<QpNum>>,
 }
 
 #[derive(Debug)]
