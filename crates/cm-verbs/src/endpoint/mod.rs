@@ -728,20 +728,8 @@ impl<T: Transport> Endpoint<T> {
                 handled += 1;
             }
         }
-        for handled in 0..=PASS_BATCH {
-            if handled == PASS_BATCH {
-                more = true;
-                break;
-            }
-            match self.transport.next_cm_event() {
-                Ok(Some(event)) => self.on_cm_event(event),
-                Ok(None) => break,
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                    break;
-                }
-            }
-        }
+        more |= self.read_cm_events(&mut first_error);
+        let forced_before = self.pump.counters().forced;
         for index in 0..self.devices.len() {
             let mut handled = 0;
             while index < self.devices.len() {
@@ -759,6 +747,11 @@ impl<T: Transport> Endpoint<T> {
                 }
                 handled += 1;
             }
+        }
+        // A receive that forced an establish: its ESTABLISHED may be there already, and
+        // reading it now saves the application a wait.
+        if self.pump.counters().forced != forced_before {
+            more |= self.read_cm_events(&mut first_error);
         }
         more |= self.expire();
         // The clock is read only when housekeeping is pending (a read per pass shows on
@@ -778,6 +771,24 @@ impl<T: Transport> Endpoint<T> {
             Some(error) => Err(error.into()),
             None => Ok(more),
         }
+    }
+}
+
+impl<T: Transport> Endpoint<T> {
+    /// Reads at most [`PASS_BATCH`] CM events; whether more were waiting. The first
+    /// error is kept in `first_error` and ends the read.
+    fn read_cm_events(&mut self, first_error: &mut Option<cm_core::CmError>) -> bool {
+        for _ in 0..PASS_BATCH {
+            match self.transport.next_cm_event() {
+                Ok(Some(event)) => self.on_cm_event(event),
+                Ok(None) => return false,
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                    return false;
+                }
+            }
+        }
+        true
     }
 }
 
