@@ -499,3 +499,22 @@ fn the_path_helpers_work() {
         ]
     );
 }
+
+#[test]
+fn the_endpoint_proptest_replays_every_committed_seed() {
+    let root = workspace_root();
+    let test = read(&root.join("crates/cm-verbs/tests/endpoint_proptest.rs"));
+    let corpus = root.join("fuzz/corpus/endpoint_ops");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&corpus).expect("the endpoint_ops corpus") {
+        let name = entry.expect("a directory entry").file_name();
+        let name = name.to_string_lossy();
+        if !test.contains(&format!("fuzz/corpus/endpoint_ops/{name}\")")) {
+            missing.push(name.into_owned());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "seeds of fuzz/corpus/endpoint_ops not in SEEDS of endpoint_proptest.rs: {missing:?}"
+    );
+}

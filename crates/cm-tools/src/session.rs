@@ -438,6 +438,11 @@ impl<T: Transport> Session<T> {
             Event::NotifyFailed { conn, qp, error } => {
                 log_line(&format!("{conn} ({qp}): notify refused: {error}"));
             }
+            Event::AcceptFailed { error, .. } => {
+                log_line(&format!(
+                    "a request was rejected, its setup failed: {error}"
+                ));
+            }
             // Events added to the API later: named in the log, not acted on.
             other => log_line(&format!("not handled: {other:?}")),
         }

@@ -428,3 +428,48 @@ fn a_closed_listeners_handle_never_names_the_listener_that_takes_its_place() {
     assert!(endpoint.listener_addr(new).unwrap().is_some());
     assert_eq!(endpoint.listener_count(), 1);
 }
+
+#[test]
+fn a_request_whose_setup_fails_is_rejected_and_reported_with_its_errno() {
+    // The client notes how its connections end.
+    let ends = Rc::new(RefCell::new(Vec::new()));
+    let noted = Rc::clone(&ends);
+    let note: Behaviour = Box::new(move |_, event| {
+        if let Event::Closed { conn, reason } = event {
+            noted.borrow_mut().push((conn, reason));
+        }
+    });
+    let mut sim = sim(SimConfig::default(), 10, true, note);
+    // One QP left on the server node: the second request's QP creation fails, as it
+    // does once pinned memory passes RLIMIT_MEMLOCK.
+    sim.main.transport().node().set_qp_budget(Some(1)).unwrap();
+    let second = sim.peer_connects(2)[1];
+    let server = &mut sim.main;
+    server.accept(SECOND).expect("the first is accepted");
+    let failed = loop {
+        match server
+            .next_event(SECOND)
+            .unwrap()
+            .expect("the failure is reported")
+        {
+            Event::AcceptFailed { error, .. } => break error,
+            other => assert!(matches!(other, Event::Sent { .. }), "{other:?}"),
+        }
+    };
+    assert_eq!(failed.errno(), 12, "ENOMEM: {failed}");
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "nothing of the failed one is kept"
+    );
+    // The peer hears a reject, not silence.
+    sim.advance(Duration::from_millis(10));
+    let ends = ends.borrow();
+    assert!(
+        matches!(
+            ends.as_slice(),
+            [(conn, CloseReason::Rejected { .. })] if *conn == second
+        ),
+        "{ends:?}"
+    );
+}

@@ -279,6 +279,16 @@ impl SimNode {
         self.fabric.inner.borrow_mut().remove_device(self.id)
     }
 
+    /// Lets the node create at most `budget` more QPs (`None`: no limit); past it
+    /// `rdma_create_qp` answers ENOMEM, as the kernel does once the pinned memory of a
+    /// process passes RLIMIT_MEMLOCK.
+    pub fn set_qp_budget(&self, budget: Option<u32>) -> Result<(), CmError> {
+        self.fabric
+            .inner
+            .borrow_mut()
+            .set_qp_budget(self.id, budget)
+    }
+
     /// Marks the device as going away (notify(COMM_EST) then answers ENODEV) or back.
     pub fn set_going_down(&self, going_down: bool) -> Result<(), CmError> {
         self.fabric

@@ -260,7 +260,9 @@ impl<T: Transport> Endpoint<T> {
                 if let Some(id) = id {
                     let _ = self.transport.reject(&id, &[]);
                 }
-                self.close(conn, CloseReason::SetupFailed(error), false);
+                log::warn!("{listener}: a request was rejected, its setup failed: {error}");
+                self.close(conn, CloseReason::SetupFailed(error.clone()), false);
+                self.push_endpoint_event(Event::AcceptFailed { listener, error });
             }
         } else if let Some(entry) = self.live_mut(conn) {
             entry.pending.request = true;

@@ -696,11 +696,11 @@ impl<T: Transport> Endpoint<T> {
         [heap, self.housekeeping_due].into_iter().flatten().min()
     }
 
-    /// Handles what is ready on every source, at most [`PASS_BATCH`] from each:
-    /// asynchronous events first (a COMM_EST forwarded now lets its ESTABLISHED come
-    /// sooner), then CM events (an RTU read now is not mistaken for a lost one), then
-    /// completions (a receive on a connection not yet established is the other
-    /// trigger), then deadlines. O(1) per event handled, whatever the number of
+    /// Handles what is ready on every source, at most [`PASS_BATCH`] from each: CM
+    /// events first (an RTU read now is not mistaken for a lost one), then asynchronous
+    /// events (COMM_EST) and completions (a receive on a connection not yet
+    /// established is the other trigger), then the CM again if a trigger forced an
+    /// establish (its ESTABLISHED is read in the same pass), then deadlines. O(1) per event handled, whatever the number of
     /// connections.
     pub fn process(&mut self) -> Result<(), ConnError> {
         self.process_pass().map(|_| ())
@@ -710,6 +710,11 @@ impl<T: Transport> Endpoint<T> {
     pub(crate) fn process_pass(&mut self) -> Result<bool, ConnError> {
         let mut more = false;
         let mut first_error = None;
+        // CM events first: an RTU read now is not mistaken for a lost one.
+        more |= self.read_cm_events(&mut first_error);
+        let forced_before = self.pump.counters().forced;
+        // Then the triggers, COMM_EST just before the completions: on a device that
+        // raises both for the same packet, the one that came first is the one used.
         for index in 0..self.devices.len() {
             let mut handled = 0;
             while index < self.devices.len() {
@@ -728,8 +733,6 @@ impl<T: Transport> Endpoint<T> {
                 handled += 1;
             }
         }
-        more |= self.read_cm_events(&mut first_error);
-        let forced_before = self.pump.counters().forced;
         for index in 0..self.devices.len() {
             let mut handled = 0;
             while index < self.devices.len() {
@@ -748,7 +751,7 @@ impl<T: Transport> Endpoint<T> {
                 handled += 1;
             }
         }
-        // A receive that forced an establish: its ESTABLISHED may be there already, and
+        // A trigger that forced an establish: its ESTABLISHED may be there already, and
         // reading it now saves the application a wait.
         if self.pump.counters().forced != forced_before {
             more |= self.read_cm_events(&mut first_error);

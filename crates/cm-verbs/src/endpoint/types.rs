@@ -351,6 +351,16 @@ pub enum Event {
     /// A device event that belongs to no connection (port up/down, device fatal, GID
     /// change…), for the application to see.
     Device(AsyncEvent),
+    /// A request to a listener with automatic accept could not be set up (QP creation,
+    /// memory registration, `rdma_accept`…): it was rejected, and this says why (e.g.
+    /// ENOMEM once pinned memory passes RLIMIT_MEMLOCK). The connection was never
+    /// reported, so no handle names it.
+    AcceptFailed {
+        /// The listener the request came to.
+        listener: ListenerId,
+        /// What failed, errno kept.
+        error: CmError,
+    },
     /// `rdma_notify` answered an error the notify path could not use (the connection
     /// carries on; a later trigger retries if the error was transient).
     NotifyFailed {

@@ -74,8 +74,15 @@ impl Fabric {
         if id.qp.is_some() {
             return Err(os(OP, errno::EBUSY));
         }
-        id.qp = Some(qpn);
         let node = id.node;
+        if let Some(budget) = self.nodes[node.0 as usize].qp_budget.as_mut() {
+            if *budget == 0 {
+                return Err(os(OP, errno::ENOMEM));
+            }
+            *budget -= 1;
+        }
+        let id = self.live(key, OP)?;
+        id.qp = Some(qpn);
         self.qps.push(Qp {
             node,
             owner: key,

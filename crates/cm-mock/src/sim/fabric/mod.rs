@@ -180,6 +180,9 @@ pub(crate) struct ReadEvent {
 struct Node {
     kind: DeviceKind,
     going_down: bool,
+    /// QPs the node may still create (`None`: no limit); at 0 `rdma_create_qp` answers
+    /// ENOMEM, as the kernel does once pinned memory passes RLIMIT_MEMLOCK.
+    qp_budget: Option<u32>,
     async_events: VecDeque<AsyncEvent>,
     /// Receive completions, each with the payload the sender gave (empty for
     /// length-only sends).
@@ -420,15 +423,27 @@ impl Fabric {
         (node.0 as usize) < self.nodes.len()
     }
 
-    pub(crate) fn set_going_down(&mut self, node: NodeId, going_down: bool) -> Result<(), CmError> {
-        let n = self
-            .nodes
+    /// The node `node` names, for the call `op`.
+    fn node_mut(&mut self, node: NodeId, op: &'static str) -> Result<&mut Node, CmError> {
+        self.nodes
             .get_mut(node.0 as usize)
             .ok_or(CmError::InvalidArgument {
-                op: "set_going_down",
+                op,
                 reason: "no such node",
-            })?;
-        n.going_down = going_down;
+            })
+    }
+
+    pub(crate) fn set_qp_budget(
+        &mut self,
+        node: NodeId,
+        budget: Option<u32>,
+    ) -> Result<(), CmError> {
+        self.node_mut(node, "set_qp_budget")?.qp_budget = budget;
+        Ok(())
+    }
+
+    pub(crate) fn set_going_down(&mut self, node: NodeId, going_down: bool) -> Result<(), CmError> {
+        self.node_mut(node, "set_going_down")?.going_down = going_down;
         Ok(())
     }
 
