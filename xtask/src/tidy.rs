@@ -518,3 +518,25 @@ fn the_endpoint_proptest_replays_every_committed_seed() {
         "seeds of fuzz/corpus/endpoint_ops not in SEEDS of endpoint_proptest.rs: {missing:?}"
     );
 }
+
+/// Users depend on cm-verbs alone (it re-exports cm-core as `cm_verbs::core` and cm-sys
+/// as `cm_verbs::sys`): its doc examples must compile with that one dependency line.
+#[test]
+fn cm_verbs_doc_examples_name_only_cm_verbs_paths() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("crates/cm-verbs/src"), &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        for (number, line) in read(file).lines().enumerate() {
+            let doc = line.trim_start();
+            let is_doc = doc.starts_with("//!") || doc.starts_with("///");
+            if is_doc && (doc.contains("cm_core::") || doc.contains("cm_sys::")) {
+                found.push(format!("{}:{}: {doc}", file.display(), number + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "doc examples naming cm_core/cm_sys: {found:#?}"
+    );
+}

@@ -8,12 +8,12 @@
 //! use cm_verbs::{LoopEvent, NotifyPump};
 //!
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
-//! let channel = cm_sys::EventChannel::new()?;
+//! let channel = cm_verbs::sys::EventChannel::new()?;
 //! let listener = channel.create_id()?;
 //! listener.bind_addr("10.77.1.1:7471".parse()?)?;
 //! listener.listen(8)?;
 //! let device = listener.async_events()?;
-//! let mut events = AsyncEventLoop::new(channel, device, NotifyPump::<cm_sys::CmId>::new())?;
+//! let mut events = AsyncEventLoop::new(channel, device, NotifyPump::<cm_verbs::sys::CmId>::new())?;
 //! while let Some(event) = events.next().await? {
 //!     match event {
 //!         LoopEvent::Cm(event) => println!("{}", event.event_type()),

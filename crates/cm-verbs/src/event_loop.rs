@@ -63,7 +63,7 @@ pub enum Exit {
 
 /// The [`EventLoop`] of one backend: its event channel, its device's asynchronous
 /// events and a pump of its ids, named by the backend's [`CmBackend`] marker
-/// (`cm_sys::RdmaBackend`, `cm_mock::sim::SimBackend`, `cm_mock::MockBackend`) so that
+/// (`cm_verbs::sys::RdmaBackend`, `cm_mock::sim::SimBackend`, `cm_mock::MockBackend`) so that
 /// the three parts cannot come from different backends.
 pub type BackendLoop<B> =
     EventLoop<<B as CmBackend>::Events, <B as CmBackend>::AsyncEvents, <B as CmBackend>::Id>;

@@ -34,7 +34,7 @@
 //! simulated fabric (`cm-mock`) alike.
 //!
 //! ```
-//! use cm_core::{AsyncEvent, AsyncEventType, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum};
+//! use cm_verbs::core::{AsyncEvent, AsyncEventType, CmEventType, CmId, NotifyError, NotifyOutcome, QpNum};
 //! use cm_verbs::{NotifyPump, Progress, PumpEvent, Role, Trigger};
 //!
 //! /// Stands for an accepted id whose RTU is lost: the kernel forces it once, then EISCONN.

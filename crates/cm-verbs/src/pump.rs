@@ -257,7 +257,7 @@ impl EarlyTriggers {
 /// that QP drops the entry and is treated as early.
 ///
 /// ```
-/// use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyError, NotifyOutcome, QpNum};
+/// use cm_verbs::core::{AsyncEvent, AsyncEventType, CmId, NotifyError, NotifyOutcome, QpNum};
 /// use cm_verbs::{NotifyPump, PumpEvent, Role, Trigger};
 ///
 /// struct Accepted; // stands for a backend's id in REP_SENT

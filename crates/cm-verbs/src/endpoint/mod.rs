@@ -251,7 +251,7 @@ enum Owner {
 /// share them, and every CM-bound asynchronous event is routed to the connection that
 /// owns its QP. A device's asynchronous events form one stream per process, so put every
 /// listener and connection on a device in one endpoint: the real backend refuses a
-/// second endpoint on a device ([`cm_core::CmError::Busy`]) rather than let the two
+/// second endpoint on a device ([`CmError::Busy`](crate::CmError::Busy)) rather than let the two
 /// split its COMM_ESTs.
 pub struct Endpoint<T: Transport> {
     transport: T,

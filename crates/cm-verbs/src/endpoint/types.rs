@@ -204,7 +204,7 @@ pub enum EstablishedVia {
 }
 
 /// When a connection passed the steps of its setup, on the transport's clock
-/// ([`Transport::now`](cm_core::Transport::now)). A step not (yet) passed, or one this
+/// ([`Transport::now`](crate::Transport::now)). A step not (yet) passed, or one this
 /// side never takes (address and route resolution on a passive side), is `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ConnTimes {
