@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn shutdown_stops_a_loop_on_a_real_channel_and_device() {
         const TEST: &str = "shutdown_stops_a_loop_on_a_real_channel_and_device";
-        let channel = match cm_verbs::sys::EventChannel::new() {
+        let channel = match cm_sys::EventChannel::new() {
             Ok(channel) => channel,
             Err(e) if e.is_no_device() => return skip(TEST, &e.to_string()),
             Err(e) => panic!("rdma_create_event_channel: {e}"),
@@ -363,8 +363,7 @@ mod tests {
 
         let (mut waiter, shutdown) = PollWaiter::new(&channel).unwrap();
         waiter.watch_async_events(&device).unwrap();
-        let mut event_loop =
-            EventLoop::new(channel, device, NotifyPump::<cm_verbs::sys::CmId>::new());
+        let mut event_loop = EventLoop::new(channel, device, NotifyPump::<cm_sys::CmId>::new());
         let stopper = std::thread::spawn(move || shutdown.request().unwrap());
         let mut events = 0;
         let exit = event_loop
