@@ -67,12 +67,6 @@ pub(super) enum Ready {
     Endpoint,
 }
 
-/// What a connection reports when asked (see [`Endpoint::take_conn_event`]).
-enum Take {
-    Event(Event),
-    Nothing,
-}
-
 impl<T: Transport> Endpoint<T> {
     /// Puts `conn` in the ready queue unless it is there already.
     pub(super) fn mark_ready(&mut self, conn: ConnectionId) {
@@ -167,7 +161,7 @@ impl<T: Transport> Endpoint<T> {
                         continue; // gone or queued again since: a stale entry
                     };
                     pending.ticket = 0;
-                    if let Take::Event(event) = self.take_conn_event(conn) {
+                    if let Some(event) = self.take_conn_event(conn) {
                         if self.has_pending(conn) {
                             self.mark_ready(conn);
                         }
@@ -181,16 +175,11 @@ impl<T: Transport> Endpoint<T> {
 
     /// `conn`'s next thing to report, in its order: request, established, messages,
     /// notify failure, sent, closed.
-    fn take_conn_event(&mut self, conn: ConnectionId) -> Take {
+    fn take_conn_event(&mut self, conn: ConnectionId) -> Option<Event> {
         if self.live(conn).is_some() {
-            if let Some(event) = self.take_live_event(conn) {
-                return Take::Event(event);
-            }
-            return Take::Nothing;
+            return self.take_live_event(conn);
         }
-        let Some(closed) = self.closed_mut(conn) else {
-            return Take::Nothing;
-        };
+        let closed = self.closed_mut(conn)?;
         if closed.pending.established {
             closed.pending.established = false;
             let (role, via) = (
@@ -198,7 +187,7 @@ impl<T: Transport> Endpoint<T> {
                 closed.established.unwrap_or(EstablishedVia::Handshake),
             );
             let private_data = std::mem::take(&mut closed.peer_private);
-            return Take::Event(Event::Established {
+            return Some(Event::Established {
                 conn,
                 role,
                 via,
@@ -207,14 +196,14 @@ impl<T: Transport> Endpoint<T> {
         }
         if let Some(data) = closed.inbox.pop_front() {
             self.held_messages -= 1;
-            return Take::Event(Event::Received { conn, data });
+            return Some(Event::Received { conn, data });
         }
         if closed.pending.sent > 0 {
             let completed = std::mem::take(&mut closed.pending.sent);
-            return Take::Event(Event::Sent { conn, completed });
+            return Some(Event::Sent { conn, completed });
         }
         let reason = self.free_closed(conn);
-        Take::Event(Event::Closed { conn, reason })
+        Some(Event::Closed { conn, reason })
     }
 
     fn take_live_event(&mut self, conn: ConnectionId) -> Option<Event> {
