@@ -88,11 +88,17 @@ impl<T: Transport> Endpoint<T> {
                 log::warn!("{conn}: re-arming the {kind:?} queue failed: {error}");
             }
         }
+        self.poll_queues(conn, &id, true);
+    }
+
+    /// Polls `conn`'s receive then send queue dry and handles each completion; with
+    /// `failures` off, failed completions are skipped (the connection is ending anyway).
+    fn poll_queues(&mut self, conn: ConnectionId, id: &T::Id, failures: bool) {
         for kind in [CqKind::Recv, CqKind::Send] {
             loop {
                 let mut batch = std::mem::take(&mut self.completions);
                 batch.clear();
-                let polled = self.transport.poll_cq(&id, kind, &mut batch, POLL_BATCH);
+                let polled = self.transport.poll_cq(id, kind, &mut batch, POLL_BATCH);
                 let n = match polled {
                     Ok(n) => n,
                     Err(error) => {
@@ -101,7 +107,9 @@ impl<T: Transport> Endpoint<T> {
                     }
                 };
                 for completion in batch.iter().copied() {
-                    self.on_completion(conn, completion);
+                    if failures || completion.is_success() {
+                        self.on_completion(conn, completion);
+                    }
                 }
                 self.completions = batch;
                 if n < POLL_BATCH || self.live(conn).is_none() {
@@ -175,25 +183,7 @@ impl<T: Transport> Endpoint<T> {
         let Some(id) = self.live(conn).map(|c| c.id.clone()) else {
             return;
         };
-        for kind in [CqKind::Recv, CqKind::Send] {
-            loop {
-                let mut batch = std::mem::take(&mut self.completions);
-                batch.clear();
-                let n = self
-                    .transport
-                    .poll_cq(&id, kind, &mut batch, POLL_BATCH)
-                    .unwrap_or(0);
-                for completion in batch.iter().copied() {
-                    if completion.is_success() {
-                        self.on_completion(conn, completion);
-                    }
-                }
-                self.completions = batch;
-                if n < POLL_BATCH || self.live(conn).is_none() {
-                    break;
-                }
-            }
-        }
+        self.poll_queues(conn, &id, false);
     }
 
     pub(super) fn on_cm_event(&mut self, event: T::Event) {
