@@ -16,7 +16,8 @@
 //!   once established; once they are sent and as many have come back it disconnects.
 //!   An address resolution that fails is retried on a new connection.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use cm_core::{AsyncEventType, CmError, QpNum, QueueCaps, Transport};
@@ -115,6 +116,8 @@ pub struct ConnRecord {
     pending: VecDeque<Vec<u8>>,
     /// When it is given up if nothing happens (set once established).
     idle_deadline: Option<Duration>,
+    /// Whether it has its entry in the session's idle heap.
+    idle_queued: bool,
     disconnect_called: bool,
 }
 
@@ -134,6 +137,7 @@ impl ConnRecord {
             failure: None,
             pending: VecDeque::new(),
             idle_deadline: None,
+            idle_queued: false,
             disconnect_called: false,
         }
     }
@@ -190,6 +194,12 @@ pub struct Session<T: Transport> {
     last_event: Duration,
     /// Connections established or ended without being established.
     settled: usize,
+    /// Connections ended (records with `closed` set).
+    closed: usize,
+    /// Idle deadlines, at most one entry per open connection: an entry earlier than
+    /// its connection's deadline is put back with the later one when it comes up, so
+    /// the earliest deadline is found without walking the connections.
+    idle: BinaryHeap<Reverse<(Duration, usize)>>,
 }
 
 impl<T: Transport> std::fmt::Debug for Session<T> {
@@ -219,6 +229,8 @@ impl<T: Transport> Session<T> {
             gave_up: false,
             last_event: Duration::ZERO,
             settled: 0,
+            closed: 0,
+            idle: BinaryHeap::new(),
         }
     }
 
@@ -322,6 +334,7 @@ impl<T: Transport> Session<T> {
                 conn.failure = Some(format!("connection {index}: connect: {error}"));
                 conn.closed = Some(CloseReason::Disconnected);
                 self.settled += 1;
+                self.closed += 1;
                 conn
             }
         };
@@ -336,21 +349,37 @@ impl<T: Transport> Session<T> {
     pub fn finished(&self) -> bool {
         self.aborted.is_some()
             || self.gave_up
-            || (self.conns.len() >= self.wanted() && self.conns.iter().all(ConnRecord::is_done))
+            || (self.conns.len() >= self.wanted() && self.closed == self.conns.len())
     }
 
     /// The earliest time the run must look again without an event: an established
     /// connection's idle deadline, or, once any connection exists (a server's first
     /// request), the end of the run's patience without any event.
-    fn next_deadline(&self) -> Option<Duration> {
-        let idle = self
-            .conns
-            .iter()
-            .filter(|c| !c.is_done())
-            .filter_map(|c| c.idle_deadline);
+    fn next_deadline(&mut self) -> Option<Duration> {
         let overall =
             (!self.conns.is_empty()).then(|| self.last_event.saturating_add(IDLE_TIMEOUT));
-        idle.chain(overall).min()
+        self.next_idle().into_iter().chain(overall).min()
+    }
+
+    /// The earliest idle deadline of an open connection (it is the heap's top); stale
+    /// heap entries are dropped or moved to their connection's later deadline on the
+    /// way (amortised O(log n)).
+    fn next_idle(&mut self) -> Option<Duration> {
+        while let Some(&Reverse((at, index))) = self.idle.peek() {
+            let conn = &mut self.conns[index];
+            match conn.idle_deadline {
+                Some(deadline) if !conn.is_done() && deadline > at => {
+                    self.idle.pop();
+                    self.idle.push(Reverse((deadline, index)));
+                }
+                Some(_) if !conn.is_done() => return Some(at),
+                _ => {
+                    conn.idle_queued = false;
+                    self.idle.pop();
+                }
+            }
+        }
+        None
     }
 
     /// Runs to the end, waiting in the endpoint for each event (and giving up on what
@@ -531,12 +560,31 @@ impl<T: Transport> Session<T> {
         };
         self.conns[index].received += 1;
         self.progress(index);
-        if self.plan.server && self.plan.messages == 0 {
-            self.conns[index].pending.push_back(data);
-        }
         // Also retried here: a send buffer freed without its own Sent event.
         self.flush_echoes(index);
+        if self.plan.server && self.plan.messages == 0 {
+            if self.conns[index].pending.is_empty() {
+                // The usual case: a free buffer, nothing queued (a queue allocates).
+                self.echo(index, data);
+            } else {
+                self.conns[index].pending.push_back(data);
+            }
+        }
         self.check_exchange_done(index);
+    }
+
+    /// Sends `data` back, or queues it until a send buffer is free.
+    fn echo(&mut self, index: usize, data: Vec<u8>) {
+        let Some(handle) = self.conns[index].handle else {
+            return;
+        };
+        match self.endpoint.send(handle, &data) {
+            Ok(()) => self.conns[index].sends_posted += 1,
+            Err(ConnError::SendQueueFull(_)) => self.conns[index].pending.push_back(data),
+            // A connection closed meanwhile has its Closed queued.
+            Err(ConnError::UnknownConnection(_)) => {}
+            Err(error) => self.give_up(index, format!("echo: {error}")),
+        }
     }
 
     /// Sends the echoes waiting for a buffer, until the send queue is full (a later
@@ -556,6 +604,10 @@ impl<T: Transport> Session<T> {
                 Err(ConnError::SendQueueFull(_) | ConnError::UnknownConnection(_)) => return,
                 Err(error) => return self.give_up(index, format!("echo: {error}")),
             }
+        }
+        // Drained: its memory goes too (a run may hold a million records).
+        if self.conns[index].pending.capacity() > 0 {
+            self.conns[index].pending = VecDeque::new();
         }
     }
 
@@ -610,7 +662,7 @@ impl<T: Transport> Session<T> {
 
     /// Whether the connection's exchange is complete (always, with no messages).
     fn exchanged(&self, conn: &ConnRecord) -> bool {
-        self.plan.messages == 0 || conn.span(Step::Exchange).end.is_some()
+        self.plan.messages == 0 || conn.span(Step::Exchange).end().is_some()
     }
 
     fn on_closed(&mut self, handle: ConnectionId, reason: CloseReason) {
@@ -681,29 +733,37 @@ impl<T: Transport> Session<T> {
             self.settled += 1;
         }
         conn.closed = Some(reason);
+        self.closed += 1;
     }
 
     /// Something happened on an established connection: its idle deadline moves.
     fn progress(&mut self, index: usize) {
         let deadline = self.now().saturating_add(IDLE_TIMEOUT);
-        self.conns[index].idle_deadline = Some(deadline);
+        let conn = &mut self.conns[index];
+        conn.idle_deadline = Some(deadline);
+        if !conn.idle_queued {
+            conn.idle_queued = true;
+            self.idle.push(Reverse((deadline, index)));
+        }
     }
 
     /// A deadline of the run passed with no event.
     fn expire(&mut self) {
         let now = self.now();
-        for index in 0..self.conns.len() {
+        while self.next_idle().is_some_and(|at| at <= now) {
+            let Some(Reverse((_, index))) = self.idle.pop() else {
+                break;
+            };
+            self.conns[index].idle_queued = false;
             let conn = &self.conns[index];
-            if !conn.is_done() && conn.idle_deadline.is_some_and(|d| d <= now) {
-                let messages = self.plan.messages;
-                let why = format!(
-                    "nothing happened for {} s (sent {}/{messages}, received {}/{messages})",
-                    IDLE_TIMEOUT.as_secs(),
-                    conn.sends_done,
-                    conn.received
-                );
-                self.give_up(index, why);
-            }
+            let messages = self.plan.messages;
+            let why = format!(
+                "nothing happened for {} s (sent {}/{messages}, received {}/{messages})",
+                IDLE_TIMEOUT.as_secs(),
+                conn.sends_done,
+                conn.received
+            );
+            self.give_up(index, why);
         }
         if self.last_event.saturating_add(IDLE_TIMEOUT) <= now && !self.finished() {
             // Connections that never came (server) or never ended: given up, the run

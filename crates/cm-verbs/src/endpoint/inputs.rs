@@ -168,6 +168,11 @@ impl<T: Transport> Endpoint<T> {
             self.close(conn, CloseReason::SetupFailed(error), true);
             return;
         }
+        if entry.inbox.capacity() == 0 {
+            // Room for one (a push would make room for four): most connections hold
+            // one message at a time, and a server may hold a million connections.
+            entry.inbox.reserve_exact(1);
+        }
         entry.inbox.push_back((slot, data));
         let deliverable = entry.state == ConnState::Established;
         self.held_messages += 1;

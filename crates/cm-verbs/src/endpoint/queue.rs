@@ -260,6 +260,10 @@ impl<T: Transport> Endpoint<T> {
             return None;
         }
         let (slot, data) = entry.inbox.pop_front()?;
+        if entry.inbox.is_empty() {
+            // An idle connection keeps no message memory (a server may hold a million).
+            entry.inbox = VecDeque::new();
+        }
         let posted = match entry.buffers.as_ref() {
             Some(buffers) => transport.post_recv(&entry.id, buffers, slot, u64::from(slot)),
             None => Ok(()),
