@@ -48,9 +48,12 @@ impl EchoFixture {
         let mut server = Endpoint::new(SimTransport::on_side(server));
         let mut client = Endpoint::new(SimTransport::on_side(client));
         let to = server.transport().addr(PORT);
-        server
-            .listen(to, ListenOptions::default())
-            .expect("a fresh node listens");
+        // Every connection is opened at once: all of them in setup together.
+        let options = ListenOptions {
+            max_in_setup: u32::MAX,
+            ..ListenOptions::default()
+        };
+        server.listen(to, options).expect("a fresh node listens");
         let mut client_conns: Vec<ConnectionId> = (0..=idle)
             .map(|_| {
                 client

@@ -305,6 +305,11 @@ impl<T: Transport> Session<T> {
             auto_accept: false,
             private_data: PrivateData::empty(),
             establish_timeout: self.plan.establish_timeout,
+            // Answered as they come; the run's own deadlines judge the rest.
+            request_timeout: None,
+            // Every connection of the plan may be in setup at once (the client starts
+            // them together, as cmtime does); a real server keeps the default bound.
+            max_in_setup: self.plan.connections.max(1),
         };
         let listener = self
             .endpoint

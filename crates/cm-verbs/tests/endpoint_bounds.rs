@@ -75,9 +75,12 @@ fn sim(config: SimConfig, seed: u64, main_serves: bool, behaviour: Behaviour) ->
 
 fn listen(server: &mut SimEndpoint) {
     let addr = server.transport().addr(PORT);
-    server
-        .listen(addr, ListenOptions::default())
-        .expect("listen");
+    // Some tests open thousands of connections at once: all of them in setup together.
+    let options = ListenOptions {
+        max_in_setup: u32::MAX,
+        ..ListenOptions::default()
+    };
+    server.listen(addr, options).expect("listen");
 }
 
 impl Sim {
@@ -472,4 +475,69 @@ fn a_request_whose_setup_fails_is_rejected_and_reported_with_its_errno() {
         ),
         "{ends:?}"
     );
+}
+
+#[test]
+fn a_request_flood_against_manual_accept_holds_at_most_max_in_setup() {
+    const BOUND: usize = 8;
+    const FLOOD: usize = 100;
+    let ends = Rc::new(RefCell::new(Vec::new()));
+    let noted = Rc::clone(&ends);
+    let note: Behaviour = Box::new(move |_, event| {
+        if let Event::Closed { reason, .. } = event {
+            noted.borrow_mut().push(reason);
+        }
+    });
+    let mut sim = sim(SimConfig::default(), 11, true, note);
+    // The server's application never answers: every request waits for it.
+    let options = ListenOptions {
+        auto_accept: false,
+        request_timeout: Some(Duration::from_secs(1)),
+        max_in_setup: BOUND as u32,
+        ..ListenOptions::default()
+    };
+    let addr = sim.main.transport().addr(PORT + 1);
+    sim.main.listen(addr, options).unwrap();
+    for _ in 0..FLOOD {
+        sim.peer
+            .borrow_mut()
+            .connect(addr, ConnectOptions::default())
+            .expect("connect");
+    }
+    let (mut requests, mut timed_out, mut most_held) = (0, 0, 0);
+    for _ in 0..300 {
+        sim.advance(Duration::from_millis(10));
+        while let Some(event) = sim.main.poll().unwrap() {
+            match event {
+                Event::Request { .. } => requests += 1,
+                Event::Closed {
+                    reason: CloseReason::TimedOut,
+                    ..
+                } => timed_out += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        most_held = most_held.max(sim.main.connection_count());
+    }
+    assert_eq!(most_held, BOUND, "never more than the bound in setup");
+    assert_eq!((requests, timed_out), (BOUND, BOUND));
+    let stats = sim.main.stats();
+    assert_eq!(stats.requests_refused, (FLOOD - BOUND) as u64, "{stats:?}");
+    assert_eq!((stats.connections, stats.queued()), (0, 0), "{stats:?}");
+    // Every client heard a REJ: the refused at once, the unanswered at the deadline.
+    let ends = ends.borrow();
+    assert_eq!(ends.len(), FLOOD);
+    assert!(
+        ends.iter()
+            .all(|r| matches!(r, CloseReason::Rejected { .. })),
+        "{ends:?}"
+    );
+    drop(ends);
+    // The bound frees with its connections: the next request is reported again.
+    sim.peer
+        .borrow_mut()
+        .connect(addr, ConnectOptions::default())
+        .unwrap();
+    let (event, _) = sim.first_event_watching_held(Duration::from_millis(10));
+    assert!(matches!(event, Event::Request { .. }), "{event:?}");
 }

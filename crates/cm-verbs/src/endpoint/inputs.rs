@@ -241,14 +241,32 @@ impl<T: Transport> Endpoint<T> {
                 return;
             }
         };
-        let Some(options) = self.listener_entry(listener).map(|l| l.options.clone()) else {
+        let Some(listening) = self.listener_entry_mut(listener) else {
             return;
         };
+        if listening.in_setup >= listening.options.max_in_setup {
+            // A flood holds no more than the bound: refused before anything is set up.
+            let bound = listening.options.max_in_setup;
+            self.requests_refused += 1;
+            log::debug!("{listener}: a request was refused, {bound} connections in setup");
+            if let Err(error) = self.transport.reject(&id, &[]) {
+                log::debug!("{listener}: reject: {error}");
+            }
+            return;
+        }
+        listening.in_setup += 1;
+        let options = listening.options.clone();
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
         entry.listener = Some(listener);
         entry.private = PrivateData::from(event.private_data());
+        if !options.auto_accept {
+            entry.deadline = options.request_timeout.map(|t| now.saturating_add(t));
+        }
         let conn = self.insert(entry);
+        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
+            self.deadlines.push(Reverse((deadline, conn)));
+        }
         if options.auto_accept {
             if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
                 let id = self.live(conn).map(|c| c.id.clone());
@@ -440,6 +458,8 @@ impl<T: Transport> Endpoint<T> {
             entry.private = PrivateData::from(private_data);
         }
         let passive = entry.role == Role::Passive;
+        let listener = entry.listener;
+        self.left_setup(listener);
         // Messages held until now follow the event: they are in the inbox already.
         self.mark_ready(conn);
         if passive {
@@ -471,6 +491,17 @@ impl<T: Transport> Endpoint<T> {
                 .live(conn)
                 .is_some_and(|c| c.state != ConnState::Established && c.deadline == Some(due));
             if applies {
+                let unanswered = self
+                    .live(conn)
+                    .filter(|c| c.state == ConnState::Requested)
+                    .map(|c| c.id.clone());
+                if let Some(id) = unanswered {
+                    // A request the application did not answer in time: the peer hears
+                    // a REJ now rather than retrying its REQ for a minute.
+                    if let Err(error) = self.transport.reject(&id, &[]) {
+                        log::debug!("{conn}: reject: {error}");
+                    }
+                }
                 self.close(conn, CloseReason::TimedOut, false);
                 expired += 1;
             }

@@ -85,6 +85,9 @@ pub struct ConnectionInfo<A> {
 struct Listener<T: Transport> {
     id: T::Id,
     options: ListenOptions,
+    /// Its connections in setup (requested or accepted, not yet established or
+    /// closed), at most `options.max_in_setup`.
+    in_setup: u32,
 }
 
 struct Conn<T: Transport> {
@@ -284,6 +287,8 @@ pub struct Endpoint<T: Transport> {
     closed_conns: usize,
     held_messages: usize,
     dropped_events: u64,
+    /// Requests rejected at once: their listener had its most connections in setup.
+    requests_refused: u64,
     options: EndpointOptions,
     completions: Vec<WorkCompletion>,
     /// When the transport asked to run its housekeeping again.
@@ -334,6 +339,7 @@ impl<T: Transport> Endpoint<T> {
             closed_conns: 0,
             held_messages: 0,
             dropped_events: 0,
+            requests_refused: 0,
             options,
             completions: Vec::with_capacity(POLL_BATCH),
             housekeeping_due: None,
@@ -394,6 +400,7 @@ impl<T: Transport> Endpoint<T> {
             accept_entries: self.accepted.len(),
             deadline_entries: self.deadlines.len(),
             dropped_events: self.dropped_events,
+            requests_refused: self.requests_refused,
         }
     }
 
@@ -428,7 +435,11 @@ impl<T: Transport> Endpoint<T> {
         let listener = ListenerId::new(index, self.listener_generations[index]);
         self.by_id
             .insert(self.transport.id_key(&id), Owner::Listener(listener));
-        self.listeners[index] = Some(Listener { id, options });
+        self.listeners[index] = Some(Listener {
+            id,
+            options,
+            in_setup: 0,
+        });
         self.live_listeners += 1;
         Ok(listener)
     }

@@ -185,6 +185,9 @@ impl<T: Transport> Endpoint<T> {
             return None;
         };
         self.live_conns -= 1;
+        if entry.state != ConnState::Established {
+            self.left_setup(entry.listener);
+        }
         self.by_id.remove(&self.transport.id_key(&entry.id));
         if let Some(qp) = entry.qp {
             self.by_qp.remove(&qp);
@@ -327,6 +330,23 @@ impl<T: Transport> Endpoint<T> {
         (self.listener_generations.get(index) == Some(&listener.generation()))
             .then(|| self.listeners[index].as_ref())
             .flatten()
+    }
+
+    /// `listener`'s entry, to change (`None` once closed).
+    pub(super) fn listener_entry_mut(&mut self, listener: ListenerId) -> Option<&mut Listener<T>> {
+        let index = listener.index();
+        if self.listener_generations.get(index) != Some(&listener.generation()) {
+            return None;
+        }
+        self.listeners[index].as_mut()
+    }
+
+    /// `conn` (of `listener`, if any) leaves its listener's setup count: it is
+    /// established or gone.
+    pub(super) fn left_setup(&mut self, listener: Option<ListenerId>) {
+        if let Some(entry) = listener.and_then(|l| self.listener_entry_mut(l)) {
+            entry.in_setup = entry.in_setup.saturating_sub(1);
+        }
     }
 
     /// Takes the listener out; its handle (and every copy) names nothing from now on.

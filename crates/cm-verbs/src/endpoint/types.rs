@@ -146,10 +146,22 @@ pub struct ListenOptions {
     /// closed with [`CloseReason::TimedOut`] (`None`: the CM's own REP retries decide,
     /// ~69 s to UNREACHABLE).
     pub establish_timeout: Option<Duration>,
+    /// Manual accept: how long a reported [`Event::Request`] may wait for the
+    /// application's answer before it is rejected (REJ) and closed with
+    /// [`CloseReason::TimedOut`] (`None`: until the application answers).
+    pub request_timeout: Option<Duration>,
+    /// Connections of this listener being set up at most: requests reported and not
+    /// answered, and accepted connections not yet established. A request past it is
+    /// rejected at once and counted in
+    /// [`EndpointStats::requests_refused`](crate::EndpointStats::requests_refused),
+    /// so a flood of requests holds at most this many connections' queues and
+    /// buffers, however long the peers keep retrying.
+    pub max_in_setup: u32,
 }
 
 impl Default for ListenOptions {
-    /// Backlog 64, default queues, automatic accept, no private data, no deadline.
+    /// Backlog 64, default queues, automatic accept, no private data, no establish
+    /// deadline, requests answered within 10 s, at most 1024 connections in setup.
     fn default() -> Self {
         ListenOptions {
             backlog: 64,
@@ -157,6 +169,8 @@ impl Default for ListenOptions {
             auto_accept: true,
             private_data: PrivateData::empty(),
             establish_timeout: None,
+            request_timeout: Some(Duration::from_secs(10)),
+            max_in_setup: 1024,
         }
     }
 }
@@ -493,6 +507,9 @@ pub struct EndpointStats {
     pub deadline_entries: usize,
     /// Events dropped because a bound was reached.
     pub dropped_events: u64,
+    /// Connection requests rejected at once because their listener had
+    /// [`ListenOptions::max_in_setup`] connections in setup.
+    pub requests_refused: u64,
 }
 
 impl EndpointStats {
