@@ -73,8 +73,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
                 "--quiet",
             ])
             .env("RUSTDOCFLAGS", "-D warnings"),
-        )
-        .map(|_| String::new())
+        )?;
+        crate::doc_examples::check()
     });
     steps.run("package", || {
         status(&mut cargo(&[

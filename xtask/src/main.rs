@@ -6,6 +6,7 @@ mod bench;
 mod ci;
 mod counts;
 mod deps;
+mod doc_examples;
 mod fuzz;
 mod run;
 mod tidy;
@@ -30,6 +31,8 @@ Commands:
                   runs every cargo-fuzz target in fuzz/ (or one) for N seconds each and
                   prints executions and findings (needs nightly and cargo-fuzz)
   deps            check (and, as root, install) the Debian packages in ci/apt-packages.txt
+  doc-examples    builds cm-verbs' doc examples and example programs in a scratch crate
+                  whose one dependency is cm-verbs (part of `ci`'s doc step)
   vm [--kernel 6.1|6.12] [--accel kvm|tcg|auto] [--timeout SECS] [--manifest FILE]
                   the real-device tests and RDMA CM smoke on the real Linux kernel:
                   soft-RoCE in a qemu VM (ci/vm/, kernels in ci/vm/kernels/); console in
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         "ci" => ci::run(rest),
         "fuzz" => fuzz::run(rest),
         "deps" => deps::ensure(&deps::host_packages()).map(|_| ()),
+        "doc-examples" => doc_examples::check().map(|summary| println!("{summary}")),
         "vm" => vm::run(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
