@@ -64,7 +64,7 @@ pub(crate) fn check() -> Result<String, String> {
     status(
         cargo(&["check", "--examples", "--quiet", "--manifest-path"])
             .arg(scratch.join("Cargo.toml"))
-            .env("CARGO_TARGET_DIR", target.join("doc-examples")),
+            .env("CARGO_TARGET_DIR", target),
     )
     .map_err(|e| {
         format!(
