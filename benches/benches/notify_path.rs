@@ -15,6 +15,10 @@
 //!   on a simulated connection while 0, 1k, 10k or 100k others sit idle.
 //! - `soak/*`: 10M messages echoed over 1k connections through the connection API;
 //!   queued events, held messages and RSS at the start, middle and end (untimed).
+//! - `million/*`: the workload of `cmnotify -c 1000000` (a million simulated
+//!   connections, both sides on the connection API) in a process of its own, started
+//!   with glibc's default memory settings: wall time and peak RSS (untimed by
+//!   criterion; not in smoke mode).
 //! - `real/*` (feature `rdma`, on a device): cm-sys `notify` on an established id and
 //!   the lost-RTU trigger to ESTABLISHED, pump against a hand-written loop.
 //!
@@ -31,8 +35,9 @@ use cm_benches::endpoint::{
 };
 use cm_benches::results::{record, Figure};
 use cm_benches::sim::{
-    established_connections, heap_kept_warm, minor_page_faults, scale_config, KernelLikeId,
-    SCALE_POINTS, SCALE_RTU_LOSS,
+    established_connections, heap_kept_warm, million_child, minor_page_faults, scale_config,
+    KernelLikeId, MILLION, MILLION_CHILD_VAR, MILLION_PEAK_RSS_MB, MILLION_SECONDS, SCALE_POINTS,
+    SCALE_RTU_LOSS,
 };
 use cm_benches::smoke_mode;
 use cm_core::{AsyncEvent, AsyncEventType, CmId, NotifyOutcome, QpNum};
@@ -387,6 +392,57 @@ fn endpoint_soak(_c: &mut Criterion) {
     ));
 }
 
+/// The million run in a process of its own (this binary again, told so by
+/// [`MILLION_CHILD_VAR`]): its peak RSS is the run's alone.
+fn million(_c: &mut Criterion) {
+    if smoke_mode() {
+        for key in [MILLION_SECONDS, MILLION_PEAK_RSS_MB] {
+            record(&Figure::skipped(
+                key,
+                "smoke mode: the million run is only in `cargo xtask bench`",
+            ));
+        }
+        return;
+    }
+    let child = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .env(MILLION_CHILD_VAR, "1")
+            // As a user runs it: glibc trims and maps as it does by default.
+            .env_remove("GLIBC_TUNABLES")
+            .output()
+    });
+    let printed = child
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| String::from_utf8(out.stdout).ok());
+    let fields: Option<Vec<u64>> = printed.as_deref().and_then(|text| {
+        text.split_whitespace()
+            .map(|f| f.parse().ok())
+            .collect::<Option<Vec<u64>>>()
+            .filter(|f| f.len() == 3)
+    });
+    let Some(&[nanos, rss, established]) = fields.as_deref() else {
+        for key in [MILLION_SECONDS, MILLION_PEAK_RSS_MB] {
+            record(&Figure::skipped(key, "the million run's process failed"));
+        }
+        return;
+    };
+    let note =
+        format!("{established} of {MILLION} established (every RTU lost, data sent, teardown)");
+    record(&Figure::measured(
+        MILLION_SECONDS,
+        nanos as f64 / 1e9,
+        "s",
+        &note,
+    ));
+    record(&Figure::measured(
+        MILLION_PEAK_RSS_MB,
+        rss as f64 / 1e6,
+        "MB",
+        &format!("{} bytes per connection; {note}", rss / u64::from(MILLION)),
+    ));
+}
+
 #[cfg(feature = "rdma")]
 fn real(c: &mut Criterion) {
     cm_benches::real::criterion_benches(c);
@@ -421,10 +477,14 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, endpoint_soak, real
+    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, endpoint_soak, million, real
 }
 
 fn main() {
+    if std::env::var_os(MILLION_CHILD_VAR).is_some() {
+        million_child();
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -186,6 +186,16 @@ impl Figures {
         ));
         for (figure, key, target) in [
             (
+                "1M simulated connections (cmnotify -c 1000000): wall time, s",
+                "million/seconds",
+                "< 10",
+            ),
+            (
+                "1M simulated connections: peak RSS, MB",
+                "million/peak_rss_mb",
+                "< 1000",
+            ),
+            (
                 "soak: RSS end / middle",
                 "soak/rss_end_over_middle",
                 "≤ 1.05",
