@@ -115,6 +115,43 @@ pub fn scale_config(connections: u32) -> SimRun {
     }
 }
 
+/// Figure key: wall time of one simulated run of a million connections (the workload
+/// of `cmnotify -c 1000000`), in its own process.
+pub const MILLION_SECONDS: &str = "million/seconds";
+/// Figure key: that process's peak resident set, MB.
+pub const MILLION_PEAK_RSS_MB: &str = "million/peak_rss_mb";
+/// Connections of the million run.
+pub const MILLION: u32 = 1_000_000;
+/// Set in the environment of the process the bench starts for the million run.
+pub const MILLION_CHILD_VAR: &str = "CMNOTIFY_BENCH_MILLION_CHILD";
+
+/// The process's peak resident set (`VmHWM` of `/proc/self/status`), bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The million run as `cmnotify -c 1000000` runs it (its defaults: every RTU lost,
+/// data sent, teardown); prints `<nanoseconds> <peak RSS bytes> <established>` for the
+/// process that started this one. Its own process, so the peak is the run's alone.
+pub fn million_child() {
+    let config = cm_tools::sim_run::SimRun {
+        connections: MILLION,
+        ..cm_tools::sim_run::SimRun::default()
+    };
+    let started = std::time::Instant::now();
+    let report = cm_tools::sim_run::run(&config);
+    let took = started.elapsed();
+    println!(
+        "{} {} {}",
+        took.as_nanos(),
+        peak_rss_bytes().unwrap_or(0),
+        report.established()
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,41 +190,4 @@ mod tests {
         assert_eq!(report.teardown_failures, 0);
         assert!(report.forced() > 0, "10% of 200 RTUs lost: some forced");
     }
-}
-
-/// Figure key: wall time of one simulated run of a million connections (the workload
-/// of `cmnotify -c 1000000`), in its own process.
-pub const MILLION_SECONDS: &str = "million/seconds";
-/// Figure key: that process's peak resident set, MB.
-pub const MILLION_PEAK_RSS_MB: &str = "million/peak_rss_mb";
-/// Connections of the million run.
-pub const MILLION: u32 = 1_000_000;
-/// Set in the environment of the process the bench starts for the million run.
-pub const MILLION_CHILD_VAR: &str = "CMNOTIFY_BENCH_MILLION_CHILD";
-
-/// The process's peak resident set (`VmHWM` of `/proc/self/status`), bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// The million run as `cmnotify -c 1000000` runs it (its defaults: every RTU lost,
-/// data sent, teardown); prints `<nanoseconds> <peak RSS bytes> <established>` for the
-/// process that started this one. Its own process, so the peak is the run's alone.
-pub fn million_child() {
-    let config = cm_tools::sim_run::SimRun {
-        connections: MILLION,
-        ..cm_tools::sim_run::SimRun::default()
-    };
-    let started = std::time::Instant::now();
-    let report = cm_tools::sim_run::run(&config);
-    let took = started.elapsed();
-    println!(
-        "{} {} {}",
-        took.as_nanos(),
-        peak_rss_bytes().unwrap_or(0),
-        report.established()
-    );
 }
