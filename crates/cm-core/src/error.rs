@@ -19,6 +19,8 @@ pub mod errno {
     pub const ENOMEM: i32 = 12;
     /// Device or resource busy.
     pub const EBUSY: i32 = 16;
+    /// Resource deadlock avoided: a wait that nothing could ever end.
+    pub const EDEADLK: i32 = 35;
     /// No such device.
     pub const ENODEV: i32 = 19;
     /// Invalid argument: the id is not in a state that takes the event.
@@ -42,6 +44,7 @@ pub mod errno {
             EAGAIN => "EAGAIN",
             ENOMEM => "ENOMEM",
             EBUSY => "EBUSY",
+            EDEADLK => "EDEADLK",
             ENODEV => "ENODEV",
             EINVAL => "EINVAL",
             ENODATA => "ENODATA",
@@ -184,6 +187,14 @@ pub enum CmError {
         /// What is in the way.
         reason: &'static str,
     },
+    /// A wait without a deadline on a source where nothing can ever happen: the
+    /// simulated fabric with no message, event or timer pending (a real device never
+    /// answers this; refused rather than hanging). Its errno is `EDEADLK`.
+    #[error("{op} refused: nothing is pending, the wait would never end")]
+    Idle {
+        /// The refused call.
+        op: &'static str,
+    },
     /// The arguments are invalid before anything reaches the CM.
     #[error("{op} refused: {reason}")]
     InvalidArgument {
@@ -222,6 +233,7 @@ impl CmError {
             CmError::NoDevice { errno, .. } | CmError::Os { errno, .. } => errno.0,
             CmError::UnackedEvents { .. } | CmError::Busy { .. } => errno::EBUSY,
             CmError::Gone { .. } => errno::ENXIO,
+            CmError::Idle { .. } => errno::EDEADLK,
             CmError::InvalidArgument { .. } => errno::EINVAL,
         }
     }

@@ -541,3 +541,15 @@ fn a_request_flood_against_manual_accept_holds_at_most_max_in_setup() {
     let (event, _) = sim.first_event_watching_held(Duration::from_millis(10));
     assert!(matches!(event, Event::Request { .. }), "{event:?}");
 }
+
+#[test]
+fn waiting_forever_on_an_idle_fabric_answers_idle_and_a_timeout_answers_none() {
+    let mut sim = sim(SimConfig::default(), 12, true, Box::new(|_, _| {}));
+    // Listening, nobody connecting: nothing can ever happen.
+    let forever = sim.main.next_event(None);
+    assert!(
+        matches!(forever, Err(ConnError::Cm(cm_verbs::CmError::Idle { .. }))),
+        "{forever:?}"
+    );
+    assert!(matches!(sim.main.next_event(SECOND), Ok(None)));
+}

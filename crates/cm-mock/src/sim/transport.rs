@@ -680,12 +680,7 @@ impl Transport for SimTransport {
                     fabric.advance(deadline.saturating_sub(fabric.now()));
                     return Ok(false);
                 }
-                (None, None) => {
-                    return Err(CmError::Busy {
-                        op: "wait",
-                        reason: "the simulated fabric is idle: nothing can ever happen",
-                    })
-                }
+                (None, None) => return Err(CmError::Idle { op: "wait" }),
             }
         }
     }

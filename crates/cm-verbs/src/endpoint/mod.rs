@@ -611,7 +611,10 @@ impl<T: Transport> Endpoint<T> {
 
     /// The next event, waiting at most `timeout` (`None`: as long as it takes);
     /// `Ok(None)` when the timeout passed. Events come in order per connection;
-    /// connections with something to report take turns. O(1) amortised.
+    /// connections with something to report take turns. O(1) amortised. On the
+    /// simulated fabric, a wait with no timeout when nothing is pending at all (no
+    /// message, event or timer) answers [`CmError::Idle`](crate::CmError::Idle) at once
+    /// instead of hanging.
     pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ConnError> {
         match self.wait_for(timeout, |ep| ep.try_next_event().map(Ok)) {
             Ok(event) => Ok(Some(event)),
@@ -691,7 +694,7 @@ impl<T: Transport> Endpoint<T> {
                 Ok(_) => {}
                 // The simulation: nothing can ever happen. With a deadline that is a
                 // timeout; without one the wait would never end.
-                Err(cm_core::CmError::Busy { .. }) if deadline.is_some() => {
+                Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
                     return Err(ConnError::Timeout)
                 }
                 Err(e) => return Err(e.into()),
