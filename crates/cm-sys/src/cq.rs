@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cm_core::{CmError, Errno};
 
-use crate::ffi;
 use crate::device::DeviceRef;
+use crate::ffi;
 use crate::id::CmId;
 
 /// How many completion events of one CQ are acknowledged at once

@@ -37,7 +37,10 @@ impl DeviceMonitor {
             )
         };
         if fd < 0 {
-            return Err(CmError::from_errno("socket(NETLINK_KOBJECT_UEVENT)", ffi::last_errno()));
+            return Err(CmError::from_errno(
+                "socket(NETLINK_KOBJECT_UEVENT)",
+                ffi::last_errno(),
+            ));
         }
         // SAFETY: `fd` was just created and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -55,7 +58,10 @@ impl DeviceMonitor {
             )
         };
         if ret != 0 {
-            return Err(CmError::from_errno("bind(NETLINK_KOBJECT_UEVENT)", ffi::last_errno()));
+            return Err(CmError::from_errno(
+                "bind(NETLINK_KOBJECT_UEVENT)",
+                ffi::last_errno(),
+            ));
         }
         Ok(DeviceMonitor { fd })
     }
@@ -123,14 +129,17 @@ mod tests {
     fn only_rdma_removals_count() {
         let verbs = b"remove@/devices/virtual/infiniband/rxeB/infiniband_verbs/uverbs1\0ACTION=remove\0DEVPATH=/devices/virtual/infiniband/rxeB/infiniband_verbs/uverbs1\0SUBSYSTEM=infiniband_verbs\0MAJOR=231\0";
         assert!(announces_rdma_removal(verbs));
-        let device = b"remove@/devices/virtual/infiniband/rxeB\0ACTION=remove\0SUBSYSTEM=infiniband\0";
+        let device =
+            b"remove@/devices/virtual/infiniband/rxeB\0ACTION=remove\0SUBSYSTEM=infiniband\0";
         assert!(announces_rdma_removal(device));
         let added = b"add@/devices/virtual/infiniband/rxeB/infiniband_verbs/uverbs1\0ACTION=add\0SUBSYSTEM=infiniband_verbs\0";
         assert!(!announces_rdma_removal(added));
         let netdev = b"remove@/devices/virtual/net/vethB\0ACTION=remove\0SUBSYSTEM=net\0";
         assert!(!announces_rdma_removal(netdev));
         assert!(!announces_rdma_removal(b""));
-        assert!(!announces_rdma_removal(b"remove@/x\0SUBSYSTEM=infiniband_verbsX\0"));
+        assert!(!announces_rdma_removal(
+            b"remove@/x\0SUBSYSTEM=infiniband_verbsX\0"
+        ));
     }
 
     #[test]

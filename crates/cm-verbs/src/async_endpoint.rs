@@ -113,11 +113,12 @@ impl AsyncEndpoint {
     fn sync_fds(&mut self) {
         let devices = self.endpoint.devices();
         // Compared before anything is allocated: this runs on every wait.
-        if self
-            .serials
-            .as_ref()
-            .is_some_and(|serials| serials.iter().copied().eq(devices.iter().map(|d| d.serial())))
-        {
+        if self.serials.as_ref().is_some_and(|serials| {
+            serials
+                .iter()
+                .copied()
+                .eq(devices.iter().map(|d| d.serial()))
+        }) {
             return;
         }
         let serials: Vec<u64> = devices.iter().map(|d| d.serial()).collect();

@@ -91,7 +91,9 @@ fn removal_returns(device: &str, mut drive: impl FnMut()) -> bool {
     loop {
         match finished.try_recv() {
             Ok(status) => {
-                report(&format!("lifecycle: `timeout 10 rdma link delete`: {status}"));
+                report(&format!(
+                    "lifecycle: `timeout 10 rdma link delete`: {status}"
+                ));
                 return status.success();
             }
             Err(mpsc::TryRecvError::Empty) => drive(),
@@ -128,10 +130,15 @@ fn an_idle_client_whose_last_connection_closed_lets_its_device_go() {
     let (stop, server_stop) = mpsc::channel::<()>();
     let server = std::thread::spawn(move || {
         let mut server = common::endpoint();
-        let listener = server.listen(listen, ListenOptions::default()).expect("listen");
+        let listener = server
+            .listen(listen, ListenOptions::default())
+            .expect("listen");
         listening.send(()).expect("listening");
         let accepted = server.accept(WAIT).expect("accept");
-        assert!(matches!(server.recv(accepted, WAIT), Err(ConnError::Closed { .. })));
+        assert!(matches!(
+            server.recv(accepted, WAIT),
+            Err(ConnError::Closed { .. })
+        ));
         server_stop.recv().expect("stop");
         server.close_listener(listener).expect("close listener");
     });
@@ -140,9 +147,16 @@ fn an_idle_client_whose_last_connection_closed_lets_its_device_go() {
     let conn = common::connected(&mut client, addrs.addr_b, listen);
     client.disconnect(conn).expect("disconnect");
     // The client is idle, with nothing on its device.
-    assert_eq!(client.device_count(), 0, "the idle client holds no device reader");
+    assert_eq!(
+        client.device_count(),
+        0,
+        "the idle client holds no device reader"
+    );
 
-    let _add_back = AddBack { device: device.clone(), netdev };
+    let _add_back = AddBack {
+        device: device.clone(),
+        netdev,
+    };
     let returned = removal_returns(&device, || drive_once("client", &mut client));
     assert!(returned, "rdma link delete {device} returned within 10 s");
     stop.send(()).expect("stop");
@@ -173,8 +187,14 @@ fn a_wildcard_listener_whose_first_connection_closed_lets_the_device_go() {
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let wildcard = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7532);
     let mut server = common::endpoint();
-    let listener = server.listen(wildcard, ListenOptions::default()).expect("listen");
-    assert_eq!(server.device_count(), 0, "a wildcard listener has no device");
+    let listener = server
+        .listen(wildcard, ListenOptions::default())
+        .expect("listen");
+    assert_eq!(
+        server.device_count(),
+        0,
+        "a wildcard listener has no device"
+    );
     let src = addrs.addr_b;
     let dst = SocketAddr::new(addrs.addr_a, 7532);
     let client = std::thread::spawn(move || {
@@ -183,11 +203,21 @@ fn a_wildcard_listener_whose_first_connection_closed_lets_the_device_go() {
         client.disconnect(conn).expect("disconnect");
     });
     let conn = server.accept(WAIT).expect("accept");
-    assert!(matches!(server.recv(conn, WAIT), Err(ConnError::Closed { .. })));
+    assert!(matches!(
+        server.recv(conn, WAIT),
+        Err(ConnError::Closed { .. })
+    ));
     client.join().expect("client thread");
-    assert_eq!(server.device_count(), 0, "the device's reader closed with its connection");
+    assert_eq!(
+        server.device_count(),
+        0,
+        "the device's reader closed with its connection"
+    );
 
-    let _add_back = AddBack { device: device.clone(), netdev };
+    let _add_back = AddBack {
+        device: device.clone(),
+        netdev,
+    };
     let returned = removal_returns(&device, || drive_once("server", &mut server));
     assert!(returned, "rdma link delete {device} returned within 10 s");
     // The wildcard listener lives on.
@@ -219,13 +249,23 @@ fn a_closed_device_bound_listener_lets_its_device_go() {
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let mut server = common::endpoint();
     let listener = server
-        .listen(SocketAddr::new(addrs.addr_a, 7533), ListenOptions::default())
+        .listen(
+            SocketAddr::new(addrs.addr_a, 7533),
+            ListenOptions::default(),
+        )
         .expect("listen");
     assert_eq!(server.device_count(), 1);
     server.close_listener(listener).expect("close listener");
-    assert_eq!(server.device_count(), 0, "the reader closed with its only listener");
+    assert_eq!(
+        server.device_count(),
+        0,
+        "the reader closed with its only listener"
+    );
 
-    let _add_back = AddBack { device: device.clone(), netdev };
+    let _add_back = AddBack {
+        device: device.clone(),
+        netdev,
+    };
     let returned = removal_returns(&device, || drive_once("server", &mut server));
     assert!(returned, "rdma link delete {device} returned within 10 s");
     drop(server);
@@ -250,10 +290,13 @@ fn close_listener_then_listen_on_the_same_address() {
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let addr = SocketAddr::new(addrs.addr_a, 7534);
     let mut server = common::endpoint();
-    let first = server.listen(addr, ListenOptions::default()).expect("listen");
+    let first = server
+        .listen(addr, ListenOptions::default())
+        .expect("listen");
     server.close_listener(first).expect("close listener");
     let (refused_tx, refused_rx) = mpsc::channel();
     let (again, listening_again) = mpsc::channel::<()>();
+    let (checked, server_checked) = mpsc::channel::<()>();
     let src = addrs.addr_b;
     let client = std::thread::spawn(move || {
         let mut client = common::endpoint();
@@ -261,13 +304,19 @@ fn close_listener_then_listen_on_the_same_address() {
         let refused = client.connect(addr, common::from(src)).expect("connect");
         let refused = client.established(refused, WAIT);
         refused_tx.send(format!("{refused:?}")).expect("refused");
-        assert!(matches!(refused, Err(ConnError::Closed { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(ConnError::Closed { .. })),
+            "{refused:?}"
+        );
         listening_again.recv().expect("listening again");
         let conn = common::connected(&mut client, src, addr);
+        server_checked.recv().expect("checked");
         client.disconnect(conn).expect("disconnect");
     });
     let refused = refused_rx.recv().expect("the refused request's end");
-    report(&format!("lifecycle: a request to the closed listener: {refused}"));
+    report(&format!(
+        "lifecycle: a request to the closed listener: {refused}"
+    ));
     // The same address at once: no EADDRINUSE, and it serves.
     let second = server
         .listen(addr, ListenOptions::default())
@@ -275,6 +324,7 @@ fn close_listener_then_listen_on_the_same_address() {
     again.send(()).expect("again");
     let accepted = server.accept(WAIT).expect("accept");
     assert_eq!(server.info(accepted).expect("info").listener, Some(second));
+    checked.send(()).expect("checked");
     let _ = server.recv(accepted, WAIT);
     client.join().expect("client thread");
     server.close_listener(second).expect("close listener");
@@ -316,7 +366,9 @@ fn an_async_accept_returns_its_connection_with_the_descriptor_limit_reached() {
         ready.send(()).expect("ready");
         client_go.recv().expect("go");
         let conn = common::connected(&mut client, src, dst);
-        client.send(conn, b"with no descriptor to spare").expect("send");
+        client
+            .send(conn, b"with no descriptor to spare")
+            .expect("send");
         let _ = client.recv(conn, WAIT);
         client.close_listener(warm).expect("close listener");
     });
@@ -341,7 +393,10 @@ fn an_async_accept_returns_its_connection_with_the_descriptor_limit_reached() {
             hoard.push(file);
         }
         hoard.truncate(hoard.len().saturating_sub(2));
-        report(&format!("lifecycle: {} descriptors taken up to the limit", hoard.len()));
+        report(&format!(
+            "lifecycle: {} descriptors taken up to the limit",
+            hoard.len()
+        ));
         go.send(()).expect("go");
         let conn = tokio::time::timeout(Duration::from_secs(30), server.accept())
             .await

@@ -571,7 +571,10 @@ fn a_device_reader_is_closed_with_the_last_listener_and_connection_on_it() {
     // The client's side: its connection ends with the server's disconnect.
     let mut client = pair.client.borrow_mut();
     while client.connection_count() > 0 {
-        client.next_event(SECOND).unwrap().expect("the close within the wait");
+        client
+            .next_event(SECOND)
+            .unwrap()
+            .expect("the close within the wait");
     }
     assert_eq!(client.device_count(), 0, "an idle client holds no device");
     drop(client);

@@ -782,9 +782,7 @@ impl<T: Transport> Endpoint<T> {
         let wanted = self.transport.wants_housekeeping();
         if wanted || self.device_released || self.housekeeping_due.is_some() {
             let now = self.transport.now();
-            if wanted
-                || self.device_released
-                || self.housekeeping_due.is_some_and(|due| due <= now)
+            if wanted || self.device_released || self.housekeeping_due.is_some_and(|due| due <= now)
             {
                 self.device_released = false;
                 self.housekeeping_due = self
