@@ -20,7 +20,7 @@
 //! of a listed device open even with no user, until a device-list refresh finds the
 //! device gone, and the kernel's removal of a soft-RoCE device waits for that close.
 //! So the transport also watches the kernel's announcements of device removals
-//! ([`cm_sys::DeviceMonitor`], in the same `poll(2)`) and refreshes the list when one
+//! ([`crate::sys::DeviceMonitor`], in the same `poll(2)`) and refreshes the list when one
 //! comes, retrying for a few seconds: `rdma link delete` returns while the process
 //! lives, whether the removal reached one of its ids (DEVICE_REMOVAL) or none.
 
