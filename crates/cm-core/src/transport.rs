@@ -182,6 +182,24 @@ pub trait Transport {
     fn release_device(&mut self, device: Self::Device) {
         drop(device);
     }
+    /// The caller is done with `id` (a listener it closed): no handle of it is used
+    /// again. The default drops it (the real backend destroys an id with its last
+    /// handle, which frees its address); a backend whose ids outlive their handles
+    /// destroys it here.
+    fn release_id(&mut self, id: Self::Id) {
+        drop(id);
+    }
+    /// Takes back the reader of a device still there that nothing of the caller's uses
+    /// any more (its last listener and connection closed). The default drops it.
+    fn close_device(&mut self, device: Self::Device) {
+        drop(device);
+    }
+    /// Whether the transport has housekeeping to do now ([`Transport::housekeeping`]),
+    /// learnt while it waited (the real backend: the kernel announced a device's
+    /// removal). Read on every pass: cheap. The default: never.
+    fn wants_housekeeping(&self) -> bool {
+        false
+    }
     /// Work the transport finishes on its own after a device went away (the real
     /// backend lets librdmacm close the removed device's context, which the kernel's
     /// removal waits for). Called on every pass of the connection layer; returns how

@@ -19,8 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cm_core::{CmError, Errno};
 
+use crate::device::DeviceRef;
 use crate::ffi;
-use crate::id::{CmId, IdInner};
+use crate::id::CmId;
 
 /// How many completion events of one CQ are acknowledged at once
 /// (`ibv_ack_cq_events` takes a mutex: once per event would be wasteful).
@@ -56,6 +57,8 @@ pub enum CqKind {
 pub(crate) struct ChannelCore {
     raw: NonNull<ffi::ibv_comp_channel>,
     context: NonNull<ffi::ibv_context>,
+    /// Keeps the device context open until the channel (and so every CQ on it) is gone.
+    _device: Arc<DeviceRef>,
     /// Held across each `ibv_get_cq_event` and the count that follows it, and across the
     /// final acknowledgement and destroy of each CQ on the channel.
     events: Mutex<()>,
@@ -193,12 +196,12 @@ impl Drop for OwnedCq {
 /// (acknowledgement is batched by the channel), re-arm the CQ each token names
 /// ([`CmId::arm_cq`]), then poll it until empty ([`CmId::poll_cq`]).
 ///
-/// Keeps the device context open (it holds the id it was created from, as
-/// [`crate::AsyncEvents`] does). Any id on the same device can put its CQs on it;
-/// dropping the channel while such CQs exist keeps it open until the last is destroyed.
+/// Keeps the device context open (a reference librdmacm counts, as
+/// [`crate::AsyncEvents`] holds), not the id it was made from. Any id on the same device
+/// can put its CQs on it; dropping the channel while such CQs exist keeps it (and the
+/// context) open until the last is destroyed.
 pub struct CompletionChannel {
     core: Arc<ChannelCore>,
-    _id: Arc<IdInner>,
 }
 
 impl std::fmt::Debug for CompletionChannel {
@@ -216,23 +219,27 @@ impl CompletionChannel {
     /// [`CmError::InvalidArgument`] before the id is bound to a device (bound, resolved,
     /// or a connection request's id).
     pub fn new(id: &CmId) -> Result<CompletionChannel, CmError> {
+        let context = id.device_context("ibv_create_comp_channel")?;
+        Self::on(DeviceRef::take(context)?)
+    }
+
+    /// A channel on the device `device` keeps open.
+    pub(crate) fn on(device: Arc<DeviceRef>) -> Result<CompletionChannel, CmError> {
         const OP: &str = "ibv_create_comp_channel";
-        let context = id.device_context(OP)?;
-        // SAFETY: the context is live while the id is, which the channel keeps.
+        let context = device.context();
+        // SAFETY: the context is open while `device` is, which the channel keeps.
         let raw = unsafe { ffi::ibv_create_comp_channel(context.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| CmError::from_errno(OP, ffi::last_errno()))?;
         let core = Arc::new(ChannelCore {
             raw,
             context,
+            _device: device,
             events: Mutex::new(()),
         });
         // On failure `core` drops and destroys the fresh channel.
         ffi::set_nonblocking(core.fd(), true)
             .map_err(|e| CmError::from_errno("fcntl(F_SETFL)", e))?;
-        Ok(CompletionChannel {
-            core,
-            _id: Arc::clone(id.inner()),
-        })
+        Ok(CompletionChannel { core })
     }
 
     pub(crate) fn core(&self) -> &Arc<ChannelCore> {

@@ -2,18 +2,22 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cm_core::{AsyncEvent, CmError, EventObject};
 
 use crate::ffi::{self, RawAsyncEvent};
-use crate::id::IdInner;
 use crate::poll::{wait_then_read, Attempt};
 
 /// The asynchronous event stream of the device an id is bound to (`id->verbs`), from
 /// [`crate::CmId::async_events`].
+///
+/// It holds the device's context open (a reference librdmacm counts, as it counts its
+/// ids), not the id it was made from: that id is destroyed with its last handle, and a
+/// reader that outlives every id of the device keeps only the context (so drop it once
+/// nothing of yours uses the device, and the device can be removed).
 ///
 /// Each event is copied out (type, and the QP number for QP events, the object's handle
 /// for CQ/SRQ/WQ events, the port otherwise) and acknowledged with
@@ -34,12 +38,12 @@ pub struct AsyncEvents {
     context: NonNull<ffi::ibv_context>,
     /// The descriptor's `O_NONBLOCK`, as this source last saw or set it.
     nonblocking: AtomicBool,
-    /// Keeps the device context open: librdmacm releases it with its last id.
-    _id: Arc<IdInner>,
+    /// Keeps the device context open.
+    device: Arc<DeviceRef>,
 }
 
 // SAFETY: the context is only used for ibv_get_async_event/ibv_ack_async_event and
-// fcntl/poll on its async_fd, all thread-safe in libibverbs; the id keeps it alive.
+// fcntl/poll on its async_fd, all thread-safe in libibverbs; `device` keeps it open.
 unsafe impl Send for AsyncEvents {}
 
 impl std::fmt::Debug for AsyncEvents {
@@ -51,16 +55,12 @@ impl std::fmt::Debug for AsyncEvents {
 }
 
 impl AsyncEvents {
-    /// # Safety
-    /// `context` is the live device context of `id`, open at least as long as `id` is.
-    pub(crate) unsafe fn new(
-        context: NonNull<ffi::ibv_context>,
-        id: Arc<IdInner>,
-    ) -> Result<Self, CmError> {
+    /// The events of the device `device` keeps open.
+    pub(crate) fn new(device: Arc<DeviceRef>) -> Result<Self, CmError> {
         let events = AsyncEvents {
-            context,
+            context: device.context(),
             nonblocking: AtomicBool::new(false),
-            _id: id,
+            device,
         };
         let nonblocking = ffi::is_nonblocking(events.fd())
             .map_err(|e| CmError::from_errno("fcntl(F_GETFL)", e))?;
@@ -73,14 +73,27 @@ impl AsyncEvents {
         crate::cq::DeviceKey::of(self.context)
     }
 
+    /// A completion channel on the same device, sharing this source's hold on the
+    /// device context.
+    pub fn completion_channel(&self) -> Result<crate::CompletionChannel, CmError> {
+        crate::CompletionChannel::on(Arc::clone(&self.device))
+    }
+
+    /// A number unique in the process to the device reference this source holds: a
+    /// device removed and opened again gets a new one, even if its context and
+    /// descriptors reuse the old numbers.
+    pub fn device_serial(&self) -> u64 {
+        self.device.serial()
+    }
+
     /// The device's name (`ibv_get_device_name`, e.g. `rxe0`, `mlx5_0`).
     pub fn device_name(&self) -> String {
-        // SAFETY: the context is live while `_id` is.
+        // SAFETY: the context is open while `device` is.
         unsafe { context_device_name(self.context.as_ptr()) }.unwrap_or_default()
     }
 
     fn fd(&self) -> RawFd {
-        // SAFETY: the context is live while `_id` is; async_fd is set once at open.
+        // SAFETY: the context is open while `device` is; async_fd is set once at open.
         unsafe { (*self.context.as_ptr()).async_fd }
     }
 
@@ -182,6 +195,116 @@ pub(crate) unsafe fn decode(raw: &RawAsyncEvent) -> AsyncEvent {
             }
         }
     })
+}
+
+/// A counted reference to librdmacm's context of one device, held without any CM id.
+///
+/// librdmacm opens one `ibv_context` per device and counts its users: every id bound to
+/// the device, and every entry of a list from `rdma_get_devices` until
+/// `rdma_free_devices`. This takes one such entry (the list's other entries are given
+/// back at once), so the context stays open while the reference lives, whatever happens
+/// to the ids that found the device; dropping it gives the entry back. A removed device
+/// whose context has no user left is closed by librdmacm at the next device-list
+/// refresh ([`refresh_devices`]).
+pub(crate) struct DeviceRef {
+    context: NonNull<ffi::ibv_context>,
+    /// A one-entry, NULL-terminated, `malloc`ed list naming `context`, given to
+    /// `rdma_free_devices` on drop (which frees it).
+    list: NonNull<*mut ffi::ibv_context>,
+    /// This reference's number, unique in the process.
+    serial: u64,
+}
+
+// SAFETY: the reference only keeps the context open; the context's own calls used
+// through it (async events, completion channels) are thread-safe in libibverbs, and
+// rdma_get_devices/rdma_free_devices take librdmacm's global lock.
+unsafe impl Send for DeviceRef {}
+// SAFETY: see Send; the fields are never written after creation.
+unsafe impl Sync for DeviceRef {}
+
+/// The next [`DeviceRef::serial`].
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+impl DeviceRef {
+    /// A reference on librdmacm's context `context` (an id's `verbs`); ENODEV when
+    /// librdmacm no longer lists it (the device went away).
+    pub(crate) fn take(context: NonNull<ffi::ibv_context>) -> Result<Arc<DeviceRef>, CmError> {
+        const OP: &str = "rdma_get_devices";
+        // SAFETY: a single pointer-sized allocation for our list; checked for NULL.
+        let ours = unsafe { libc::malloc(2 * size_of::<*mut ffi::ibv_context>()) }
+            .cast::<*mut ffi::ibv_context>();
+        let Some(ours) = NonNull::new(ours) else {
+            return Err(CmError::from_errno(OP, libc::ENOMEM));
+        };
+        let mut count = 0;
+        // SAFETY: plain call; a NULL-terminated, malloc'ed array (or NULL), every entry
+        // counted as a user of its device until given back with rdma_free_devices.
+        let list = unsafe { ffi::rdma_get_devices(&mut count) };
+        if list.is_null() {
+            let errno = ffi::last_errno();
+            // SAFETY: allocated above, not handed out.
+            unsafe { libc::free(ours.as_ptr().cast()) };
+            return Err(CmError::from_errno(OP, errno));
+        }
+        // Our entry leaves the list (the others move up); the rest is given back.
+        let mut found = false;
+        let (mut read, mut write) = (0, 0);
+        loop {
+            // SAFETY: `list` is NULL-terminated and `read` has not passed the NULL;
+            // `write <= read`, so both stay inside the array.
+            let entry = unsafe { *list.add(read) };
+            if entry.is_null() {
+                // SAFETY: as above.
+                unsafe { *list.add(write) = entry };
+                break;
+            }
+            if !found && entry == context.as_ptr() {
+                found = true;
+            } else {
+                // SAFETY: as above.
+                unsafe { *list.add(write) = entry };
+                write += 1;
+            }
+            read += 1;
+        }
+        // SAFETY: `list` came from rdma_get_devices and is given back once; each entry
+        // left in it is one reference librdmacm counted, `context`'s excepted.
+        unsafe { ffi::rdma_free_devices(list) };
+        if !found {
+            // SAFETY: allocated above, not handed out.
+            unsafe { libc::free(ours.as_ptr().cast()) };
+            return Err(CmError::from_errno(OP, libc::ENODEV));
+        }
+        // SAFETY: `ours` holds two entries: the context and the terminating NULL.
+        unsafe {
+            *ours.as_ptr() = context.as_ptr();
+            *ours.as_ptr().add(1) = std::ptr::null_mut();
+        }
+        Ok(Arc::new(DeviceRef {
+            context,
+            list: ours,
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+        }))
+    }
+
+    /// The context (open while `self` lives).
+    pub(crate) fn context(&self) -> NonNull<ffi::ibv_context> {
+        self.context
+    }
+
+    /// This reference's number, unique in the process: tells a reopened device from the
+    /// one before it, even when the context and descriptors reuse the same numbers.
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
+    }
+}
+
+impl Drop for DeviceRef {
+    fn drop(&mut self) {
+        // SAFETY: the one-entry list taken in `take`: rdma_free_devices gives back the
+        // one reference it names and frees the list (malloc'ed); nothing uses either after.
+        unsafe { ffi::rdma_free_devices(self.list.as_ptr()) };
+    }
 }
 
 impl AsRawFd for AsyncEvents {

@@ -22,6 +22,8 @@
 //! - Thread safety: reading a CM event (which makes librdmacm write into the event's
 //!   id) holds its channel's lock exclusively; every id call holds it shared;
 //!   [`CmId::notify`] takes no lock.
+//! - [`DeviceMonitor`]: the kernel's announcements of an RDMA device's removal, for a
+//!   process that holds no id on the device (librdmacm still holds its context open).
 //! - [`poll_readable`]: waits on several descriptors at once (a channel, a device's
 //!   asynchronous events, a wake-up descriptor) for event loops.
 //! - [`RdmaBackend`] ties the types to [`cm_core::CmBackend`].
@@ -89,6 +91,7 @@ mod device;
 mod event;
 mod ffi;
 mod id;
+mod monitor;
 mod poll;
 #[cfg(feature = "tokio")]
 mod tokio_fd;
@@ -100,6 +103,7 @@ pub use device::{refresh_devices, AsyncEvents};
 pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams};
+pub use monitor::DeviceMonitor;
 pub use poll::{poll_readable, ReadySet};
 #[cfg(feature = "tokio")]
 pub use tokio_fd::{async_device_events, async_event_channel, async_owned_fd};

@@ -33,7 +33,7 @@ pub fn async_event_channel(channel: EventChannel) -> Result<AsyncFd<EventChannel
 /// readability with the current tokio runtime (call it from within one).
 pub fn async_device_events(events: AsyncEvents) -> Result<AsyncFd<AsyncEvents>, CmError> {
     events.set_nonblocking(true)?;
-    // SAFETY: AsyncEvents keeps its id, and so the device context and its async_fd, open
+    // SAFETY: AsyncEvents keeps the device context, and so its async_fd, open
     // for as long as it lives; async_fd is set once when the context opens.
     unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
         .map_err(|e| registration_error(e.into_parts().1))

@@ -7,6 +7,13 @@
 //! future dropped at an `.await` loses no event, and the connections it was waiting on
 //! stay owned by the endpoint (nothing leaks).
 //!
+//! The watched set is rebuilt when the endpoint's devices change, told apart by each
+//! reader's serial number (not by descriptor numbers, which a device removed and opened
+//! again can reuse). If duplicating or registering a descriptor fails (EMFILE, ENOMEM),
+//! no call fails for it and no event is lost: what the endpoint has is still answered,
+//! and until the set is whole again the wait also wakes at a short, growing interval
+//! (10 ms to 500 ms) to read the sources it could not watch.
+//!
 //! ```no_run
 //! use cm_verbs::async_endpoint::AsyncEndpoint;
 //! use cm_verbs::rdma::RdmaTransport;
@@ -25,8 +32,9 @@
 //! ```
 
 use std::future::poll_fn;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::task::Poll;
+use std::time::Duration;
 
 use cm_core::CmError;
 use tokio::io::unix::AsyncFd;
@@ -42,8 +50,17 @@ pub struct AsyncEndpoint {
     /// (and the duplicates closed) as soon as the endpoint's set changes, so that a
     /// removed device is not kept open by them.
     watched: Vec<AsyncFd<OwnedFd>>,
-    fds: Vec<RawFd>,
+    /// The serial numbers of the device readers `watched` covers, in order; `None` when
+    /// a descriptor could not be watched (the next wait tries again).
+    serials: Option<Vec<u64>>,
+    /// While the set is not whole: the interval the wait also wakes at.
+    fallback: Option<Duration>,
 }
+
+/// The first interval at which a wait with descriptors it could not watch wakes.
+const FALLBACK_FIRST: Duration = Duration::from_millis(10);
+/// The longest such interval.
+const FALLBACK_MAX: Duration = Duration::from_millis(500);
 
 fn readiness(error: std::io::Error) -> ConnError {
     ConnError::Cm(CmError::from_io("tokio readiness", &error))
@@ -56,9 +73,10 @@ impl AsyncEndpoint {
         let mut endpoint = AsyncEndpoint {
             endpoint: Endpoint::new(transport),
             watched: Vec::new(),
-            fds: Vec::new(),
+            serials: None,
+            fallback: None,
         };
-        endpoint.sync_fds()?;
+        endpoint.sync_fds();
         Ok(endpoint)
     }
 
@@ -88,31 +106,59 @@ impl AsyncEndpoint {
         self.wait_for(|ep| ep.try_recv(conn)).await
     }
 
-    /// Registers the endpoint's current descriptors if they changed (a device context
-    /// opened or removed).
-    fn sync_fds(&mut self) -> Result<(), ConnError> {
-        let (transport, devices) = (self.endpoint.transport(), self.endpoint.devices());
-        let current = std::iter::once(transport.channel_fd()).chain(
-            devices
-                .iter()
-                .flat_map(|device| [device.async_fd(), device.completion_fd()]),
-        );
+    /// Registers the endpoint's current descriptors if its device readers changed (one
+    /// opened or closed), or if the last try could not watch them all. Never fails: a
+    /// descriptor that cannot be duplicated or registered is left out and the wait falls
+    /// back to waking at an interval until it can.
+    fn sync_fds(&mut self) {
+        let devices = self.endpoint.devices();
         // Compared before anything is allocated: this runs on every wait.
-        if current
-            .clone()
-            .map(|fd| fd.as_raw_fd())
-            .eq(self.fds.iter().copied())
-        {
-            return Ok(());
+        if self.serials.as_ref().is_some_and(|serials| {
+            serials
+                .iter()
+                .copied()
+                .eq(devices.iter().map(|d| d.serial()))
+        }) {
+            return;
         }
+        let serials: Vec<u64> = devices.iter().map(|d| d.serial()).collect();
+        // The old duplicates go first: their descriptors make room for the new ones.
         self.watched.clear();
-        self.fds.clear();
+        let transport = self.endpoint.transport();
+        let current = std::iter::once(transport.channel_fd())
+            .chain(transport.monitor_fd())
+            .chain(
+                devices
+                    .iter()
+                    .flat_map(|device| [device.async_fd(), device.completion_fd()]),
+            );
+        let mut whole = true;
         for fd in current {
-            let owned = fd.as_fd().try_clone_to_owned().map_err(readiness)?;
-            self.watched.push(cm_sys::async_owned_fd(owned)?);
-            self.fds.push(fd.as_raw_fd());
+            let watched = fd
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| CmError::from_io("dup", &e))
+                .and_then(cm_sys::async_owned_fd);
+            match watched {
+                Ok(watched) => self.watched.push(watched),
+                Err(error) => {
+                    if whole {
+                        log::warn!("a descriptor is not watched, falling back to waking at an interval: {error}");
+                    }
+                    whole = false;
+                }
+            }
         }
-        Ok(())
+        if whole {
+            self.serials = Some(serials);
+            self.fallback = None;
+        } else {
+            self.serials = None;
+            self.fallback = Some(match self.fallback {
+                None => FALLBACK_FIRST,
+                Some(previous) => (previous * 2).min(FALLBACK_MAX),
+            });
+        }
     }
 
     async fn wait_for<R>(
@@ -125,10 +171,11 @@ impl AsyncEndpoint {
                 return found;
             }
             let more = self.endpoint.process_pass()?;
-            self.sync_fds()?;
+            // Taken before anything else can fail: an event read is never lost.
             if let Some(found) = take(&mut self.endpoint) {
                 return found;
             }
+            self.sync_fds();
             if more {
                 // A source had more than one pass takes: read again without clearing
                 // its readiness (no new edge would come), letting other tasks run.
@@ -140,6 +187,11 @@ impl AsyncEndpoint {
                 let left = d.saturating_sub(cm_core::Transport::now(self.endpoint.transport()));
                 tokio::time::Instant::now().checked_add(left)
             });
+            // Sources not watched are read again after the fallback interval.
+            let fallback = self
+                .fallback
+                .and_then(|after| tokio::time::Instant::now().checked_add(after));
+            let deadline = [deadline, fallback].into_iter().flatten().min();
             let watched = &self.watched;
             // Readiness is cleared only here, just before the endpoint reads every
             // source again, so no wake-up is lost between a read and the wait.

@@ -12,6 +12,17 @@
 //! EAGAIN). `poll(2)` is level-triggered: what arrives on a skipped descriptor meanwhile
 //! makes the next wait return at once, so nothing is lost. With one or two device
 //! contexts a wait allocates nothing.
+//!
+//! A device's reader holds the device's context (a reference librdmacm counts), never a
+//! CM id: every listener and connection id is destroyed when the endpoint drops it, so a
+//! closed listener stops listening and frees its address, and a device nothing uses any
+//! more is given back ([`Transport::close_device`]). librdmacm itself keeps the context
+//! of a listed device open even with no user, until a device-list refresh finds the
+//! device gone, and the kernel's removal of a soft-RoCE device waits for that close.
+//! So the transport also watches the kernel's announcements of device removals
+//! ([`crate::sys::DeviceMonitor`], in the same `poll(2)`) and refreshes the list when one
+//! comes, retrying for a few seconds: `rdma link delete` returns while the process
+//! lives, whether the removal reached one of its ids (DEVICE_REMOVAL) or none.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -19,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEvent, CmError, CqKind, QpNum, QueueCaps, Transport, WorkCompletion};
 use cm_sys::{
-    AsyncEvents, CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey, EventChannel,
-    MemoryRegion, QpCaps,
+    AsyncEvents, CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey,
+    DeviceMonitor, EventChannel, MemoryRegion, QpCaps,
 };
 
 /// How soon a pending device removal is first retried; each retry then waits twice as
@@ -31,6 +42,9 @@ const REMOVAL_RETRY_MAX: Duration = Duration::from_secs(2);
 /// How long retries go on before they are given up: a device that failed without
 /// being removed (DEVICE_FATAL) stays in the device list and is not polled forever.
 const REMOVAL_RETRY_FOR: Duration = Duration::from_secs(120);
+/// How long refreshes go on after the kernel announced a removal: the device may be one
+/// librdmacm never opened, so this gives up sooner.
+const ANNOUNCED_RETRY_FOR: Duration = Duration::from_secs(10);
 
 /// The retries of a pending removal: quick at first (the kernel's removal waits for
 /// the context to close), then ever slower, then given up.
@@ -40,20 +54,28 @@ struct RemovalRetry {
     spent: Duration,
     /// The next wait.
     next: Duration,
+    /// When the retries are given up.
+    limit: Duration,
 }
 
 impl RemovalRetry {
     /// The retries of a removal just begun.
     fn begin() -> Self {
+        Self::for_at_most(REMOVAL_RETRY_FOR)
+    }
+
+    /// Retries that end once `limit` is spent.
+    fn for_at_most(limit: Duration) -> Self {
         RemovalRetry {
             spent: Duration::ZERO,
             next: REMOVAL_RETRY_FIRST,
+            limit,
         }
     }
 
     /// How long to wait before the next retry; `None` once they are given up.
     fn after(&mut self) -> Option<Duration> {
-        if self.spent >= REMOVAL_RETRY_FOR {
+        if self.spent >= self.limit {
             return None;
         }
         let wait = self.next;
@@ -64,7 +86,8 @@ impl RemovalRetry {
 }
 
 /// The reader of one device context: its asynchronous events and its completion
-/// channel, each read by this endpoint only.
+/// channel, each read by this endpoint only. It keeps the device context open, and no
+/// CM id.
 #[derive(Debug)]
 pub struct RdmaDevice {
     events: AsyncEvents,
@@ -119,6 +142,13 @@ impl RdmaDevice {
     pub fn completion_fd(&self) -> BorrowedFd<'_> {
         self.completions.as_fd()
     }
+
+    /// A number unique in the process to this reader's hold on its device: a device
+    /// removed and opened again gets a new one even if its descriptors reuse the old
+    /// numbers (what a caller watching the descriptors compares).
+    pub fn serial(&self) -> u64 {
+        self.events.device_serial()
+    }
 }
 
 /// A connection's registered buffer area: receive buffers, then send buffers.
@@ -157,6 +187,14 @@ pub struct RdmaTransport {
     removed: Vec<String>,
     /// The retries of the pending removals.
     removal_retry: RemovalRetry,
+    /// The kernel's announcements of device removals (`None` if the socket could not
+    /// be opened: then only removals that reach an id of ours are seen).
+    monitor: Option<DeviceMonitor>,
+    /// The last wait found the monitor readable: a removal may be under way.
+    monitor_ready: bool,
+    /// Refreshes after an announced removal: the devices listed before it, and the
+    /// retries.
+    announced: Option<(Vec<String>, RemovalRetry)>,
 }
 
 impl RdmaTransport {
@@ -173,12 +211,94 @@ impl RdmaTransport {
             idle: Vec::with_capacity(8),
             removed: Vec::new(),
             removal_retry: RemovalRetry::default(),
+            monitor: match DeviceMonitor::new() {
+                Ok(monitor) => Some(monitor),
+                Err(e) => {
+                    log::warn!("device removals not watched: {e}");
+                    None
+                }
+            },
+            monitor_ready: false,
+            announced: None,
         })
+    }
+
+    /// The descriptor of the kernel's device removal announcements, if watched: wait on
+    /// it with the others (the endpoint's housekeeping reads it).
+    pub fn monitor_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.monitor.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Reads the monitor if the last wait found it readable; a removal announced starts
+    /// (or restarts) the refreshes.
+    fn read_monitor(&mut self) {
+        if !std::mem::take(&mut self.monitor_ready) {
+            return;
+        }
+        let Some(monitor) = &self.monitor else {
+            return;
+        };
+        match monitor.removals() {
+            Ok(false) => {}
+            Ok(true) => {
+                let listed = match &self.announced {
+                    Some((listed, _)) => listed.clone(),
+                    None => listed_devices(),
+                };
+                self.announced = Some((listed, RemovalRetry::for_at_most(ANNOUNCED_RETRY_FOR)));
+            }
+            Err(e) => log::debug!("reading device announcements: {e}"),
+        }
     }
 
     /// The CM event channel's descriptor.
     pub fn channel_fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()
+    }
+
+    /// The refreshes after a device removal that reached our ids; how soon to retry.
+    fn removal_refresh(&mut self) -> Option<Duration> {
+        if self.removed.is_empty() {
+            return None;
+        }
+        // The kernel's removal goes on once our ids are destroyed and then waits for the
+        // device context to close; librdmacm closes it when a resync finds the device
+        // gone. Retried at a short interval until then: only during a removal.
+        match cm_sys::refresh_devices() {
+            Ok(present) => self.removed.retain(|name| present.contains(name)),
+            // No device left at all: the removed one is gone too.
+            Err(e) if e.is_no_device() => self.removed.clear(),
+            Err(e) => log::debug!("refreshing the device list: {e}"),
+        }
+        // The resync that found a device gone closed its context (no id uses it).
+        if self.removed.is_empty() {
+            return None;
+        }
+        let after = self.removal_retry.after();
+        if after.is_none() {
+            // Failed, not removed: it stays in the device list, and a reader opened on
+            // it again later is used as any other.
+            log::debug!("devices {:?} still listed: retries given up", self.removed);
+            self.removed.clear();
+        }
+        after
+    }
+
+    /// The refreshes after the kernel announced a removal, until a device listed before
+    /// it is gone (librdmacm closed its context if nothing used it) or they are given
+    /// up; how soon to retry.
+    fn announced_refresh(&mut self) -> Option<Duration> {
+        let (before, retry) = self.announced.as_mut()?;
+        let now = listed_devices();
+        if before.iter().any(|name| !now.contains(name)) {
+            self.announced = None;
+            return None;
+        }
+        let after = retry.after();
+        if after.is_none() {
+            self.announced = None;
+        }
+        after
     }
 
     /// Whether the last wait found `fd` idle and it was not read since (forgotten now).
@@ -193,37 +313,49 @@ impl RdmaTransport {
     }
 
     /// `poll(2)` on the CM channel and every device's asynchronous event and completion
-    /// descriptors, in that order.
+    /// descriptors, in that order, the removal monitor's.
     fn poll(
         &self,
         devices: &[RdmaDevice],
         timeout: Option<Duration>,
     ) -> Result<cm_sys::ReadySet, CmError> {
         let channel = self.channel.as_fd();
-        match devices {
-            [] => cm_sys::poll_readable(&[channel], timeout),
-            [a] => {
-                cm_sys::poll_readable(&[channel, a.events.as_fd(), a.completions.as_fd()], timeout)
+        let monitor = self.monitor.as_ref().map(AsFd::as_fd);
+        if devices.len() <= 2 {
+            // On the stack: the unused places hold the channel again, never passed.
+            let mut fds = [channel; 6];
+            let mut n = 1;
+            for device in devices {
+                fds[n] = device.events.as_fd();
+                fds[n + 1] = device.completions.as_fd();
+                n += 2;
             }
-            [a, b] => cm_sys::poll_readable(
-                &[
-                    channel,
-                    a.events.as_fd(),
-                    a.completions.as_fd(),
-                    b.events.as_fd(),
-                    b.completions.as_fd(),
-                ],
-                timeout,
-            ),
-            _ => {
-                let mut fds = Vec::with_capacity(1 + 2 * devices.len());
-                fds.push(channel);
-                for device in devices {
-                    fds.push(device.events.as_fd());
-                    fds.push(device.completions.as_fd());
-                }
-                cm_sys::poll_readable(&fds, timeout)
+            if let Some(monitor) = monitor {
+                fds[n] = monitor;
+                n += 1;
             }
+            return cm_sys::poll_readable(&fds[..n], timeout);
+        }
+        let mut fds = Vec::with_capacity(2 + 2 * devices.len());
+        fds.push(channel);
+        for device in devices {
+            fds.push(device.events.as_fd());
+            fds.push(device.completions.as_fd());
+        }
+        fds.extend(monitor);
+        cm_sys::poll_readable(&fds, timeout)
+    }
+}
+
+/// The devices librdmacm lists now (a refresh: one gone with no user is closed).
+fn listed_devices() -> Vec<String> {
+    match cm_sys::refresh_devices() {
+        Ok(names) => names,
+        Err(e) => {
+            if !e.is_no_device() {
+                log::debug!("refreshing the device list: {e}");
+            }
+            Vec::new()
         }
     }
 }
@@ -335,10 +467,11 @@ impl Transport for RdmaTransport {
     }
 
     fn open_device(&mut self, id: &CmId) -> Result<RdmaDevice, CmError> {
+        // The context, not the id: the reader outlives the id that found the device.
         let events = id.async_events()?;
         let claim = ReaderClaim::take(events.device_key())?;
         events.set_nonblocking(true)?;
-        let completions = CompletionChannel::new(id)?;
+        let completions = events.completion_channel()?;
         Ok(RdmaDevice {
             events,
             completions,
@@ -362,31 +495,23 @@ impl Transport for RdmaTransport {
         drop(device);
     }
 
+    fn close_device(&mut self, device: RdmaDevice) {
+        let fds = [device.events.as_raw_fd(), device.completions.as_raw_fd()];
+        self.idle.retain(|fd| !fds.contains(fd));
+        // The device is still there: nothing to retry. Its context stays open in
+        // librdmacm until a refresh finds it gone, which the monitor brings about.
+        drop(device);
+    }
+
+    fn wants_housekeeping(&self) -> bool {
+        self.monitor_ready
+    }
+
     fn housekeeping(&mut self) -> Option<Duration> {
-        if self.removed.is_empty() {
-            return None;
-        }
-        // The kernel's removal goes on once our ids are destroyed and then waits for the
-        // device context to close; librdmacm closes it when a resync finds the device
-        // gone. Retried at a short interval until then: only during a removal.
-        match cm_sys::refresh_devices() {
-            Ok(present) => self.removed.retain(|name| present.contains(name)),
-            // No device left at all: the removed one is gone too.
-            Err(e) if e.is_no_device() => self.removed.clear(),
-            Err(e) => log::debug!("refreshing the device list: {e}"),
-        }
-        // The resync that found a device gone closed its context (no id uses it).
-        if self.removed.is_empty() {
-            return None;
-        }
-        let after = self.removal_retry.after();
-        if after.is_none() {
-            // Failed, not removed: it stays in the device list, and a reader opened on
-            // it again later is used as any other.
-            log::debug!("devices {:?} still listed: retries given up", self.removed);
-            self.removed.clear();
-        }
-        after
+        self.read_monitor();
+        let announced = self.announced_refresh();
+        let removed = self.removal_refresh();
+        [announced, removed].into_iter().flatten().min()
     }
 
     fn next_cq_event(&mut self, device: &mut RdmaDevice) -> Result<Option<u64>, CmError> {
@@ -519,6 +644,9 @@ impl Transport for RdmaTransport {
             if !ready.is_ready(2 + 2 * index) {
                 self.idle.push(device.completions.as_raw_fd());
             }
+        }
+        if self.monitor.is_some() && ready.is_ready(1 + 2 * devices.len()) {
+            self.monitor_ready = true;
         }
         Ok(true)
     }

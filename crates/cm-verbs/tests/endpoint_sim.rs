@@ -539,3 +539,48 @@ fn pair_with_port_event(event: cm_verbs::AsyncEvent) -> Pair {
     pair.server.transport().node().device().raise(event);
     pair
 }
+
+#[test]
+fn a_closed_listener_stops_listening_and_its_address_can_be_listened_on_again() {
+    let mut pair = pair(soft_roce(), 21, &[]);
+    let addr = pair.server.transport().addr(PORT);
+    let first = pair.server.listen(addr, ListenOptions::default()).unwrap();
+    pair.server.close_listener(first).unwrap();
+    // A request to the closed address is refused: nobody listens there any more.
+    let refused = pair.connect(1, b"")[0];
+    let end = pair.client.borrow_mut().established(refused, SECOND);
+    assert!(matches!(end, Err(ConnError::Closed { .. })), "{end:?}");
+    // The same address again, at once: no EADDRINUSE, and it serves.
+    let second = pair.server.listen(addr, ListenOptions::default()).unwrap();
+    assert_ne!(first, second);
+    pair.connect(1, b"");
+    let conn = pair.server.accept(SECOND).unwrap();
+    assert_eq!(pair.server.info(conn).unwrap().listener, Some(second));
+}
+
+#[test]
+fn a_device_reader_is_closed_with_the_last_listener_and_connection_on_it() {
+    let mut pair = pair(soft_roce(), 22, &[]);
+    let (listener, conn) = pair.one_accepted();
+    assert_eq!(pair.server.device_count(), 1);
+    // The connection still uses the device.
+    pair.server.close_listener(listener).unwrap();
+    assert_eq!(pair.server.device_count(), 1);
+    pair.server.disconnect(conn).unwrap();
+    assert_eq!(pair.server.device_count(), 0, "nothing uses the device");
+    // The client's side: its connection ends with the server's disconnect.
+    let mut client = pair.client.borrow_mut();
+    while client.connection_count() > 0 {
+        client
+            .next_event(SECOND)
+            .unwrap()
+            .expect("the close within the wait");
+    }
+    assert_eq!(client.device_count(), 0, "an idle client holds no device");
+    drop(client);
+    // A new listener opens the reader again.
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    assert_eq!(pair.server.device_count(), 1);
+}

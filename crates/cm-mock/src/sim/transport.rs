@@ -447,6 +447,14 @@ impl Transport for SimTransport {
         id.listen()
     }
 
+    /// Destroys the id on the fabric, as the real backend's last handle does: a
+    /// listener's port is free again, and requests to it are refused.
+    fn release_id(&mut self, id: SimCmId) {
+        // Refused only while an event of the id is unacknowledged (none is, for a
+        // listener: its requests' events name the new ids): the id then stays.
+        let _ = id.destroy();
+    }
+
     fn resolve_addr(
         &mut self,
         id: &SimCmId,

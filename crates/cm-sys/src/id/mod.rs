@@ -694,12 +694,14 @@ impl CmId {
     }
 
     /// The asynchronous events of the id's device (`id->verbs`). Every id on the same
-    /// device shares one stream; the returned source keeps this id alive.
+    /// device shares one stream; the returned source keeps the device context open (a
+    /// reference librdmacm counts), not this id: the id is destroyed with its last
+    /// handle whatever the source does.
     pub fn async_events(&self) -> Result<AsyncEvents, CmError> {
         let context = self.device_context("async_events")?;
-        // SAFETY: librdmacm keeps the device context open while an id is bound to it, and
-        // the source holds this id.
-        unsafe { AsyncEvents::new(context, Arc::clone(&self.inner)) }
+        // The id holds the context open during the call: the reference is taken on a
+        // live context.
+        AsyncEvents::new(crate::device::DeviceRef::take(context)?)
     }
 }
 

@@ -209,20 +209,28 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn on_listener_event(&mut self, listener: ListenerId, kind: CmEventType) {
-        if kind == CmEventType::DeviceRemoval {
-            let Some(entry) = self.take_listener(listener) else {
-                return;
-            };
-            self.by_id.remove(&self.transport.id_key(&entry.id));
-            let key = self.transport.device_key(&entry.id);
-            drop(entry);
-            if let Some(key) = key {
-                self.device_removed(key);
+        if kind != CmEventType::DeviceRemoval {
+            return;
+        }
+        let Some(key) = self
+            .listener_entry(listener)
+            .map(|l| l.device.or_else(|| self.transport.device_key(&l.id)))
+        else {
+            return;
+        };
+        match key {
+            // This listener ends with everything else on the device, its reader given
+            // back as lost.
+            Some(key) => self.device_removed(key),
+            None => {
+                if let Some(entry) = self.take_listener(listener) {
+                    self.by_id.remove(&self.transport.id_key(&entry.id));
+                }
+                self.push_endpoint_event(Event::ListenerClosed {
+                    listener,
+                    reason: CloseReason::DeviceRemoved,
+                });
             }
-            self.push_endpoint_event(Event::ListenerClosed {
-                listener,
-                reason: CloseReason::DeviceRemoved,
-            });
         }
     }
 
@@ -324,6 +332,12 @@ impl<T: Transport> Endpoint<T> {
                     op: "create_qp",
                     reason: "the id is not bound to a device",
                 })?;
+        // A user of the reader from now on, even if the rest of the set-up fails: its
+        // close is what closes a reader nothing else uses.
+        if let Some(entry) = self.live_mut(conn) {
+            entry.device = Some(key);
+        }
+        self.device_use(key);
         let caps = self.live(conn).expect("live connection").caps;
         let called = self.transport.now();
         let qp = self
@@ -341,7 +355,6 @@ impl<T: Transport> Endpoint<T> {
         }
         self.by_qp.insert(qp, conn);
         let entry = self.live_mut(conn).expect("live connection");
-        entry.device = Some(key);
         entry.qp = Some(qp);
         entry.buffers = Some(buffers);
         entry.send_next = 0;
@@ -407,10 +420,14 @@ impl<T: Transport> Endpoint<T> {
                 Ok(())
             }
             CmEventType::DeviceRemoval => {
-                let key = self.live(conn).and_then(|c| c.device);
-                self.close(conn, CloseReason::DeviceRemoved, false);
-                if let Some(key) = key {
-                    self.device_removed(key);
+                let key = self
+                    .live(conn)
+                    .and_then(|c| c.device.or_else(|| self.transport.device_key(&c.id)));
+                match key {
+                    // This connection ends with everything else on the device, its
+                    // reader given back as lost.
+                    Some(key) => self.device_removed(key),
+                    None => self.close(conn, CloseReason::DeviceRemoved, false),
                 }
                 Ok(())
             }

@@ -88,6 +88,9 @@ struct Listener<T: Transport> {
     /// Its connections in setup (requested or accepted, not yet established or
     /// closed), at most `options.max_in_setup`.
     in_setup: u32,
+    /// The device whose reader this listener counts as a user of (bound to a device's
+    /// address); `None` for a wildcard listener.
+    device: Option<T::DeviceKey>,
 }
 
 struct Conn<T: Transport> {
@@ -261,6 +264,9 @@ pub struct Endpoint<T: Transport> {
     pump: NotifyPump<T::Id>,
     device_keys: Vec<T::DeviceKey>,
     devices: Vec<T::Device>,
+    /// Per reader, how many listeners and connections use it: it is closed when the
+    /// last goes.
+    device_users: Vec<u32>,
     listeners: Vec<Option<Listener<T>>>,
     /// Each listener slot's generation, moved on when its listener goes.
     listener_generations: Vec<u32>,
@@ -322,6 +328,7 @@ impl<T: Transport> Endpoint<T> {
             pump: NotifyPump::new(),
             device_keys: Vec::new(),
             devices: Vec::new(),
+            device_users: Vec::new(),
             listeners: Vec::new(),
             listener_generations: Vec::new(),
             slots: slots::Slots::new(),
@@ -422,8 +429,11 @@ impl<T: Transport> Endpoint<T> {
         self.transport.bind(&id, addr)?;
         self.transport.listen(&id, options.backlog)?;
         // A listener bound to a device's address knows its device now: open its reader
-        // before any request can arrive.
-        self.device_for(&id)?;
+        // before any request can arrive. It uses the reader until it is closed.
+        let device = self.device_for(&id)?.map(|(_, key)| key);
+        if let Some(key) = device {
+            self.device_use(key);
+        }
         let index = match self.listeners.iter().position(Option::is_none) {
             Some(free) => free,
             None => {
@@ -439,6 +449,7 @@ impl<T: Transport> Endpoint<T> {
             id,
             options,
             in_setup: 0,
+            device,
         });
         self.live_listeners += 1;
         Ok(listener)
@@ -450,12 +461,18 @@ impl<T: Transport> Endpoint<T> {
         Ok(self.transport.local_addr(&entry.id))
     }
 
-    /// Stops listening; connections it accepted carry on. O(1).
+    /// Stops listening: the listening id is destroyed, so the address is free to listen
+    /// on again at once and requests to it are refused by the kernel (no one listens);
+    /// a request already read for it is rejected. Connections it accepted carry on. If
+    /// nothing else of the endpoint uses the listener's device, its reader is closed
+    /// too, and the endpoint holds nothing of the device any more. O(1).
     pub fn close_listener(&mut self, listener: ListenerId) -> Result<(), ConnError> {
         let entry = self
             .take_listener(listener)
             .ok_or(ConnError::UnknownListener(listener))?;
         self.by_id.remove(&self.transport.id_key(&entry.id));
+        // The id goes now (nothing else holds it): the kernel stops listening.
+        self.transport.release_id(entry.id);
         Ok(())
     }
 
@@ -773,9 +790,11 @@ impl<T: Transport> Endpoint<T> {
         more |= self.expire();
         // The clock is read only when housekeeping is pending (a read per pass shows on
         // the notify path).
-        if self.device_released || self.housekeeping_due.is_some() {
+        let wanted = self.transport.wants_housekeeping();
+        if wanted || self.device_released || self.housekeeping_due.is_some() {
             let now = self.transport.now();
-            if self.device_released || self.housekeeping_due.is_some_and(|due| due <= now) {
+            if wanted || self.device_released || self.housekeeping_due.is_some_and(|due| due <= now)
+            {
                 self.device_released = false;
                 self.housekeeping_due = self
                     .transport

@@ -29,7 +29,31 @@ impl<T: Transport> Endpoint<T> {
         let device = self.transport.open_device(id)?;
         self.device_keys.push(key);
         self.devices.push(device);
+        self.device_users.push(0);
         Ok(Some((self.devices.len() - 1, key)))
+    }
+
+    /// A listener or connection uses the reader of `key` from now on.
+    pub(super) fn device_use(&mut self, key: T::DeviceKey) {
+        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+            self.device_users[index] += 1;
+        }
+    }
+
+    /// A listener or connection no longer uses the reader of `key`: the last one gone,
+    /// the reader is closed, so that nothing of ours keeps the device (a reader already
+    /// given back after a removal is not there any more).
+    pub(super) fn device_unuse(&mut self, key: T::DeviceKey) {
+        let Some(index) = self.device_keys.iter().position(|k| *k == key) else {
+            return;
+        };
+        self.device_users[index] = self.device_users[index].saturating_sub(1);
+        if self.device_users[index] == 0 {
+            self.device_keys.swap_remove(index);
+            self.device_users.swap_remove(index);
+            let device = self.devices.swap_remove(index);
+            self.transport.close_device(device);
+        }
     }
 
     /// The device is going away: every connection and listener on it is torn down, and
@@ -42,6 +66,15 @@ impl<T: Transport> Endpoint<T> {
     /// listener on it ends with `reason`, and its reader is given back to the transport,
     /// so that nothing of ours keeps the device open.
     pub(super) fn device_lost(&mut self, key: T::DeviceKey, reason: &CloseReason) {
+        // The reader first, given back as lost: the closes below then find no reader to
+        // close as unused.
+        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+            self.device_keys.swap_remove(index);
+            self.device_users.swap_remove(index);
+            let device = self.devices.swap_remove(index);
+            self.transport.release_device(device);
+            self.device_released = true;
+        }
         for conn in self.conns_on(key) {
             self.close(conn, reason.clone(), false);
         }
@@ -59,12 +92,6 @@ impl<T: Transport> Endpoint<T> {
                     reason: reason.clone(),
                 });
             }
-        }
-        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
-            self.device_keys.swap_remove(index);
-            let device = self.devices.swap_remove(index);
-            self.transport.release_device(device);
-            self.device_released = true;
         }
     }
 
@@ -189,6 +216,9 @@ impl<T: Transport> Endpoint<T> {
             self.left_setup(entry.listener);
         }
         self.by_id.remove(&self.transport.id_key(&entry.id));
+        if let Some(key) = entry.device {
+            self.device_unuse(key);
+        }
         if let Some(qp) = entry.qp {
             self.by_qp.remove(&qp);
             drop(self.pump.unregister(qp));
@@ -356,6 +386,9 @@ impl<T: Transport> Endpoint<T> {
         let entry = self.listeners[index].take()?;
         self.listener_generations[index] = self.listener_generations[index].wrapping_add(1);
         self.live_listeners -= 1;
+        if let Some(key) = entry.device {
+            self.device_unuse(key);
+        }
         Some(entry)
     }
 }
