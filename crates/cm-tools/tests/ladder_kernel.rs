@@ -295,3 +295,17 @@ fn every_real_ladder_renders_to_pixels() {
         pixmap.save_png(&path).expect("the PNG is written");
     }
 }
+
+#[test]
+fn an_earlier_refused_attempt_is_not_drawn() {
+    let (text, _, _) = FIXTURES[0];
+    let earlier = "\
+        cmnotify-9 [000] .....     1.000000: cm_send_req: cm.id=0 src=10.77.1.2:40000 dst=10.77.1.1:7471 tos=0 qp_num=17
+        cmnotify-9 [000] d..1.     1.000100: icm_send_req: local_id=1 remote_id=0 state=IDLE lap_state=LAP_UNINIT
+     kworker/1:1-29 [001] .....    1.040000: cm_event_handler: cm.id=0 src=10.77.1.2:40000 dst=10.77.1.1:7471 tos=0 REJECTED (8/8)
+";
+    let with_attempt = text.replacen("--- trace\n", &format!("--- trace\n{earlier}"), 1);
+    assert_ne!(with_attempt, text);
+    let drawn = |text: &str| Ladder::from_capture(&Capture::parse(text).unwrap()).unwrap();
+    assert_eq!(drawn(&with_attempt), drawn(text));
+}

@@ -367,11 +367,12 @@ impl Ladder {
     /// which marks come from where).
     pub fn from_capture(capture: &Capture) -> Result<Ladder, String> {
         // The active side's address and port, from its REQ's rdma_cma event: the lines
-        // of other connections (an earlier attempt) are left out by it.
+        // of other connections are left out by it. The last REQ: an earlier attempt
+        // (refused before the server listened) is not the connection drawn.
         let req = capture
             .trace
             .iter()
-            .find(|l| {
+            .rfind(|l| {
                 l.event == "cm_send_req"
                     && l.field("dst") == Some(capture.passive.as_str())
                     && l.field("src")
