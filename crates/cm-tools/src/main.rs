@@ -1,6 +1,7 @@
 //! `cmnotify`: shows the RDMA CM notify path working, and measures it.
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
@@ -87,6 +88,17 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     ladder: Option<std::path::PathBuf>,
 
+    /// Draw the ladder of a connection captured on the real kernel (the file the VM's
+    /// `ladder-capture` writes: tracefs events, the nftables counter, both endpoint
+    /// timelines) to the --ladder target, and print its summary; nothing runs.
+    #[arg(long, value_name = "FILE", requires = "ladder")]
+    capture: Option<std::path::PathBuf>,
+
+    /// (rdma) Write the first connection's endpoint timeline to FILE, on CLOCK_MONOTONIC
+    /// (the clock of tracefs' `mono` trace clock), for --capture.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<std::path::PathBuf>,
+
     /// Print one JSON document instead of the human summary.
     #[arg(long)]
     json: bool,
@@ -159,9 +171,35 @@ fn main() -> ExitCode {
         eprintln!("cmnotify: {message}");
         return ExitCode::from(2);
     }
+    if let Some(capture) = &cli.capture {
+        return draw_capture(capture, cli.ladder.as_deref().unwrap_or(Path::new("-")));
+    }
     match cli.backend {
         Backend::Sim => run_sim(&cli),
         Backend::Rdma => run_rdma(&cli),
+    }
+}
+
+/// `--capture FILE --ladder TARGET`: the real kernel's ladder, and its summary on
+/// stdout (after the text rendering when that goes to stdout too).
+fn draw_capture(capture: &Path, target: &Path) -> ExitCode {
+    let drawn = std::fs::read_to_string(capture)
+        .map_err(|e| format!("cannot read {}: {e}", capture.display()))
+        .and_then(|text| cm_tools::ladder::kernel::Capture::parse(&text))
+        .and_then(|capture| cm_tools::ladder::Ladder::from_capture(&capture))
+        .and_then(|ladder| {
+            cm_tools::ladder::draw(&ladder, target)?;
+            Ok(ladder.title())
+        });
+    match drawn {
+        Ok(title) => {
+            println!("{title}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("cmnotify: {message}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -190,6 +228,7 @@ fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
         (cli.no_data, "--no-data"),
     ];
     let rdma_only = [
+        (cli.timeline.is_some(), "--timeline"),
         (cli.server, "--server"),
         (cli.bind.is_some(), "--bind"),
         (cli.address.is_some(), "--address"),
@@ -197,6 +236,20 @@ fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
         (cli.port.is_some(), "--port"),
         (cli.size.is_some(), "--size"),
     ];
+    if cli.capture.is_some() {
+        // Nothing runs: any flag of a run would be ignored.
+        let ignored = sim_only
+            .iter()
+            .chain(&rdma_only)
+            .find(|(set, flag)| *set && *flag != "--ladder")
+            .map(|(_, flag)| *flag)
+            .or(cli.json.then_some("--json"))
+            .or((cli.backend != Backend::Sim).then_some("--backend"));
+        return match ignored {
+            Some(flag) => Err(format!("{flag} does not go with --capture: nothing runs")),
+            None => Ok(()),
+        };
+    }
     match cli.backend {
         Backend::Sim => {
             if let Some((_, flag)) = rdma_only.iter().find(|(set, _)| *set) {
@@ -315,6 +368,7 @@ fn run_rdma(cli: &Cli) -> ExitCode {
         json: cli.json,
         messages: cli.messages,
         message_size: usize::from(cli.size.unwrap_or(DEFAULT_SIZE)),
+        timeline: cli.timeline.clone(),
     })
 }
 

@@ -59,6 +59,9 @@ pub struct RealRun {
     pub messages: Option<u32>,
     /// Bytes per message the run sends first (echoes copy what they received).
     pub message_size: usize,
+    /// Where to write the first connection's endpoint timeline on CLOCK_MONOTONIC
+    /// (`--timeline`, for [`crate::ladder::kernel`]).
+    pub timeline: Option<std::path::PathBuf>,
 }
 
 impl Default for RealRun {
@@ -74,6 +77,7 @@ impl Default for RealRun {
             json: false,
             messages: None,
             message_size: DEFAULT_MESSAGE_SIZE,
+            timeline: None,
         }
     }
 }

@@ -368,3 +368,53 @@ fn help_documents_every_flag() {
         assert!(text.contains(code), "--help lacks {code:?}: {text}");
     }
 }
+
+#[test]
+fn capture_draws_the_real_kernels_ladder_without_running_anything() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/vm-ladder-6.1.txt"
+    );
+    let out = cmnotify(&["--capture", fixture, "--ladder", "-"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("connection 0 (kernel 6.1.0-57-amd64, stock rxe): RTU lost, rescued"),
+        "{text}"
+    );
+    assert!(text.contains("*  rdma_notify(COMM_EST) = 0"), "{text}");
+    // The summary closes the output, for a script to check.
+    assert!(
+        text.ends_with("stock rxe): RTU lost, rescued by rdma_notify\n"),
+        "{text}"
+    );
+    let svg = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-vm-ladder.svg");
+    let out = cmnotify(&["--capture", fixture, "--ladder", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("data-origin=\"kernel\""));
+    for (args, says) in [
+        (
+            &["--capture", fixture, "--ladder", "-", "--json"][..],
+            "--json does not go",
+        ),
+        (
+            &["--capture", "/nonexistent", "--ladder", "-"][..],
+            "cannot read",
+        ),
+    ] {
+        let out = cmnotify(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+    let out = cmnotify(&["--capture", fixture]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--capture needs --ladder: {out:?}"
+    );
+}

@@ -57,6 +57,11 @@ pub(crate) struct ConsoleReport {
     pub(crate) entries: Vec<EntryResult>,
     /// `/init` reached its end (`=== vm-done`).
     pub(crate) done: bool,
+    /// Files an entry printed between `=== vm-file begin NAME` and `=== vm-file end
+    /// NAME` (see `ci/vm/ladder-capture`): (name, text with `\n` line ends).
+    pub(crate) files: Vec<(String, String)>,
+    /// Files begun and never ended (the entry was cut off).
+    pub(crate) cut_files: Vec<String>,
 }
 
 impl ConsoleReport {
@@ -65,9 +70,28 @@ impl ConsoleReport {
     pub(crate) fn parse(log: &str) -> ConsoleReport {
         let mut report = ConsoleReport::default();
         let mut current: Option<(EntryResult, String)> = None;
+        let mut file: Option<(String, String)> = None;
         for raw in log.lines() {
             let line = raw.trim_end_matches('\r');
-            if line.starts_with("=== vm-init start") {
+            if let Some((name, text)) = file.as_mut() {
+                if line.strip_prefix("=== vm-file end ").map(str::trim) == Some(name.as_str()) {
+                    report.files.extend(file.take());
+                    continue;
+                }
+                if !line.starts_with("=== vm-") {
+                    if !is_kernel_message(line) {
+                        text.push_str(line);
+                        text.push('\n');
+                    }
+                    continue;
+                }
+                // Another marker: the entry (or the VM) ended before the file did.
+                report.cut_files.push(std::mem::take(name));
+                file = None;
+            }
+            if let Some(name) = line.strip_prefix("=== vm-file begin ") {
+                file = Some((name.trim().to_string(), String::new()));
+            } else if line.starts_with("=== vm-init start") {
                 report.init_started = true;
             } else if let Some(reason) = line.strip_prefix("=== vm-setup FAILED: ") {
                 report.setup_failure = Some(reason.to_string());
@@ -97,6 +121,7 @@ impl ConsoleReport {
         if let Some((entry, output)) = current.take() {
             report.entries.push(finish(entry, &output));
         }
+        report.cut_files.extend(file.map(|(name, _)| name));
         report
     }
 
@@ -184,11 +209,25 @@ impl ConsoleReport {
         if ran + smoke_ran == 0 {
             problems.push("0 tests ran in the VM".to_string());
         }
+        for name in &self.cut_files {
+            problems.push(format!("the VM's file `{name}` was cut off"));
+        }
         if !self.done && problems.is_empty() {
             problems.push("/init did not reach its end".to_string());
         }
         problems
     }
+}
+
+/// A kernel message on the serial console (`[   12.345678] text`), which may land in
+/// the middle of a file an entry prints.
+fn is_kernel_message(line: &str) -> bool {
+    line.strip_prefix('[')
+        .and_then(|rest| rest.split_once(']'))
+        .is_some_and(|(stamp, _)| {
+            let stamp = stamp.trim();
+            !stamp.is_empty() && stamp.chars().all(|c| c.is_ascii_digit() || c == '.')
+        })
 }
 
 /// The `exit=N` field of an end marker.
@@ -271,6 +310,42 @@ test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
         assert!(
             problems[1].contains("skipped a test inside the VM"),
             "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn files_between_markers_are_kept_without_kernel_messages() {
+        let log = "\
+=== vm-init start\r
+=== vm-setup ok\r
+=== vm-entry begin ladder\r
+=== vm-file begin ladder-{kernel}.svg\r
+<svg>\r
+[   12.345678] rdma_rxe: loaded\r
+</svg>\r
+=== vm-file end ladder-{kernel}.svg\r
+=== vm-file begin cut.txt\r
+half\r
+=== vm-entry end ladder exit=0 uptime=2.0\r
+=== vm-done entries=1 failed=0\r
+";
+        let report = ConsoleReport::parse(log);
+        assert_eq!(
+            report.files,
+            [(
+                "ladder-{kernel}.svg".to_string(),
+                "<svg>\n</svg>\n".to_string()
+            )]
+        );
+        assert_eq!(report.cut_files, ["cut.txt"]);
+        assert_eq!(
+            report.entries[0].exit,
+            Some(0),
+            "the end marker still counts"
+        );
+        assert_eq!(
+            report.problems(&["ladder".into()], &[]),
+            ["the VM's file `cut.txt` was cut off"]
         );
     }
 

@@ -24,6 +24,9 @@ use console::ConsoleReport;
 use kernel::Kernel;
 use qemu::{Accel, Ended, VmConfig};
 
+/// The script that records and draws a real lost-RTU ladder inside the VM (on PATH
+/// there as `ladder-capture`), relative to the workspace root.
+const LADDER_SCRIPT: &str = "ci/vm/ladder-capture";
 /// Host packages this step needs, relative to the workspace root.
 const HOST_PACKAGES: &str = "ci/vm/host-packages.txt";
 /// Time from qemu's start until `/init` must have printed its first line. Boot takes
@@ -251,6 +254,9 @@ fn run_vm(options: &Options) -> Result<String, String> {
     };
     println!("vm: {summary}");
     record_fault_rows(&release, &log);
+    if let Err(e) = save_files(&report, &kernel.name) {
+        problems.push(e);
+    }
     println!("vm: console log: {}", config.console_log.display());
     if !problems.is_empty() {
         return Err(format!(
@@ -260,6 +266,22 @@ fn run_vm(options: &Options) -> Result<String, String> {
         ));
     }
     Ok(summary)
+}
+
+/// Saves the files entries printed (the real kernel's ladders, see
+/// `ci/vm/ladder-capture`) under `<target dir>/vm/`, `{kernel}` in their names replaced
+/// by the kernel's name, so that every kernel's ladder lies in one folder.
+fn save_files(report: &ConsoleReport, kernel: &str) -> Result<(), String> {
+    for (name, text) in &report.files {
+        let name = name.replace("{kernel}", kernel);
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(format!("the VM printed a file named `{name}`: not saved"));
+        }
+        let path = vm_dir().join(&name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("vm: saved {}", path.display());
+    }
+    Ok(())
 }
 
 /// Builds (or takes from the cache) the COMM_EST-raising `rdma_rxe` for `kernel` (its
@@ -279,6 +301,9 @@ fn add_comm_est_rxe(
     let script = workspace_root().join(rxe::RELOAD_SCRIPT);
     std::fs::copy(&script, share.join("bin/rxe-reload"))
         .map_err(|e| format!("{}: {e}", script.display()))?;
+    let capture = workspace_root().join(LADDER_SCRIPT);
+    std::fs::copy(&capture, share.join("bin/ladder-capture"))
+        .map_err(|e| format!("{}: {e}", capture.display()))?;
     Ok(())
 }
 

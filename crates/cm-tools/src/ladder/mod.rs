@@ -15,6 +15,7 @@
 //! assert!(cm_tools::ladder::text::render(&ladder).contains("rdma_notify(COMM_EST) = 0"));
 //! ```
 
+pub mod kernel;
 pub mod svg;
 pub mod text;
 
@@ -65,6 +66,65 @@ pub enum Tone {
     Bad,
 }
 
+/// Where a row or an arrow comes from: the simulation's trace, or, for a ladder drawn
+/// from the real kernel ([`kernel`]), the kernel's tracepoints, the library's own
+/// timeline or the nftables counter. The renderers style them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// The simulated fabric's trace.
+    #[default]
+    Simulation,
+    /// The kernel's view: a tracefs event (an `rdma_cma`/`ib_cma` tracepoint, or a
+    /// kprobe on `rdma_notify` or the QP event handler).
+    Kernel,
+    /// The library's view: the endpoint's timeline of the connection (`cmnotify
+    /// --timeline`), on the same clock.
+    Library,
+    /// The nftables rule that drops the RTU (its counter says that it did, not when).
+    Nftables,
+}
+
+impl Origin {
+    /// Its name in the SVG's `data-origin` attribute.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Origin::Simulation => "simulation",
+            Origin::Kernel => "kernel",
+            Origin::Library => "library",
+            Origin::Nftables => "nftables",
+        }
+    }
+}
+
+/// The clock of the time axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Clock {
+    /// The simulation's virtual clock.
+    #[default]
+    Virtual,
+    /// CLOCK_MONOTONIC (tracefs' `mono` trace clock), from the first row.
+    Monotonic,
+}
+
+impl Clock {
+    /// The axis' heading.
+    pub const fn heading(self) -> &'static str {
+        match self {
+            Clock::Virtual => AXIS_HEADING,
+            Clock::Monotonic => "real time",
+        }
+    }
+
+    /// A skip longer than this between two rows is drawn as a break: the simulation's
+    /// steps are microseconds, the real kernel's (under emulation) milliseconds.
+    pub const fn gap_break(self) -> Duration {
+        match self {
+            Clock::Virtual => GAP_BREAK,
+            Clock::Monotonic => Duration::from_millis(50),
+        }
+    }
+}
+
 /// How a message's arrow ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End {
@@ -91,6 +151,8 @@ pub struct Arrow {
     pub sent: usize,
     /// How it ends.
     pub end: End,
+    /// Where it comes from.
+    pub origin: Origin,
 }
 
 /// What one row of the diagram shows.
@@ -120,6 +182,8 @@ pub struct Row {
     pub at: Duration,
     /// What happened.
     pub mark: Mark,
+    /// Where it comes from.
+    pub origin: Origin,
 }
 
 /// The diagram of one connection, ready to render.
@@ -135,6 +199,13 @@ pub struct Ladder {
     pub arrows: Vec<Arrow>,
     /// The rows, top to bottom.
     pub rows: Vec<Row>,
+    /// The clock of the axis.
+    pub clock: Clock,
+    /// The lanes' hosts as their headings name them (the real kernel's addresses);
+    /// `None`: the simulated nodes.
+    pub hosts: Option<[String; 2]>,
+    /// Said in the title after the connection ("kernel 6.1.0-57-amd64, stock rxe").
+    pub context: Option<String>,
 }
 
 /// What a ladder cannot be drawn from.
@@ -172,6 +243,9 @@ impl Ladder {
                 passive,
                 arrows: Vec::new(),
                 rows: Vec::new(),
+                clock: Clock::Virtual,
+                hosts: None,
+                context: None,
             },
             ids: id_lanes(entries),
             in_flight: Vec::new(),
@@ -190,9 +264,33 @@ impl Ladder {
         }
     }
 
-    /// A lane's heading ("active (node1)").
+    /// A lane's heading ("active (node1)", "passive (10.77.1.1)").
     pub fn heading(&self, lane: Lane) -> String {
-        format!("{} ({})", lane.name(), self.node(lane))
+        match &self.hosts {
+            Some([active, passive]) => {
+                let host = if lane == Lane::Active {
+                    active
+                } else {
+                    passive
+                };
+                format!("{} ({host})", lane.name())
+            }
+            None => format!("{} ({})", lane.name(), self.node(lane)),
+        }
+    }
+
+    /// The title: the connection, its context if any, and the summary.
+    pub fn title(&self) -> String {
+        match &self.context {
+            Some(context) => format!("connection {} ({context}): {}", self.conn, self.summary()),
+            None => format!("connection {}: {}", self.conn, self.summary()),
+        }
+    }
+
+    /// Whether any row or arrow comes from the real kernel's capture (the renderers
+    /// then add a legend of the origins).
+    pub fn is_real(&self) -> bool {
+        self.rows.iter().any(|r| r.origin != Origin::Simulation)
     }
 
     /// One line saying how the connection went, from what the diagram shows.
@@ -293,7 +391,11 @@ impl Builder {
     }
 
     fn row(&mut self, at: Duration, mark: Mark) {
-        self.ladder.rows.push(Row { at, mark });
+        self.ladder.rows.push(Row {
+            at,
+            mark,
+            origin: Origin::Simulation,
+        });
     }
 
     fn note(&mut self, at: Duration, lane: Option<Lane>, text: String, tone: Tone) {
@@ -348,6 +450,7 @@ impl Builder {
                     },
                     sent: self.ladder.rows.len(),
                     end: End::InFlight,
+                    origin: Origin::Simulation,
                 });
                 self.in_flight.push(arrow);
                 self.row(at, Mark::Send(arrow));
@@ -494,9 +597,11 @@ pub const AXIS_HEADING: &str = "virtual time";
 /// are not to scale there.
 pub const GAP_BREAK: Duration = Duration::from_millis(1);
 
-/// Whether the clock skips more than [`GAP_BREAK`] between row `row` and the one above.
+/// Whether the clock skips more than its [`Clock::gap_break`] between row `row` and the
+/// one above.
 pub fn clock_jumps(ladder: &Ladder, row: usize) -> bool {
-    row > 0 && ladder.rows[row].at - ladder.rows[row - 1].at > GAP_BREAK
+    row > 0
+        && ladder.rows[row].at.saturating_sub(ladder.rows[row - 1].at) > ladder.clock.gap_break()
 }
 
 /// Per row, its time on the axis: shown where the clock moved since the row above, so
@@ -533,7 +638,13 @@ pub fn clock(at: Duration) -> String {
 /// Draws the traced connection of `report` to `target`: an SVG file, or the text
 /// rendering on stdout when `target` is `-`. `Err` is one line for the user.
 pub fn write(report: &SimReport, target: &Path) -> Result<(), String> {
-    let ladder = Ladder::from_report(report)?;
+    draw(&Ladder::from_report(report)?, target)
+}
+
+/// Draws `ladder` to `target`: an SVG file, or the text rendering on stdout when
+/// `target` is `-`. `Err` is one line for the user.
+pub fn draw(ladder: &Ladder, target: &Path) -> Result<(), String> {
+    let ladder = ladder.clone();
     if target == Path::new("-") {
         let text = text::render(&ladder);
         crate::report::write_quietly(&mut std::io::stdout().lock(), text.as_bytes())

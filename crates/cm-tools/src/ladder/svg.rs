@@ -9,7 +9,7 @@ use svg::node::element::{Circle, Element, Group, Line, Polygon, Rectangle, Title
 use svg::node::{Node, Value};
 use svg::Document;
 
-use super::{axis_labels, clock_jumps, Arrow, End, Ladder, Lane, Mark, Tone, AXIS_HEADING};
+use super::{axis_labels, clock_jumps, Arrow, End, Ladder, Lane, Mark, Origin, Tone};
 
 /// The font size of every label but the title, in px.
 pub const FONT_SIZE: f64 = 12.0;
@@ -126,7 +126,8 @@ impl Layout {
             .max(width(&ladder.heading(lane)) / 2.0)
         };
         let axis = PAD
-            + widest(&mut times.iter().flatten().map(|t| width(t))).max(width(AXIS_HEADING))
+            + widest(&mut times.iter().flatten().map(|t| width(t)))
+                .max(width(ladder.clock.heading()))
             + PAD;
         let active = axis + PAD + note_width(Lane::Active) + 2.0 * PAD;
         let wire = (2.0 * widest(&mut ladder.arrows.iter().map(|a| width(&a.label))) + 4.0 * PAD)
@@ -134,12 +135,19 @@ impl Layout {
         let passive = active + wire;
         let right = passive + 2.0 * PAD + note_width(Lane::Passive) + 2.0 * PAD;
         let title = 2.0 * PAD + title.chars().count() as f64 * TITLE_SIZE * RESERVED_WIDTH;
+        let legend = if ladder.is_real() {
+            2.0 * PAD + width(LEGEND)
+        } else {
+            0.0
+        };
+        // The legend of the origins takes one more band under a real ladder.
+        let bands = ladder.rows.len() + usize::from(ladder.is_real());
         Layout {
             axis: px(axis),
             active: px(active),
             passive: px(passive),
-            width: px(right.max(title)),
-            height: TOP + ROW_GAP * ladder.rows.len() as f64 + PAD,
+            width: px(right.max(title).max(legend)),
+            height: TOP + ROW_GAP * bands as f64 + PAD,
         }
     }
 
@@ -203,10 +211,17 @@ fn line(x1: f64, y1: f64, x2: f64, y2: f64, stroke: &str) -> Line {
         .set("stroke", stroke)
 }
 
-/// The SVG document of `ladder`.
+/// Under a ladder drawn from the real kernel: what each kind of mark comes from.
+pub const LEGEND: &str =
+    "● kernel (tracefs)   ○ library (endpoint timeline, dotted arrows)   ✕ nftables counter";
+
+/// The SVG document of `ladder`. On a real ladder every arrow and mark carries
+/// `data-origin` (see
+/// [`Origin::name`]); on a real ladder the library's notes are hollow dots in italics and
+/// its arrows dotted, the kernel's filled and solid, and a legend says so.
 pub fn render(ladder: &Ladder) -> String {
     let times = axis_labels(ladder);
-    let title = format!("connection {}: {}", ladder.conn, ladder.summary());
+    let title = ladder.title();
     let layout = Layout::new(ladder, &times, &title);
     let bottom = TOP + ROW_GAP * ladder.rows.len() as f64;
     let mut document = Document::new()
@@ -228,7 +243,7 @@ pub fn render(ladder: &Ladder) -> String {
     let mut frame = Group::new().set("class", "frame");
     frame = frame.add(
         text(
-            AXIS_HEADING,
+            ladder.clock.heading(),
             layout.axis,
             48.0,
             "end",
@@ -326,8 +341,7 @@ pub fn render(ladder: &Ladder) -> String {
                     FONT_SIZE,
                 ));
                 marks.push(
-                    Group::new()
-                        .set("class", "lost")
+                    origin(Group::new().set("class", "lost"), entry.origin)
                         .add(
                             line(x - 6.0, y - 6.0, x + 6.0, y + 6.0, colour(Tone::Lost))
                                 .set("stroke-width", 3),
@@ -349,18 +363,26 @@ pub fn render(ladder: &Ladder) -> String {
                     Lane::Active => (x - 2.0 * PAD, "end"),
                     Lane::Passive => (x + 2.0 * PAD, "start"),
                 };
+                let library = entry.origin == Origin::Library;
+                let mut dot = Circle::new()
+                    .set("cx", x)
+                    .set("cy", px(y))
+                    .set("r", 4)
+                    .set("fill", if library { "white" } else { colour(*tone) });
+                let mut label = text(note, label_x, y + 4.0, anchor, FONT_SIZE, *tone);
+                if library {
+                    dot = dot.set("stroke", colour(*tone)).set("stroke-width", 1.5);
+                    label = label.set("font-style", "italic");
+                }
                 marks.push(
-                    Group::new()
-                        .set("class", "note")
-                        .set("data-lane", lane.name())
-                        .add(
-                            Circle::new()
-                                .set("cx", x)
-                                .set("cy", px(y))
-                                .set("r", 4)
-                                .set("fill", colour(*tone)),
-                        )
-                        .add(text(note, label_x, y + 4.0, anchor, FONT_SIZE, *tone)),
+                    origin(
+                        Group::new()
+                            .set("class", "note")
+                            .set("data-lane", lane.name()),
+                        entry.origin,
+                    )
+                    .add(dot)
+                    .add(label),
                 );
             }
             Mark::Send(_) | Mark::Arrive(_) => {}
@@ -379,9 +401,32 @@ pub fn render(ladder: &Ladder) -> String {
     for mark in marks {
         document = document.add(mark);
     }
+    if ladder.is_real() {
+        document = document.add(
+            text(
+                LEGEND,
+                PAD,
+                bottom + ROW_GAP / 2.0 + 4.0,
+                "start",
+                FONT_SIZE,
+                Tone::Plain,
+            )
+            .set("class", "legend")
+            .set("fill", "#555555"),
+        );
+    }
     let mut out = document.to_string();
     out.push('\n');
     out
+}
+
+/// `group` with its `data-origin`, unless it comes from the simulation (whose pictures
+/// have one origin only).
+fn origin(group: Group, origin: Origin) -> Group {
+    match origin {
+        Origin::Simulation => group,
+        other => group.set("data-origin", other.name()),
+    }
 }
 
 /// Where an arrow's line runs, and how it ends ("arrived", "lost", "in-flight").
@@ -456,13 +501,15 @@ fn draw_arrow(
     let mut line = line(x1, y1, x2, y2, stroke).set("stroke-width", 1.5);
     if end != "arrived" {
         line = line.set("stroke-dasharray", "6 3");
+    } else if arrow.origin == Origin::Library {
+        line = line.set("stroke-dasharray", "2 3");
     }
-    let mut group = Group::new()
+    let group = Group::new()
         .set("class", "arrow")
         .set("data-kind", super::message_name(arrow.kind))
         .set("data-from", arrow.from.name())
-        .set("data-end", end)
-        .add(line);
+        .set("data-end", end);
+    let mut group = origin(group, arrow.origin).add(line);
     if end == "arrived" {
         // The head: a triangle along the shaft, its tip on the lane.
         let (dx, dy) = (x2 - x1, y2 - y1);

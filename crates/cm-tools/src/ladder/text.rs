@@ -2,7 +2,11 @@
 //! twice, leaving its lane (first half of the wire) and arriving (second half); a lost
 //! one ends in a ✕ in the middle.
 
-use super::{axis_labels, clock_jumps, Arrow, End, Ladder, Lane, Mark, AXIS_HEADING};
+use super::{axis_labels, clock_jumps, Arrow, End, Ladder, Lane, Mark, Origin};
+
+/// Under a ladder drawn from the real kernel: what the lane marks come from.
+pub const TEXT_LEGEND: &str =
+    "* kernel (tracefs)   o library (endpoint timeline)   ✕ nftables counter";
 
 /// `text` padded with spaces to `width` characters, on the left when `right_aligned`.
 fn pad(text: &str, width: usize, right_aligned: bool) -> String {
@@ -32,7 +36,7 @@ pub fn render(ladder: &Ladder) -> String {
         .iter()
         .flatten()
         .map(|t| t.chars().count())
-        .chain([AXIS_HEADING.len()])
+        .chain([ladder.clock.heading().len()])
         .max()
         .unwrap_or(0);
     let active_heading = ladder.heading(Lane::Active);
@@ -60,10 +64,9 @@ pub fn render(ladder: &Ladder) -> String {
     let blank = " ".repeat(half);
 
     let mut out = format!(
-        "connection {}: {}\n\n{}  {} |{}|  {}\n",
-        ladder.conn,
-        ladder.summary(),
-        pad(AXIS_HEADING, time_width, true),
+        "{}\n\n{}  {} |{}|  {}\n",
+        ladder.title(),
+        pad(ladder.clock.heading(), time_width, true),
         pad(&active_heading, active_width, true),
         " ".repeat(2 * half + 1),
         ladder.heading(Lane::Passive),
@@ -96,7 +99,12 @@ pub fn render(ladder: &Ladder) -> String {
             }
             Mark::Note { lane, text, .. } => {
                 let side = usize::from(*lane == Lane::Passive);
-                lanes[side] = '*';
+                // A real ladder tells the library's notes from the kernel's.
+                lanes[side] = if row.origin == Origin::Library {
+                    'o'
+                } else {
+                    '*'
+                };
                 notes[side] = text.clone();
             }
         }
@@ -114,6 +122,9 @@ pub fn render(ladder: &Ladder) -> String {
     // An arrow still in flight when the trace ends is said, not silently dropped.
     for arrow in ladder.arrows.iter().filter(|a| a.end == End::InFlight) {
         out.push_str(&format!("({} still in flight)\n", arrow.label));
+    }
+    if ladder.is_real() {
+        out.push_str(&format!("\n{TEXT_LEGEND}\n"));
     }
     out
 }

@@ -34,8 +34,88 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
     session.start()?;
     session.drive().map_err(cm_error)?;
     let took = session.now();
+    if let Some(path) = &config.timeline {
+        write_timeline(path, config, &session)?;
+    }
     Ok(report(config, &session, took))
     // The endpoint goes with the session: every connection left, then the listener.
+}
+
+/// Writes the first connection's timeline (`--timeline`) on CLOCK_MONOTONIC: the
+/// endpoint's clock is an `Instant` (CLOCK_MONOTONIC on Linux) since the transport was
+/// made, so its origin is the monotonic now less the endpoint's now.
+fn write_timeline(
+    path: &std::path::Path,
+    config: &RealRun,
+    session: &Session<RdmaTransport>,
+) -> Result<(), CmError> {
+    let mono = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let mono = Duration::new(
+        u64::try_from(mono.tv_sec).unwrap_or(0),
+        u32::try_from(mono.tv_nsec).unwrap_or(0),
+    );
+    let origin = mono.saturating_sub(session.now());
+    let timeline = timeline(config.server, session.conns().first(), origin);
+    std::fs::write(path, timeline.render()).map_err(|e| CmError::InvalidArgument {
+        op: "cmnotify --timeline",
+        reason: if e.kind() == std::io::ErrorKind::NotFound {
+            "its directory does not exist"
+        } else {
+            "the file cannot be written"
+        },
+    })
+}
+
+/// What the endpoint saw of `conn`, moved by `origin` onto CLOCK_MONOTONIC.
+fn timeline(
+    server: bool,
+    conn: Option<&crate::session::ConnRecord>,
+    origin: Duration,
+) -> crate::ladder::kernel::Timeline {
+    let mut entries = Vec::new();
+    if let Some(conn) = conn {
+        let mut add = |at: Option<Duration>, what: String| {
+            if let Some(at) = at {
+                entries.push((origin + at, what));
+            }
+        };
+        let call = if server {
+            "rdma_accept"
+        } else {
+            "rdma_connect"
+        };
+        add(conn.span(Step::Connect).start(), call.to_string());
+        let via = match conn.established {
+            Some(EstablishedVia::Handshake) | None => "handshake".to_string(),
+            Some(EstablishedVia::Notify(trigger)) => format!("notify {}", trigger_name(trigger)),
+            Some(EstablishedVia::RtuWonRace(trigger)) => {
+                format!("rtu-won-race {}", trigger_name(trigger))
+            }
+        };
+        add(
+            conn.span(Step::Established).end(),
+            format!("established {via}"),
+        );
+        add(conn.span(Step::Exchange).start(), "send".to_string());
+        add(conn.span(Step::Exchange).end(), "exchange-done".to_string());
+        add(
+            conn.span(Step::Disconnect).start(),
+            "disconnect".to_string(),
+        );
+    }
+    entries.sort_by_key(|(at, _)| *at);
+    crate::ladder::kernel::Timeline {
+        role: if server { "server" } else { "client" }.to_string(),
+        entries,
+    }
+}
+
+fn trigger_name(trigger: Trigger) -> &'static str {
+    match trigger {
+        Trigger::AsyncEvent(cm_core::AsyncEventType::CommEst) => "comm-est",
+        Trigger::AsyncEvent(_) => "async-event",
+        Trigger::ReceiveCompletion => "receive-completion",
+    }
 }
 
 /// The shared server or client, as the command line asked.
