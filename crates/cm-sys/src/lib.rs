@@ -86,6 +86,7 @@
 //! [`NotifyError`]: cm_core::NotifyError
 
 mod channel;
+mod clock;
 mod cq;
 mod device;
 mod event;
@@ -98,6 +99,7 @@ mod tokio_fd;
 mod verbs;
 
 pub use channel::EventChannel;
+pub use clock::monotonic_now;
 pub use cq::{CompletionChannel, CqKind, DeviceKey};
 pub use device::{refresh_devices, AsyncEvents};
 pub use event::CmEvent;

@@ -49,11 +49,7 @@ fn write_timeline(
     config: &RealRun,
     session: &Session<RdmaTransport>,
 ) -> Result<(), CmError> {
-    let mono = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    let mono = Duration::new(
-        u64::try_from(mono.tv_sec).unwrap_or(0),
-        u32::try_from(mono.tv_nsec).unwrap_or(0),
-    );
+    let mono = cm_sys::monotonic_now();
     let origin = mono.saturating_sub(session.now());
     let timeline = timeline(config.server, session.conns().first(), origin);
     std::fs::write(path, timeline.render()).map_err(|e| CmError::InvalidArgument {
