@@ -12,42 +12,72 @@ use crate::ffi;
 /// Which of the descriptors given to [`poll_readable`] are ready, by position.
 ///
 /// "Ready" means a read will not block: data is there, or the descriptor hung up or has
-/// an error that the read will report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// an error that the read will report. Any number of positions; the first
+/// [`ReadySet::INLINE`] take no allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct ReadySet {
-    bits: u64,
+    first: u64,
+    /// Positions from 64 on, 64 per word (empty, unallocated, below 64 descriptors).
+    rest: Vec<u64>,
 }
 
 impl ReadySet {
-    /// How many descriptors one call can watch: the set is a 64-bit mask.
-    pub const CAPACITY: usize = 64;
+    /// Positions held without allocating: a server with one or two device contexts
+    /// never allocates to wait.
+    pub const INLINE: usize = 64;
+
+    /// Marks the descriptor at `index` ready.
+    fn insert(&mut self, index: usize) {
+        if index < Self::INLINE {
+            self.first |= 1 << index;
+            return;
+        }
+        let (word, bit) = ((index - Self::INLINE) / 64, (index - Self::INLINE) % 64);
+        if self.rest.len() <= word {
+            self.rest.resize(word + 1, 0);
+        }
+        self.rest[word] |= 1 << bit;
+    }
 
     /// Whether the descriptor at `index` (its position in the slice) is ready.
-    pub const fn is_ready(&self, index: usize) -> bool {
-        index < Self::CAPACITY && self.bits & (1 << index) != 0
+    pub fn is_ready(&self, index: usize) -> bool {
+        if index < Self::INLINE {
+            return self.first & (1 << index) != 0;
+        }
+        let (word, bit) = ((index - Self::INLINE) / 64, (index - Self::INLINE) % 64);
+        self.rest.get(word).is_some_and(|w| w & (1 << bit) != 0)
     }
 
     /// Whether none is ready (the timeout passed).
-    pub const fn is_empty(&self) -> bool {
-        self.bits == 0
+    pub fn is_empty(&self) -> bool {
+        self.first == 0 && self.rest.iter().all(|&w| w == 0)
     }
 
     /// How many are ready.
-    pub const fn len(&self) -> usize {
-        self.bits.count_ones() as usize
+    pub fn len(&self) -> usize {
+        let rest: u32 = self.rest.iter().map(|w| w.count_ones()).sum();
+        (self.first.count_ones() + rest) as usize
     }
 
     /// The positions of the ready descriptors, in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..Self::CAPACITY).filter(|&i| self.is_ready(i))
+        std::iter::once(self.first)
+            .chain(self.rest.iter().copied())
+            .enumerate()
+            .flat_map(|(word, bits)| {
+                (0..64)
+                    .filter(move |bit| bits & (1 << bit) != 0)
+                    .map(move |bit| word * 64 + bit)
+            })
     }
 }
 
 /// Waits until at least one of `fds` is readable, or `timeout` passes (`None`: as long as
 /// it takes). Interrupted waits (EINTR) are resumed with the time left.
 ///
-/// Returns the ready positions; an empty set means the timeout passed. At most
-/// [`ReadySet::CAPACITY`] descriptors; nothing is allocated.
+/// Returns the ready positions; an empty set means the timeout passed. Any number of
+/// descriptors (a process may read dozens of device contexts); up to
+/// [`ReadySet::INLINE`] nothing is allocated.
 ///
 /// ```
 /// use std::io::Write;
@@ -67,18 +97,19 @@ pub fn poll_readable(
     fds: &[BorrowedFd<'_>],
     timeout: Option<Duration>,
 ) -> Result<ReadySet, CmError> {
-    if fds.len() > ReadySet::CAPACITY {
-        return Err(CmError::InvalidArgument {
-            op: "poll",
-            reason: "more than 64 descriptors",
-        });
-    }
-    let mut pollfds = [libc::pollfd {
+    const UNUSED: libc::pollfd = libc::pollfd {
         fd: -1,
         events: 0,
         revents: 0,
-    }; ReadySet::CAPACITY];
-    let pollfds = &mut pollfds[..fds.len()];
+    };
+    let mut inline = [UNUSED; ReadySet::INLINE];
+    let mut spilled = Vec::new();
+    let pollfds = if fds.len() <= ReadySet::INLINE {
+        &mut inline[..fds.len()]
+    } else {
+        spilled.resize(fds.len(), UNUSED);
+        &mut spilled[..]
+    };
     for (slot, fd) in pollfds.iter_mut().zip(fds) {
         slot.fd = fd.as_raw_fd();
         slot.events = libc::POLLIN;
@@ -91,7 +122,7 @@ pub fn poll_readable(
             return Err(CmError::from_errno("poll", libc::EBADF));
         }
         if slot.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-            ready.bits |= 1 << index;
+            ready.insert(index);
         }
     }
     Ok(ready)
@@ -207,7 +238,8 @@ mod tests {
         assert_eq!(ready.iter().collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(ready.len(), 2);
         assert!(!ready.is_ready(1));
-        assert!(!ready.is_ready(ReadySet::CAPACITY));
+        assert!(!ready.is_ready(ReadySet::INLINE));
+        assert!(!ready.is_ready(1000));
     }
 
     #[test]
@@ -276,16 +308,22 @@ mod tests {
     }
 
     #[test]
-    fn more_descriptors_than_the_set_holds_are_refused() {
-        let (_writer, reader) = UnixStream::pair().unwrap();
-        let fds = vec![reader.as_fd(); ReadySet::CAPACITY + 1];
-        assert!(matches!(
-            poll_readable(&fds, Some(Duration::ZERO)),
-            Err(CmError::InvalidArgument { op: "poll", .. })
-        ));
-        let fds = vec![reader.as_fd(); ReadySet::CAPACITY];
+    fn as_many_descriptors_as_forty_device_contexts_are_watched() {
+        // The CM channel, then each device's asynchronous events and completion channel:
+        // 81 descriptors, past the 64 a set holds inline.
+        let pairs: Vec<(UnixStream, UnixStream)> =
+            (0..81).map(|_| UnixStream::pair().unwrap()).collect();
+        let fds: Vec<_> = pairs.iter().map(|(_, reader)| reader.as_fd()).collect();
         assert!(poll_readable(&fds, Some(Duration::ZERO))
             .unwrap()
             .is_empty());
+        for index in [3, 64, 80] {
+            (&pairs[index].0).write_all(b"x").unwrap();
+        }
+        let ready = poll_readable(&fds, None).unwrap();
+        assert_eq!(ready.iter().collect::<Vec<_>>(), vec![3, 64, 80]);
+        assert_eq!(ready.len(), 3);
+        assert!(ready.is_ready(64) && ready.is_ready(80) && !ready.is_ready(79));
+        assert!(!ready.is_empty());
     }
 }
