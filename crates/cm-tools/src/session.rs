@@ -469,6 +469,14 @@ impl<T: Transport> Session<T> {
                     ));
                 }
             }
+            Event::DeviceFailed { error } => {
+                if self.aborted.is_none() {
+                    let addr = self.local_text();
+                    self.abort(format!(
+                        "reading the RDMA device under {addr} failed: {error}"
+                    ));
+                }
+            }
             Event::NotifyFailed { conn, qp, error } => {
                 log_line(&format!("{conn} ({qp}): notify refused: {error}"));
             }
@@ -825,6 +833,7 @@ pub fn describe(reason: &CloseReason) -> String {
         CloseReason::ConnectError { status } => format!("CONNECT_ERROR (status {status})"),
         CloseReason::DeviceRemoved => "the RDMA device was removed".into(),
         CloseReason::DeviceFatal => "the RDMA device reported a fatal error".into(),
+        CloseReason::DeviceFailed(error) => format!("reading the RDMA device failed: {error}"),
         CloseReason::QpError { detail } => format!("QP error ({detail:?})"),
         CloseReason::TimedOut => "timed out (connect/establish deadline)".into(),
         CloseReason::SetupFailed(error) => format!("setup failed: {error}"),

@@ -744,6 +744,8 @@ impl<T: Transport> Endpoint<T> {
         // CM events first: an RTU read now is not mistaken for a lost one.
         more |= self.read_cm_events(&mut first_error);
         let forced_before = self.pump.counters().forced;
+        // A device whose reader fails is lost, once the pass has read the others.
+        let mut failed = Vec::new();
         // Then the triggers, COMM_EST just before the completions: on a device that
         // raises both for the same packet, the one that came first is the one used.
         for index in 0..self.devices.len() {
@@ -757,7 +759,7 @@ impl<T: Transport> Endpoint<T> {
                     Ok(Some(event)) => self.on_async_event(index, event),
                     Ok(None) => break,
                     Err(error) => {
-                        first_error.get_or_insert(error);
+                        failed.push((self.device_keys[index], error));
                         break;
                     }
                 }
@@ -775,7 +777,7 @@ impl<T: Transport> Endpoint<T> {
                     Ok(Some(token)) => self.on_cq_event(ConnectionId(token)),
                     Ok(None) => break,
                     Err(error) => {
-                        first_error.get_or_insert(error);
+                        failed.push((self.device_keys[index], error));
                         break;
                     }
                 }
@@ -786,6 +788,15 @@ impl<T: Transport> Endpoint<T> {
         // reading it now saves the application a wait.
         if self.pump.counters().forced != forced_before {
             more |= self.read_cm_events(&mut first_error);
+        }
+        for (key, error) in failed {
+            if self.device_keys.contains(&key) {
+                log::warn!("reading device {key:?} failed, it is taken as lost: {error}");
+                self.push_endpoint_event(Event::DeviceFailed {
+                    error: error.clone(),
+                });
+                self.device_lost(key, &CloseReason::DeviceFailed(error));
+            }
         }
         more |= self.expire();
         // The clock is read only when housekeeping is pending (a read per pass shows on
@@ -802,7 +813,8 @@ impl<T: Transport> Endpoint<T> {
                     .map(|after| now.saturating_add(after));
             }
         }
-        // One failing source does not keep the others from being handled.
+        // One failing source does not keep the others from being handled; a failing
+        // device ended above, only the CM channel's error (the endpoint's own) is left.
         match first_error {
             Some(error) => Err(error.into()),
             None => Ok(more),

@@ -281,6 +281,9 @@ pub enum CloseReason {
     DeviceRemoved,
     /// The device reported a fatal error (IBV_EVENT_DEVICE_FATAL).
     DeviceFatal,
+    /// Reading the device failed (its asynchronous events or completion channel
+    /// answered an error): it is taken as lost, and everything on it ends.
+    DeviceFailed(CmError),
     /// The connection's QP went to the error state (an asynchronous QP error or a
     /// failed work completion, e.g. retries exceeded because the peer is gone).
     QpError {
@@ -365,6 +368,13 @@ pub enum Event {
     /// A device event that belongs to no connection (port up/down, device fatal, GID
     /// change…), for the application to see.
     Device(AsyncEvent),
+    /// Reading a device failed: it is taken as lost (its listeners and connections
+    /// end with [`CloseReason::DeviceFailed`], reported after this), and the endpoint
+    /// goes on with its other devices.
+    DeviceFailed {
+        /// The read's error, errno kept.
+        error: CmError,
+    },
     /// A request to a listener with automatic accept could not be set up (QP creation,
     /// memory registration, `rdma_accept`…): it was rejected, and this says why (e.g.
     /// ENOMEM once pinned memory passes RLIMIT_MEMLOCK). The connection was never
