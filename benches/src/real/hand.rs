@@ -42,6 +42,8 @@ impl HandServer {
     /// A hand-loop server listening on the setup's A address.
     pub(super) fn new(setup: &Setup) -> Result<HandServer, String> {
         let channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
+        // Non-blocking, as the endpoint's: a look at it is then one read, no poll first.
+        channel.set_nonblocking(true).map_err(err("O_NONBLOCK"))?;
         let (listener_id, addr) = listener(setup, &channel)?;
         Ok(HandServer {
             channel,

@@ -36,6 +36,10 @@ impl PumpServer {
     /// A pump server listening on the setup's A address.
     pub(super) fn new(setup: &Setup) -> Result<PumpServer, String> {
         let pump_channel = EventChannel::new().map_err(err("rdma_create_event_channel"))?;
+        // Non-blocking, as the hand loop's and the endpoint's.
+        pump_channel
+            .set_nonblocking(true)
+            .map_err(err("O_NONBLOCK"))?;
         let (pump_listener, pump_addr) = listener(setup, &pump_channel)?;
         let device = nonblocking_events(&pump_listener)?;
         let (mut waiter, shutdown) = PollWaiter::new(&pump_channel).map_err(err("waiter"))?;

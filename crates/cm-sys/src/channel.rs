@@ -182,6 +182,17 @@ impl EventChannel {
     /// The next event if one is pending, without waiting: `Ok(None)` when the channel is
     /// empty.
     pub fn try_next_event(&self) -> Result<Option<CmEvent>, CmError> {
+        if self.inner.nonblocking.load(Ordering::Acquire) {
+            // Straight to the read: EAGAIN is the answer when empty, and a poll first
+            // would cost an event loop a second syscall per read.
+            loop {
+                match self.read_one()? {
+                    Attempt::Got(event) => return Ok(Some(event)),
+                    Attempt::Nothing => return Ok(None),
+                    Attempt::Skipped => {}
+                }
+            }
+        }
         self.next_event_timeout_inner(Some(Duration::ZERO))
     }
 

@@ -136,15 +136,24 @@ pub(crate) fn poll_fds(
     timeout: Option<Duration>,
 ) -> Result<usize, i32> {
     let count = libc::nfds_t::try_from(pollfds.len()).map_err(|_| libc::EINVAL)?;
-    let deadline = deadline_after(timeout);
+    // The clock is read once, and only for a timeout EINTR can cut short: where the
+    // clock source has no vDSO (HPET in a VM) each read is a syscall, and a zero
+    // timeout (busy polling) would pay for two per call.
+    let start = match timeout {
+        Some(t) if !t.is_zero() => Some(Instant::now()),
+        _ => None,
+    };
+    let deadline = start.and_then(|start| start.checked_add(timeout?));
+    let mut left = timeout;
     loop {
-        let timeout_ms: c_int = match deadline {
-            None => -1,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
+        let timeout_ms: c_int = match (left, deadline) {
+            (Some(left), Some(_)) => {
                 // Round up so that a sub-millisecond remainder still waits.
                 c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
             }
+            (Some(_), None) if start.is_none() => 0,
+            // No timeout, or one too long to be an instant.
+            _ => -1,
         };
         // SAFETY: `pollfds` is a live, exclusively borrowed array of `count` pollfd
         // structs; poll writes only their `revents` fields.
@@ -155,6 +164,9 @@ pub(crate) fn poll_fds(
                 let errno = ffi::last_errno();
                 if errno != libc::EINTR {
                     return Err(errno);
+                }
+                if let Some(deadline) = deadline {
+                    left = Some(deadline.saturating_duration_since(Instant::now()));
                 }
             }
         }
@@ -188,9 +200,11 @@ pub(crate) fn wait_then_read<T>(
     mut read: impl FnMut() -> Result<Attempt<T>, CmError>,
 ) -> Result<Option<T>, CmError> {
     let once = timeout == Some(Duration::ZERO);
-    let deadline = deadline_after(timeout);
+    // One look needs no clock (a read of it can be a syscall: HPET in a VM).
+    let deadline = if once { None } else { deadline_after(timeout) };
     loop {
         let left = match (timeout, deadline) {
+            (Some(_), _) if once => Some(Duration::ZERO),
             (Some(_), Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
             // No timeout, or one too long to represent: wait forever.
             _ => None,

@@ -153,6 +153,10 @@ pub struct PumpCounters {
     /// Early triggers dropped at [`NotifyPump::register_before_handshake`]: kept for a
     /// QP number before its current QP could receive anything, so a previous QP's.
     pub early_stale: u64,
+    /// COMM_EST asynchronous events received, whatever became of each (a forced
+    /// establish, EISCONN after another trigger won, an error, unrouted): says that the
+    /// device's COMM_EST reaches the pump even where a receive completion came first.
+    pub comm_est: u64,
 }
 
 /// Why a registration was refused.
@@ -449,6 +453,9 @@ impl<I: CmId> NotifyPump<I> {
                 PumpEvent::PassThrough(event)
             }
             Route::Notify { qp, event: kind } => {
+                if kind == AsyncEventType::CommEst {
+                    self.counters.comm_est += 1;
+                }
                 match self.entries.get_mut(&qp) {
                     Some(entry) if entry.id.qp_num() == Some(qp) => {
                         return Self::notify(

@@ -241,6 +241,87 @@ fn many_connections_each_established_exactly_once_at_full_rtu_loss() {
 }
 
 #[test]
+fn busy_polling_rescues_every_lost_rtu_once_and_loses_no_message() {
+    // Spinning, the server polls the queues of its accepted connections itself: each
+    // receive forces its establish once, whichever of that poll and the completion
+    // event sees it first, and the message is still delivered, in order.
+    let mut pair = pair(soft_roce(), 9, &[b"one", b"two"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(20, b"");
+    let mut accepted = Vec::new();
+    for _ in 0..20 {
+        let conn = pair.server.accept(SECOND).unwrap();
+        assert_eq!(
+            pair.server.info(conn).unwrap().established,
+            Some(EstablishedVia::Notify(Trigger::ReceiveCompletion))
+        );
+        accepted.push(conn);
+    }
+    let c = pair.server.counters();
+    assert_eq!((c.forced, c.receive_triggers), (20, 20));
+    for conn in &accepted {
+        assert_eq!(pair.server.recv(*conn, SECOND).unwrap(), b"one");
+        assert_eq!(pair.server.recv(*conn, SECOND).unwrap(), b"two");
+    }
+    accepted.sort();
+    accepted.dedup();
+    assert_eq!(accepted.len(), 20, "each connection reported once");
+}
+
+#[test]
+fn busy_polling_takes_a_waiting_receive_from_the_queue_once() {
+    // The peer's message is in the server's receive queue, its completion event not
+    // read yet, when a busy-polling accept begins: the server polls the queue itself,
+    // forces the establish, and the completion event read later finds the queue empty.
+    // The message is delivered once.
+    let mut pair = pair(soft_roce(), 3, &[]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(1, b"");
+    let mut sent = false;
+    for _ in 0..1000 {
+        pair.fabric.advance(Duration::from_millis(1));
+        if pair.server.connection_count() == 0 {
+            pair.server.poll().unwrap();
+        }
+        let mut client = pair.client.borrow_mut();
+        while let Some(event) = client.poll().unwrap() {
+            if let Event::Established { conn, .. } = event {
+                client.send(conn, b"early").unwrap();
+                sent = true;
+            }
+        }
+        if sent {
+            break;
+        }
+    }
+    assert!(sent, "the client never got established");
+    pair.fabric.advance(Duration::from_millis(10));
+    let conn = pair.server.accept(SECOND).unwrap();
+    assert_eq!(
+        pair.server.info(conn).unwrap().established,
+        Some(EstablishedVia::Notify(Trigger::ReceiveCompletion))
+    );
+    assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"early");
+    assert_eq!(
+        pair.server.recv(conn, Some(Duration::from_millis(50))),
+        Err(ConnError::Timeout),
+        "delivered once"
+    );
+    let c = pair.server.counters();
+    assert_eq!((c.forced, c.receive_triggers), (1, 1));
+}
+
+#[test]
 fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
     let mut pair = pair(SimConfig::default(), 5, &[]);
     let options = ListenOptions {

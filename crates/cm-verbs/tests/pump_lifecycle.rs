@@ -151,6 +151,36 @@ fn a_final_failure_stops_receive_triggers() {
     assert_eq!(pump.counters().notify_failed_retriable, 0);
 }
 
+#[test]
+fn every_comm_est_is_counted_whichever_trigger_won() {
+    // The receive completion forces the establish; the device's COMM_EST of the same
+    // packet, read after it, answers EISCONN; one of a QP nobody registered is unrouted.
+    let id = TestId::new(QP, &[Ok(NotifyOutcome::Established)]);
+    let mut pump = NotifyPump::new();
+    pump.register(id.clone(), Role::Passive).unwrap();
+    assert!(matches!(
+        pump.on_receive_completion(QP),
+        Some(PumpEvent::Forced { .. })
+    ));
+    assert_eq!(pump.counters().comm_est, 0, "a receive is no COMM_EST");
+    id.0.answers
+        .borrow_mut()
+        .push_back(Ok(NotifyOutcome::AlreadyEstablished));
+    assert!(matches!(
+        pump.on_async_event(comm_est(QP)),
+        PumpEvent::AlreadyEstablished { .. }
+    ));
+    assert!(matches!(
+        pump.on_async_event(comm_est(QpNum(0x43))),
+        PumpEvent::Unrouted(_)
+    ));
+    let c = pump.counters();
+    assert_eq!(
+        (c.comm_est, c.forced, c.already_established, c.unrouted),
+        (2, 1, 1, 1)
+    );
+}
+
 // --- early triggers (issue 13, item 4) ---
 
 #[test]

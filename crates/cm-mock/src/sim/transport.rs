@@ -640,6 +640,9 @@ impl Transport for SimTransport {
         out: &mut Vec<WorkCompletion>,
         max: usize,
     ) -> Result<usize, CmError> {
+        // As on a device, a completion is in its queue once it landed, whether or not
+        // the completion channel was read since (busy polling polls queues first).
+        self.collect_completions();
         let (_, queues, pool) = self.queues(id, "ibv_poll_cq")?;
         let Some(busy) = queues.busy.as_mut() else {
             return Ok(0);

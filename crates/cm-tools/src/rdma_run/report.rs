@@ -92,6 +92,9 @@ pub struct PumpJson {
     pub unrouted: u64,
     /// Asynchronous events passed to the application.
     pub passed_through: u64,
+    /// COMM_EST events the pump received, whatever became of them (forced, EISCONN
+    /// after a receive completion won, unrouted).
+    pub comm_est: u64,
 }
 
 impl From<PumpCounters> for PumpJson {
@@ -104,6 +107,7 @@ impl From<PumpCounters> for PumpJson {
             receive_triggers: c.receive_triggers,
             unrouted: c.unrouted,
             passed_through: c.passed_through,
+            comm_est: c.comm_est,
         }
     }
 }
@@ -163,8 +167,8 @@ pub fn human(r: &RealReport) -> String {
     if r.pump {
         let _ = writeln!(
             out,
-            "pump: forced {}, EISCONN {}, notify failed {}, receive triggers {}, unrouted {}, passed through {}",
-            p.forced, p.already_established, p.notify_failed, p.receive_triggers, p.unrouted, p.passed_through
+            "pump: forced {}, EISCONN {}, notify failed {}, receive triggers {}, unrouted {}, passed through {}, COMM_EST {}",
+            p.forced, p.already_established, p.notify_failed, p.receive_triggers, p.unrouted, p.passed_through, p.comm_est
         );
     }
     for failure in &r.failures {

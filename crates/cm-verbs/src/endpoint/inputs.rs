@@ -91,6 +91,41 @@ impl<T: Transport> Endpoint<T> {
         self.poll_queues(conn, &id, true);
     }
 
+    /// Busy polling: polls the queues of at most [`PASS_BATCH`] accepted connections
+    /// whose trigger has not come, in turn; whether a receive among them forced an
+    /// establish. Entries of connections that moved on are dropped as they are met.
+    /// O(1) per connection polled.
+    pub(super) fn poll_awaiting(&mut self) -> bool {
+        let forced = self.pump.counters().forced;
+        for _ in 0..self.awaiting.len().min(PASS_BATCH) {
+            let Some(conn) = self.awaiting.pop_front() else {
+                break;
+            };
+            let id = match self.live(conn) {
+                Some(c) if c.state == ConnState::Accepted && c.via.is_none() => c.id.clone(),
+                _ => continue,
+            };
+            self.awaiting.push_back(conn);
+            self.poll_queues(conn, &id, true);
+        }
+        self.pump.counters().forced != forced
+    }
+
+    /// Drops the stale entries of [`Endpoint::poll_awaiting`]'s queue once they
+    /// outnumber the connections (it is read only while busy polling).
+    fn compact_awaiting(&mut self) {
+        if self.awaiting.len() <= 2 * self.live_conns + 64 {
+            return;
+        }
+        let slots = &self.slots;
+        self.awaiting.retain(|conn| {
+            slots.get(conn.index()).is_some_and(|s| {
+                s.generation == conn.generation()
+                    && matches!(&s.entry, Some(Entry::Live(c)) if c.state == ConnState::Accepted)
+            })
+        });
+    }
+
     /// Polls `conn`'s receive then send queue dry and handles each completion; with
     /// `failures` off, failed completions are skipped (the connection is ending anyway).
     fn poll_queues(&mut self, conn: ConnectionId, id: &T::Id, failures: bool) {
@@ -315,6 +350,10 @@ impl<T: Transport> Endpoint<T> {
             entry.deadline = timeout.map(|t| now.saturating_add(t));
             if let Some(deadline) = entry.deadline {
                 self.deadlines.push(Reverse((deadline, conn)));
+            }
+            if self.notify {
+                self.awaiting.push_back(conn);
+                self.compact_awaiting();
             }
         }
         Ok(())

@@ -286,6 +286,10 @@ pub struct Endpoint<T: Transport> {
     /// Connect and establish deadlines; an entry whose connection moved on is stale
     /// and skipped.
     deadlines: BinaryHeap<Reverse<(Duration, ConnectionId)>>,
+    /// Accepted connections whose trigger may still come, for busy polling to poll
+    /// their receive queues itself; an entry whose connection moved on is stale and
+    /// skipped.
+    awaiting: VecDeque<ConnectionId>,
     /// The last ready-queue ticket given out.
     next_ticket: u32,
     live_conns: usize,
@@ -340,6 +344,7 @@ impl<T: Transport> Endpoint<T> {
             listener_closed_pending: 0,
             accepted: VecDeque::new(),
             deadlines: BinaryHeap::new(),
+            awaiting: VecDeque::new(),
             next_ticket: 0,
             live_conns: 0,
             live_listeners: 0,
@@ -363,8 +368,10 @@ impl<T: Transport> Endpoint<T> {
         self.notify = on;
     }
 
-    /// Turns busy polling on (`Some(budget)`: a waiting call spins on its sources for
-    /// up to `budget` before it sleeps) or off (`None`), from the next wait on. O(1).
+    /// Turns busy polling on (`Some(budget)`: a waiting call spins on its sources, and
+    /// on the receive queues of accepted connections not yet established, for up to
+    /// `budget` before it sleeps; see [`EndpointOptions::busy_poll`]) or off (`None`),
+    /// from the next wait on. O(1).
     pub fn set_busy_poll(&mut self, budget: Option<Duration>) {
         self.options.busy_poll = budget;
     }
@@ -690,7 +697,22 @@ impl<T: Transport> Endpoint<T> {
         let start = self.transport.now();
         let deadline = timeout.map(|t| start.saturating_add(t));
         let mut spin = Spin::new(self.options.busy_poll, start);
+        let mut spinning = self.options.busy_poll.is_some();
         loop {
+            // Spinning, the receive queues of the accepted connections come first: a
+            // receive there forces the establish without the completion event's reads
+            // (the event comes anyway and finds the queue empty), and the ESTABLISHED
+            // the kernel then delivers is read at once.
+            if spinning && self.poll_awaiting() {
+                let mut first_error = None;
+                self.read_cm_events(&mut first_error);
+                if let Some(found) = take(self) {
+                    return found;
+                }
+                if let Some(error) = first_error {
+                    return Err(error.into());
+                }
+            }
             let more = self.process_pass()?;
             if let Some(found) = take(self) {
                 return found;
@@ -699,7 +721,8 @@ impl<T: Transport> Endpoint<T> {
             if deadline.is_some_and(|d| now >= d) {
                 return Err(ConnError::Timeout);
             }
-            if more || spin.keep_spinning(now) {
+            spinning = spin.keep_spinning(now);
+            if more || spinning {
                 continue;
             }
             let wait = [deadline, self.next_deadline()]
