@@ -200,6 +200,13 @@ pub trait Transport {
     fn wants_housekeeping(&self) -> bool {
         false
     }
+    /// A handle, usable from any thread, that makes the current or next
+    /// [`Transport::wait`] return at once (spurious returns are allowed). `None` (the
+    /// default): the transport's wait never blocks in real time (the simulation's moves
+    /// virtual time), so nothing needs waking.
+    fn waker(&mut self) -> Result<Option<core::task::Waker>, CmError> {
+        Ok(None)
+    }
     /// Work the transport finishes on its own after a device went away (the real
     /// backend lets librdmacm close the removed device's context, which the kernel's
     /// removal waits for). Called on every pass of the connection layer; returns how

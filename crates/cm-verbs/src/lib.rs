@@ -87,8 +87,8 @@ mod rdma_transport;
 
 pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
-    Endpoint, EndpointOptions, EndpointStats, EstablishedVia, Event, ListenOptions, ListenerId,
-    PrivateData, QpErrorDetail, CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
+    Endpoint, EndpointOptions, EndpointStats, EndpointWaker, EstablishedVia, Event, ListenOptions,
+    ListenerId, PrivateData, QpErrorDetail, CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
 };
 pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{

@@ -50,32 +50,110 @@ pub use crate::rdma_transport::{RdmaBuffers, RdmaDevice, RdmaTransport};
 /// Requests coalesce: any number of them before the waiter wakes count as one.
 #[derive(Debug, Clone)]
 pub struct Shutdown {
-    inner: Arc<ShutdownInner>,
+    inner: Arc<WakeWriter>,
 }
 
+/// The writing end of a wake-up socket, shared by every handle that wakes one waiter
+/// (a [`Shutdown`], an endpoint's waker): a request writes one byte, coalesced.
 #[derive(Debug)]
-struct ShutdownInner {
+pub(crate) struct WakeWriter {
     writer: UnixStream,
     /// Set by a request, cleared by the waiter before it drains the socket: at most one
     /// byte is ever in flight, so a request never blocks.
     pending: AtomicBool,
 }
 
+impl WakeWriter {
+    /// Wakes the waiter's current or next wait. Never blocks.
+    fn request(&self) -> Result<(), CmError> {
+        if self.pending.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match (&self.writer).write(&[1]) {
+            Ok(_) => Ok(()),
+            // A byte already waits in the socket: the waiter wakes anyway.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
+            // The waiter is gone, so it is not waiting: nothing left to wake.
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+            Err(e) => Err(io_error("write(wake-up socket)", &e)),
+        }
+    }
+}
+
+impl std::task::Wake for WakeWriter {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Err(error) = self.request() {
+            log::warn!("waking the endpoint failed: {error}");
+        }
+    }
+}
+
+/// The waiting end of a wake-up socket: poll it with the other descriptors, drain it
+/// when readable.
+#[derive(Debug)]
+pub(crate) struct WakeReader {
+    reader: UnixStream,
+    shared: Arc<WakeWriter>,
+}
+
+impl WakeReader {
+    /// A wake-up socket: its waiting end, and the shared writing end to hand out.
+    pub(crate) fn new() -> Result<(WakeReader, Arc<WakeWriter>), CmError> {
+        let (writer, reader) = UnixStream::pair().map_err(|e| io_error("socketpair", &e))?;
+        for end in [&writer, &reader] {
+            end.set_nonblocking(true)
+                .map_err(|e| io_error("fcntl(O_NONBLOCK)", &e))?;
+        }
+        let shared = Arc::new(WakeWriter {
+            writer,
+            pending: AtomicBool::new(false),
+        });
+        Ok((
+            WakeReader {
+                reader,
+                shared: Arc::clone(&shared),
+            },
+            shared,
+        ))
+    }
+
+    /// The shared writing end, for another handle.
+    pub(crate) fn shared(&self) -> Arc<WakeWriter> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Consumes pending requests; whether there was one.
+    pub(crate) fn drain(&mut self) -> Result<bool, CmError> {
+        // Cleared first: a request racing with the drain writes a new byte, seen next time.
+        let requested = self.shared.pending.swap(false, Ordering::AcqRel);
+        let mut sink = [0u8; 16];
+        loop {
+            match self.reader.read(&mut sink) {
+                Ok(0) => return Ok(requested),
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(requested),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error("read(wake-up socket)", &e)),
+            }
+        }
+    }
+}
+
+impl AsFd for WakeReader {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.reader.as_fd()
+    }
+}
+
 impl Shutdown {
     /// Requests shutdown: the waiter's current or next wait returns with
     /// [`Ready::shutdown`] set. Never blocks.
     pub fn request(&self) -> Result<(), CmError> {
-        if self.inner.pending.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        match (&self.inner.writer).write(&[1]) {
-            Ok(_) => Ok(()),
-            // A byte already waits in the socket: the waiter wakes anyway.
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
-            // The waiter is gone, so its loop is not running: nothing left to stop.
-            Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
-            Err(e) => Err(io_error("write(shutdown)", &e)),
-        }
+        self.inner.request()
     }
 }
 
@@ -92,8 +170,7 @@ impl Shutdown {
 pub struct PollWaiter {
     cm_events: OwnedFd,
     async_events: Option<OwnedFd>,
-    wake: UnixStream,
-    shutdown: Arc<ShutdownInner>,
+    wake: WakeReader,
     tick: Option<Duration>,
 }
 
@@ -101,20 +178,11 @@ impl PollWaiter {
     /// A waiter on `cm_events` (the event channel's descriptor) and its shutdown handle.
     pub fn new(cm_events: impl AsFd) -> Result<(PollWaiter, Shutdown), CmError> {
         let cm_events = duplicate(cm_events)?;
-        let (writer, wake) = UnixStream::pair().map_err(|e| io_error("socketpair", &e))?;
-        for end in [&writer, &wake] {
-            end.set_nonblocking(true)
-                .map_err(|e| io_error("fcntl(O_NONBLOCK)", &e))?;
-        }
-        let shutdown = Arc::new(ShutdownInner {
-            writer,
-            pending: AtomicBool::new(false),
-        });
+        let (wake, shutdown) = WakeReader::new()?;
         let waiter = PollWaiter {
             cm_events,
             async_events: None,
             wake,
-            shutdown: Arc::clone(&shutdown),
             tick: None,
         };
         Ok((waiter, Shutdown { inner: shutdown }))
@@ -143,23 +211,7 @@ impl PollWaiter {
     /// A new handle on this waiter's shutdown request.
     pub fn shutdown_handle(&self) -> Shutdown {
         Shutdown {
-            inner: Arc::clone(&self.shutdown),
-        }
-    }
-
-    /// Consumes pending shutdown requests; whether there was one.
-    fn drain_wake(&mut self) -> Result<bool, CmError> {
-        // Cleared first: a request racing with the drain writes a new byte, seen next time.
-        let requested = self.shutdown.pending.swap(false, Ordering::AcqRel);
-        let mut sink = [0u8; 16];
-        loop {
-            match self.wake.read(&mut sink) {
-                Ok(0) => return Ok(requested),
-                Ok(_) => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(requested),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_error("read(shutdown)", &e)),
-            }
+            inner: Arc::clone(&self.wake.shared),
         }
     }
 }
@@ -183,7 +235,7 @@ impl Waiter for PollWaiter {
             }
         };
         if woken {
-            ready.shutdown = self.drain_wake()?;
+            ready.shutdown = self.wake.drain()?;
         }
         Ok(ready)
     }

@@ -29,6 +29,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEvent, CmError, CqKind, QpNum, QueueCaps, Transport, WorkCompletion};
+
+use crate::rdma::WakeReader;
 use cm_sys::{
     AsyncEvents, CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey,
     DeviceMonitor, EventChannel, MemoryRegion, QpCaps,
@@ -195,6 +197,9 @@ pub struct RdmaTransport {
     /// Refreshes after an announced removal: the devices listed before it, and the
     /// retries.
     announced: Option<(Vec<String>, RemovalRetry)>,
+    /// The wake-up socket of [`Transport::waker`], made on first use and waited on
+    /// with the other descriptors.
+    wake: Option<WakeReader>,
 }
 
 impl RdmaTransport {
@@ -220,6 +225,7 @@ impl RdmaTransport {
             },
             monitor_ready: false,
             announced: None,
+            wake: None,
         })
     }
 
@@ -320,29 +326,32 @@ impl RdmaTransport {
         timeout: Option<Duration>,
     ) -> Result<cm_sys::ReadySet, CmError> {
         let channel = self.channel.as_fd();
-        let monitor = self.monitor.as_ref().map(AsFd::as_fd);
+        let extra = [
+            self.monitor.as_ref().map(AsFd::as_fd),
+            self.wake.as_ref().map(AsFd::as_fd),
+        ];
         if devices.len() <= 2 {
             // On the stack: the unused places hold the channel again, never passed.
-            let mut fds = [channel; 6];
+            let mut fds = [channel; 7];
             let mut n = 1;
             for device in devices {
                 fds[n] = device.events.as_fd();
                 fds[n + 1] = device.completions.as_fd();
                 n += 2;
             }
-            if let Some(monitor) = monitor {
-                fds[n] = monitor;
+            for fd in extra.into_iter().flatten() {
+                fds[n] = fd;
                 n += 1;
             }
             return cm_sys::poll_readable(&fds[..n], timeout);
         }
-        let mut fds = Vec::with_capacity(2 + 2 * devices.len());
+        let mut fds = Vec::with_capacity(3 + 2 * devices.len());
         fds.push(channel);
         for device in devices {
             fds.push(device.events.as_fd());
             fds.push(device.completions.as_fd());
         }
-        fds.extend(monitor);
+        fds.extend(extra.into_iter().flatten());
         cm_sys::poll_readable(&fds, timeout)
     }
 }
@@ -628,6 +637,18 @@ impl Transport for RdmaTransport {
         self.origin.elapsed()
     }
 
+    fn waker(&mut self) -> Result<Option<std::task::Waker>, CmError> {
+        let shared = match &self.wake {
+            Some(wake) => wake.shared(),
+            None => {
+                let (reader, shared) = WakeReader::new()?;
+                self.wake = Some(reader);
+                shared
+            }
+        };
+        Ok(Some(std::task::Waker::from(shared)))
+    }
+
     fn wait(&mut self, devices: &[RdmaDevice], timeout: Option<Duration>) -> Result<bool, CmError> {
         self.channel_idle = false;
         self.idle.clear();
@@ -645,8 +666,15 @@ impl Transport for RdmaTransport {
                 self.idle.push(device.completions.as_raw_fd());
             }
         }
-        if self.monitor.is_some() && ready.is_ready(1 + 2 * devices.len()) {
-            self.monitor_ready = true;
+        let mut next = 1 + 2 * devices.len();
+        if self.monitor.is_some() {
+            if ready.is_ready(next) {
+                self.monitor_ready = true;
+            }
+            next += 1;
+        }
+        if let Some(wake) = self.wake.as_mut().filter(|_| ready.is_ready(next)) {
+            wake.drain()?;
         }
         Ok(true)
     }

@@ -553,3 +553,28 @@ fn waiting_forever_on_an_idle_fabric_answers_idle_and_a_timeout_answers_none() {
     );
     assert!(matches!(sim.main.next_event(SECOND), Ok(None)));
 }
+
+#[test]
+fn a_wake_ends_the_next_wait_once() {
+    let mut sim = sim(SimConfig::default(), 13, true, Box::new(|_, _| {}));
+    let waker = sim.main.waker().unwrap();
+    let from_another_thread = waker.clone();
+    std::thread::spawn(move || from_another_thread.wake())
+        .join()
+        .unwrap();
+    waker.wake();
+    // Two wakes before a wait are one: the first wait returns at once, even without a
+    // deadline on an idle fabric, and the second waits as usual.
+    assert!(matches!(sim.main.accept(None), Err(ConnError::Woken)));
+    let forever = sim.main.next_event(None);
+    assert!(
+        matches!(forever, Err(ConnError::Cm(cm_verbs::CmError::Idle { .. }))),
+        "{forever:?}"
+    );
+    waker.wake();
+    assert!(matches!(sim.main.next_event(None), Ok(None)));
+    assert_eq!(
+        std::io::Error::from(ConnError::Woken).kind(),
+        std::io::ErrorKind::Interrupted
+    );
+}

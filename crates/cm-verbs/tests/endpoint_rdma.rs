@@ -179,3 +179,36 @@ fn a_second_endpoint_on_a_device_is_refused_rather_than_losing_its_events() {
         )
         .expect("the device is free again");
 }
+
+#[test]
+fn a_waker_on_another_thread_ends_a_blocking_wait() {
+    const TEST: &str = "a_waker_on_another_thread_ends_a_blocking_wait";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let mut server = common::endpoint();
+    server
+        .listen(
+            SocketAddr::new(addrs.addr_a, 7515),
+            ListenOptions::default(),
+        )
+        .expect("listen");
+    let waker = server.waker().expect("a waker");
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        waker.wake();
+    });
+    // No client: only the waker can end this wait before its 30 s.
+    let woken = server.accept(WAIT);
+    stopper.join().expect("waker thread");
+    report(&format!("waker: accept answered {woken:?}"));
+    assert!(
+        matches!(woken, Err(cm_verbs::ConnError::Woken)),
+        "{woken:?}"
+    );
+    // Consumed: the next wait waits (and times out) as usual.
+    assert!(matches!(
+        server.next_event(Some(Duration::from_millis(50))),
+        Ok(None)
+    ));
+}

@@ -18,6 +18,8 @@ mod types;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -306,6 +308,32 @@ pub struct Endpoint<T: Transport> {
     /// A device reader was given back since the housekeeping last ran.
     device_released: bool,
     notify: bool,
+    /// Set by an [`EndpointWaker`]: the current or next wait returns.
+    woken: Arc<AtomicBool>,
+}
+
+/// Wakes an [`Endpoint`]'s waiting call from another thread: a server stops (or looks
+/// at something else) without waking on a tick. Cheap to clone, [`Send`] and [`Sync`].
+///
+/// [`EndpointWaker::wake`] makes the current wait, or the next one if none is under
+/// way, return at once: [`Endpoint::next_event`] with `Ok(None)`, the other waiting
+/// calls with [`ConnError::Woken`]. Wakes before a wait coalesce into one.
+#[derive(Debug, Clone)]
+pub struct EndpointWaker {
+    woken: Arc<AtomicBool>,
+    /// The transport's own (its wait may block in a system call); `None` for one that
+    /// never blocks in real time.
+    transport: Option<std::task::Waker>,
+}
+
+impl EndpointWaker {
+    /// Makes the endpoint's current or next wait return. Never blocks.
+    pub fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        if let Some(waker) = &self.transport {
+            waker.wake_by_ref();
+        }
+    }
 }
 
 impl<T: Transport> std::fmt::Debug for Endpoint<T> {
@@ -357,6 +385,7 @@ impl<T: Transport> Endpoint<T> {
             housekeeping_due: None,
             device_released: false,
             notify: true,
+            woken: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -642,9 +671,19 @@ impl<T: Transport> Endpoint<T> {
     pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ConnError> {
         match self.wait_for(timeout, |ep| ep.try_next_event().map(Ok)) {
             Ok(event) => Ok(Some(event)),
-            Err(ConnError::Timeout) => Ok(None),
+            Err(ConnError::Timeout | ConnError::Woken) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// A handle that wakes this endpoint's waiting call from another thread (see
+    /// [`EndpointWaker`]). The real transport makes its wake-up socket on the first
+    /// call. O(1).
+    pub fn waker(&mut self) -> Result<EndpointWaker, ConnError> {
+        Ok(EndpointWaker {
+            woken: Arc::clone(&self.woken),
+            transport: self.transport.waker()?,
+        })
     }
 
     /// Waits for the next accepted connection to be established (on any listener) and
@@ -716,6 +755,9 @@ impl<T: Transport> Endpoint<T> {
             let more = self.process_pass()?;
             if let Some(found) = take(self) {
                 return found;
+            }
+            if self.woken.swap(false, Ordering::AcqRel) {
+                return Err(ConnError::Woken);
             }
             let now = self.transport.now();
             if deadline.is_some_and(|d| now >= d) {

@@ -402,7 +402,8 @@ pub enum Event {
 /// Converts into [`std::io::Error`] for code written against `io::Result`: a backend
 /// error keeps its errno; the others map to the nearest [`std::io::ErrorKind`] (an
 /// unknown handle `NotFound`, a wrong state `NotConnected`, data that does not fit
-/// `InvalidInput`, a full send queue `WouldBlock`, a timeout `TimedOut`, a closed
+/// `InvalidInput`, a full send queue `WouldBlock`, a timeout `TimedOut`, a wait cut
+/// short by a waker `Interrupted`, a closed
 /// connection by its reason: disconnected `ConnectionReset`, rejected
 /// `ConnectionRefused`, unreachable or timed out `TimedOut`, otherwise
 /// `ConnectionAborted`, as is a closed listener), with the error as its source.
@@ -453,6 +454,9 @@ pub enum ConnError {
     /// The deadline passed before the awaited event.
     #[error("timed out")]
     Timeout,
+    /// An [`EndpointWaker`](crate::EndpointWaker) cut the wait short.
+    #[error("woken")]
+    Woken,
     /// A listener ended (its device went away) while [`Endpoint::accept`](crate::Endpoint::accept) waited.
     #[error("{listener} closed: {reason:?}")]
     ListenerClosed {
@@ -547,6 +551,7 @@ impl From<ConnError> for std::io::Error {
             }
             ConnError::SendQueueFull(_) => ErrorKind::WouldBlock,
             ConnError::Timeout => ErrorKind::TimedOut,
+            ConnError::Woken => ErrorKind::Interrupted,
             ConnError::ListenerClosed { .. } => ErrorKind::ConnectionAborted,
             ConnError::Closed { reason, .. } => match reason {
                 CloseReason::Disconnected => ErrorKind::ConnectionReset,
