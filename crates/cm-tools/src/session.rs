@@ -846,7 +846,7 @@ pub fn describe(reason: &CloseReason) -> String {
 /// else (not expected there) is named generically.
 pub fn cm_error(error: ConnError) -> CmError {
     match error {
-        ConnError::Cm(e) => e,
+        ConnError::Cm(e) | ConnError::Endpoint(e) => e,
         _ => CmError::InvalidArgument {
             op: "cmnotify",
             reason: "the endpoint failed",

@@ -63,7 +63,7 @@ const FALLBACK_FIRST: Duration = Duration::from_millis(10);
 const FALLBACK_MAX: Duration = Duration::from_millis(500);
 
 fn readiness(error: std::io::Error) -> ConnError {
-    ConnError::Cm(CmError::from_io("tokio readiness", &error))
+    ConnError::Endpoint(CmError::from_io("tokio readiness", &error))
 }
 
 impl AsyncEndpoint {

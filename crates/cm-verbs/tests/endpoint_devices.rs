@@ -6,7 +6,7 @@
 //! an endpoint reads forty device contexts and a DEVICE_FATAL can hit one of them.
 //! Everything else is the simulated transport's own.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -33,6 +33,8 @@ struct PortDevices {
     failing: Rc<RefCell<Vec<u16>>>,
     /// Ports whose reader fails every read (EIO), as a descriptor gone bad does.
     broken: Rc<RefCell<Vec<u16>>>,
+    /// Whether the CM event channel fails every read (the endpoint's own source).
+    channel_broken: Rc<Cell<bool>>,
     /// A reader of the node's one device, for waiting on it.
     node_reader: Option<SimDeviceReader>,
 }
@@ -63,6 +65,9 @@ impl Transport for PortDevices {
         self.inner.id_key(id)
     }
     fn next_cm_event(&mut self) -> Result<Option<CmEvent>, CmError> {
+        if self.channel_broken.get() {
+            return Err(CmError::from_errno("rdma_get_cm_event", 5));
+        }
         let event = self.inner.next_cm_event()?;
         if let Some(event) = &event {
             let request = cm_verbs::core::CmEvent::event_type(event) == CmEventType::ConnectRequest;
@@ -244,6 +249,8 @@ struct Rig {
     failing: Rc<RefCell<Vec<u16>>>,
     /// Ports whose reader fails every read.
     broken: Rc<RefCell<Vec<u16>>>,
+    /// Whether the CM channel fails every read.
+    channel_broken: Rc<Cell<bool>>,
 }
 
 impl Rig {
@@ -254,11 +261,13 @@ impl Rig {
             client,
         } = SimPair::new(SimConfig::default(), 21);
         let (failing, broken) = (Rc::new(RefCell::new(Vec::new())), Rc::default());
+        let channel_broken = Rc::new(Cell::new(false));
         let server = PortDevices {
             inner: SimTransport::on_side(server),
             ports: HashMap::new(),
             failing: Rc::clone(&failing),
             broken: Rc::clone(&broken),
+            channel_broken: Rc::clone(&channel_broken),
             node_reader: None,
         };
         Rig {
@@ -267,6 +276,7 @@ impl Rig {
             client: Endpoint::new(SimTransport::on_side(client)),
             failing,
             broken,
+            channel_broken,
         }
     }
 
@@ -413,4 +423,28 @@ fn a_device_whose_reads_fail_does_not_stop_the_others() {
         "its reader released, nothing of it kept"
     );
     assert_eq!(rig.echo_round(&conns[1..]), 2);
+}
+
+#[test]
+fn only_the_endpoints_own_failure_ends_it() {
+    let mut rig = Rig::new();
+    rig.connect_to(FIRST_PORT..FIRST_PORT + 1);
+    rig.settle();
+    // A call's own failure: the port is taken. The endpoint goes on.
+    let taken = rig.server.transport().inner.addr(FIRST_PORT);
+    let refused = rig.server.listen(taken, ListenOptions::default());
+    assert!(
+        matches!(&refused, Err(e) if !e.ends_endpoint()),
+        "{refused:?}"
+    );
+    // A device failing is that device's end, not the endpoint's.
+    rig.broken.borrow_mut().push(FIRST_PORT);
+    assert!(rig.server.poll().is_ok());
+    // The CM channel failing is the endpoint's: every wait says so, errno kept.
+    rig.channel_broken.set(true);
+    let ended = rig.server.next_event(SECOND);
+    assert!(
+        matches!(&ended, Err(e @ cm_verbs::ConnError::Endpoint(cm)) if e.ends_endpoint() && cm.errno() == 5),
+        "{ended:?}"
+    );
 }

@@ -749,7 +749,7 @@ impl<T: Transport> Endpoint<T> {
                     return found;
                 }
                 if let Some(error) = first_error {
-                    return Err(error.into());
+                    return Err(ConnError::Endpoint(error));
                 }
             }
             let more = self.process_pass()?;
@@ -779,7 +779,8 @@ impl<T: Transport> Endpoint<T> {
                 Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
                     return Err(ConnError::Timeout)
                 }
-                Err(e) => return Err(e.into()),
+                Err(e @ cm_core::CmError::Idle { .. }) => return Err(e.into()),
+                Err(e) => return Err(ConnError::Endpoint(e)),
             }
         }
     }
@@ -881,7 +882,7 @@ impl<T: Transport> Endpoint<T> {
         // One failing source does not keep the others from being handled; a failing
         // device ended above, only the CM channel's error (the endpoint's own) is left.
         match first_error {
-            Some(error) => Err(error.into()),
+            Some(error) => Err(ConnError::Endpoint(error)),
             None => Ok(more),
         }
     }

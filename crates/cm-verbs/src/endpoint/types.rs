@@ -410,9 +410,15 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnError {
-    /// A backend call failed (errno kept).
+    /// A backend call made for this call's connection or listener failed (errno kept);
+    /// the endpoint goes on.
     #[error(transparent)]
     Cm(#[from] CmError),
+    /// The endpoint's own source failed: reading its CM event channel, or waiting
+    /// (errno kept). Nothing more will come from it: stop serving
+    /// ([`ConnError::ends_endpoint`]).
+    #[error("the endpoint cannot go on: {0}")]
+    Endpoint(CmError),
     /// The handle names no live connection.
     #[error("{0:?} names no live connection")]
     UnknownConnection(ConnectionId),
@@ -536,11 +542,21 @@ impl EndpointStats {
     }
 }
 
+impl ConnError {
+    /// Whether the endpoint itself failed ([`ConnError::Endpoint`]): stop serving.
+    /// Every other error concerns one call, connection or listener, and the endpoint
+    /// goes on, so a server that serves many connections handles those where they
+    /// happen rather than with `?` on its loop.
+    pub fn ends_endpoint(&self) -> bool {
+        matches!(self, ConnError::Endpoint(_))
+    }
+}
+
 impl From<ConnError> for std::io::Error {
     fn from(error: ConnError) -> Self {
         use std::io::ErrorKind;
         let kind = match &error {
-            ConnError::Cm(cm) => {
+            ConnError::Cm(cm) | ConnError::Endpoint(cm) => {
                 let errno = cm.errno();
                 return std::io::Error::new(std::io::Error::from_raw_os_error(errno).kind(), error);
             }
