@@ -1,11 +1,9 @@
 //! An echo server: each connection is reported established once, lost RTUs included.
-use std::net::SocketAddr;
-
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnError, Endpoint, ListenOptions};
 
 /// Serves `connections` clients on `addr`, one after the other, echoing each message.
-pub(crate) fn serve(addr: SocketAddr, connections: usize) -> Result<(), ConnError> {
+pub(crate) fn serve(addr: std::net::SocketAddr, connections: usize) -> Result<(), ConnError> {
     let mut server = Endpoint::new(RdmaTransport::new()?);
     server.listen(addr, ListenOptions::default())?;
     for _ in 0..connections {
@@ -20,6 +18,7 @@ pub(crate) fn serve(addr: SocketAddr, connections: usize) -> Result<(), ConnErro
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr = std::env::args().nth(1).unwrap_or("10.77.1.1:7471".into());
-    Ok(serve(addr.parse()?, 1)?)
+    let mut args = std::env::args().skip(1); // [ADDR [CONNECTIONS]]
+    let addr = args.next().unwrap_or("10.77.1.1:7471".into()).parse()?;
+    Ok(serve(addr, args.next().map_or(Ok(1), |n| n.parse())?)?)
 }

@@ -42,8 +42,10 @@ pub(crate) enum Item {
     CargoBin {
         /// Package name.
         package: String,
-        /// Binary name.
+        /// Binary (or example) name.
         binary: String,
+        /// An example of the package (`cargo-example`), not one of its binaries.
+        example: bool,
         /// Value for `--features`, if any.
         features: Option<String>,
     },
@@ -125,19 +127,24 @@ fn parse_item(line: &str) -> Result<Item, String> {
                 tsan,
             })
         }
-        "cargo-bin" => match words.as_slice() {
-            [package, binary] => Ok(Item::CargoBin {
-                package: package.to_string(),
-                binary: binary.to_string(),
-                features: None,
-            }),
-            [package, binary, features] => Ok(Item::CargoBin {
-                package: package.to_string(),
-                binary: binary.to_string(),
-                features: Some(features.to_string()),
-            }),
-            _ => Err(bad()),
-        },
+        "cargo-bin" | "cargo-example" => {
+            let example = kind == "cargo-example";
+            match words.as_slice() {
+                [package, binary] => Ok(Item::CargoBin {
+                    package: package.to_string(),
+                    binary: binary.to_string(),
+                    example,
+                    features: None,
+                }),
+                [package, binary, features] => Ok(Item::CargoBin {
+                    package: package.to_string(),
+                    binary: binary.to_string(),
+                    example,
+                    features: Some(features.to_string()),
+                }),
+                _ => Err(bad()),
+            }
+        }
         "exec" => {
             let rest = rest.trim_start();
             let (name, mut command) = rest.split_once(char::is_whitespace).ok_or_else(bad)?;
@@ -266,6 +273,7 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
             Item::CargoBin {
                 package,
                 binary,
+                example,
                 features,
             } => {
                 let mut args = vec![
@@ -273,7 +281,7 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                     "--message-format=json",
                     "-p",
                     &package,
-                    "--bin",
+                    if example { "--example" } else { "--bin" },
                     &binary,
                 ];
                 if let Some(f) = &features {
@@ -447,6 +455,7 @@ cargo-test cm-sys test=notify_overhead
 cargo-test cm-sys test=conformance_real label=comm-est
 cargo-test cm-sys test=fields_race tsan label=tsan
 cargo-bin cm-sys notify-peer
+cargo-example cm-verbs server rdma
 exec ibv-devices ibv_devices
 exec rping timeout=30 \\
   rping -s & \\
@@ -499,7 +508,14 @@ exec rping timeout=30 \\
                 Item::CargoBin {
                     package: "cm-sys".into(),
                     binary: "notify-peer".into(),
+                    example: false,
                     features: None
+                },
+                Item::CargoBin {
+                    package: "cm-verbs".into(),
+                    binary: "server".into(),
+                    example: true,
+                    features: Some("rdma".into())
                 },
                 Item::Exec {
                     name: "ibv-devices".into(),
