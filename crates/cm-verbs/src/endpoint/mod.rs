@@ -814,42 +814,14 @@ impl<T: Transport> Endpoint<T> {
         let mut failed = Vec::new();
         // Then the triggers, COMM_EST just before the completions: on a device that
         // raises both for the same packet, the one that came first is the one used.
-        for index in 0..self.devices.len() {
-            let mut handled = 0;
-            while index < self.devices.len() {
-                if handled == PASS_BATCH {
-                    more = true;
-                    break;
-                }
-                match self.transport.next_async_event(&mut self.devices[index]) {
-                    Ok(Some(event)) => self.on_async_event(index, event),
-                    Ok(None) => break,
-                    Err(error) => {
-                        failed.push((self.device_keys[index], error));
-                        break;
-                    }
-                }
-                handled += 1;
-            }
-        }
-        for index in 0..self.devices.len() {
-            let mut handled = 0;
-            while index < self.devices.len() {
-                if handled == PASS_BATCH {
-                    more = true;
-                    break;
-                }
-                match self.transport.next_cq_event(&mut self.devices[index]) {
-                    Ok(Some(token)) => self.on_cq_event(ConnectionId(token)),
-                    Ok(None) => break,
-                    Err(error) => {
-                        failed.push((self.device_keys[index], error));
-                        break;
-                    }
-                }
-                handled += 1;
-            }
-        }
+        more |= self.read_devices(&mut failed, |ep, index| {
+            let event = ep.transport.next_async_event(&mut ep.devices[index])?;
+            Ok(event.map(|event| ep.on_async_event(index, event)))
+        });
+        more |= self.read_devices(&mut failed, |ep, index| {
+            let token = ep.transport.next_cq_event(&mut ep.devices[index])?;
+            Ok(token.map(|token| ep.on_cq_event(ConnectionId(token))))
+        });
         // A trigger that forced an establish: its ESTABLISHED may be there already, and
         // reading it now saves the application a wait.
         if self.pump.counters().forced != forced_before {
@@ -889,6 +861,36 @@ impl<T: Transport> Endpoint<T> {
 }
 
 impl<T: Transport> Endpoint<T> {
+    /// Runs `read_one` (one read of a device's source, handled; `None` when it is
+    /// empty) up to [`PASS_BATCH`] times per device; whether a device had more. A
+    /// device whose read fails is noted in `failed` and read no further.
+    fn read_devices(
+        &mut self,
+        failed: &mut Vec<(T::DeviceKey, cm_core::CmError)>,
+        mut read_one: impl FnMut(&mut Self, usize) -> Result<Option<()>, cm_core::CmError>,
+    ) -> bool {
+        let mut more = false;
+        for index in 0..self.devices.len() {
+            let mut handled = 0;
+            // A handler may close a device (DEVICE_FATAL): the list can shrink.
+            while index < self.devices.len() {
+                if handled == PASS_BATCH {
+                    more = true;
+                    break;
+                }
+                match read_one(self, index) {
+                    Ok(Some(())) => handled += 1,
+                    Ok(None) => break,
+                    Err(error) => {
+                        failed.push((self.device_keys[index], error));
+                        break;
+                    }
+                }
+            }
+        }
+        more
+    }
+
     /// Reads at most [`PASS_BATCH`] CM events; whether more were waiting. The first
     /// error is kept in `first_error` and ends the read.
     fn read_cm_events(&mut self, first_error: &mut Option<cm_core::CmError>) -> bool {

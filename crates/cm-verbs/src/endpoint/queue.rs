@@ -16,7 +16,7 @@ use cm_core::{QpNum, Transport};
 
 use super::{
     CloseReason, ConnError, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia, Event,
-    ListenerId, PrivateData,
+    PrivateData,
 };
 use crate::Role;
 
@@ -208,10 +208,12 @@ impl<T: Transport> Endpoint<T> {
 
     fn take_live_event(&mut self, conn: ConnectionId) -> Option<Event> {
         let entry = self.live_mut(conn)?;
-        if entry.pending.request {
-            entry.pending.request = false;
+        // A request always came to a listener: a connection without one has none to
+        // report.
+        if let (true, Some(listener)) = (std::mem::take(&mut entry.pending.request), entry.listener)
+        {
             return Some(Event::Request {
-                listener: entry.listener.unwrap_or(ListenerId(u64::MAX)),
+                listener,
                 conn,
                 private_data: entry.private.clone(),
             });
