@@ -24,7 +24,7 @@ pub(crate) struct Example {
 
 /// The crate whose examples are checked, and what it is built with.
 const CRATE: &str = "crates/cm-verbs";
-const FEATURES: &str = "\"rdma\", \"tokio\"";
+const FEATURES: &str = "\"rdma\", \"tokio\", \"sim\"";
 
 /// Builds every example of cm-verbs in a scratch crate that depends on cm-verbs alone;
 /// the summary line.

@@ -1,7 +1,11 @@
 //! The connection API on tokio: [`AsyncEndpoint`] drives the same [`Endpoint`] as the
-//! blocking calls, with its descriptors (the CM channel, and per device context the
-//! asynchronous event descriptor and the completion channel) registered with the
-//! reactor instead of waited on in `poll(2)`.
+//! blocking calls, over any transport that says how it waits ([`AsyncWait`]). On the
+//! real transport (feature `rdma`) its descriptors (the CM channel, and per device
+//! context the asynchronous event descriptor and the completion channel) are registered
+//! with the reactor instead of waited on in `poll(2)`; on the simulated fabric (feature
+//! `sim`), whose waits move virtual time, the endpoint waits through the transport and
+//! lets the runtime's other tasks run between passes: the same async server runs in an
+//! application's unit test.
 //!
 //! Cancellation-safe: every event lives in the endpoint until a call takes it, so a
 //! future dropped at an `.await` loses no event, and the connections it was waiting on
@@ -32,20 +36,55 @@
 //! ```
 
 use std::future::poll_fn;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::task::Poll;
 use std::time::Duration;
 
-use cm_core::CmError;
+use cm_core::{CmError, Transport};
 use tokio::io::unix::AsyncFd;
 
-use crate::rdma::RdmaTransport;
 use crate::{ConnError, ConnectionId, Endpoint, EstablishedVia, Event};
 
-/// An [`Endpoint`] over the real backend, driven by tokio.
+/// How an [`AsyncEndpoint`] waits on a transport without blocking the runtime.
+pub trait AsyncWait: Transport {
+    /// The descriptors whose readability ends a wait (the CM channel, the devices'
+    /// readers, anything else the transport reads), each with a number that changes
+    /// when the descriptor behind it does; `None` for a transport whose
+    /// [`Transport::wait`] never blocks in real time (the simulation moves virtual
+    /// time): the async endpoint then waits through it, yielding between passes.
+    fn watched<'a>(&'a self, devices: &'a [Self::Device]) -> Option<Vec<(BorrowedFd<'a>, u64)>>;
+}
+
+#[cfg(feature = "rdma")]
+impl AsyncWait for crate::rdma::RdmaTransport {
+    fn watched<'a>(&'a self, devices: &'a [Self::Device]) -> Option<Vec<(BorrowedFd<'a>, u64)>> {
+        // The channel and the monitor live as long as the transport: serial 0.
+        let fixed = std::iter::once(self.channel_fd()).chain(self.monitor_fd());
+        Some(
+            fixed
+                .map(|fd| (fd, 0))
+                .chain(devices.iter().flat_map(|device| {
+                    [
+                        (device.async_fd(), device.serial()),
+                        (device.completion_fd(), device.serial()),
+                    ]
+                }))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(feature = "sim")]
+impl AsyncWait for cm_mock::sim::SimTransport {
+    fn watched<'a>(&'a self, _devices: &'a [Self::Device]) -> Option<Vec<(BorrowedFd<'a>, u64)>> {
+        None
+    }
+}
+
+/// An [`Endpoint`] driven by tokio.
 #[derive(Debug)]
-pub struct AsyncEndpoint {
-    endpoint: Endpoint<RdmaTransport>,
+pub struct AsyncEndpoint<T: AsyncWait> {
+    endpoint: Endpoint<T>,
     /// Duplicates of the endpoint's descriptors, registered with the reactor; rebuilt
     /// (and the duplicates closed) as soon as the endpoint's set changes, so that a
     /// removed device is not kept open by them.
@@ -57,6 +96,25 @@ pub struct AsyncEndpoint {
     fallback: Option<Duration>,
 }
 
+/// Registers a duplicate descriptor for readability with the current runtime.
+#[cfg(feature = "rdma")]
+use cm_sys::async_owned_fd as register;
+
+/// Registers a duplicate descriptor for readability with the current runtime (without
+/// cm-sys, through tokio's older safe call).
+#[cfg(not(feature = "rdma"))]
+fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, CmError> {
+    // Deprecated because a general `AsRawFd` may close its descriptor under the
+    // reactor; an `OwnedFd` keeps it open and the same until the AsyncFd drops it.
+    #[allow(deprecated)]
+    AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
+        .map_err(|e| CmError::from_io("tokio AsyncFd", &e))
+}
+
+/// Turns given to the runtime's other tasks before a wait in virtual time with nothing
+/// pending is refused.
+const IDLE_TURNS: u32 = 64;
+
 /// The first interval at which a wait with descriptors it could not watch wakes.
 const FALLBACK_FIRST: Duration = Duration::from_millis(10);
 /// The longest such interval.
@@ -66,10 +124,10 @@ fn readiness(error: std::io::Error) -> ConnError {
     ConnError::Endpoint(CmError::from_io("tokio readiness", &error))
 }
 
-impl AsyncEndpoint {
-    /// An endpoint over `transport`; must be called within a tokio runtime with I/O
-    /// enabled.
-    pub fn new(transport: RdmaTransport) -> Result<Self, ConnError> {
+impl<T: AsyncWait> AsyncEndpoint<T> {
+    /// An endpoint over `transport`; must be called within a tokio runtime (with I/O
+    /// enabled, for a transport with descriptors).
+    pub fn new(transport: T) -> Result<Self, ConnError> {
         let mut endpoint = AsyncEndpoint {
             endpoint: Endpoint::new(transport),
             watched: Vec::new(),
@@ -82,7 +140,7 @@ impl AsyncEndpoint {
 
     /// The endpoint, for the calls that never wait (`listen`, `connect`, `send`,
     /// `disconnect`, `info`, `counters`, …).
-    pub fn endpoint(&mut self) -> &mut Endpoint<RdmaTransport> {
+    pub fn endpoint(&mut self) -> &mut Endpoint<T> {
         &mut self.endpoint
     }
 
@@ -111,34 +169,22 @@ impl AsyncEndpoint {
     /// descriptor that cannot be duplicated or registered is left out and the wait falls
     /// back to waking at an interval until it can.
     fn sync_fds(&mut self) {
-        let devices = self.endpoint.devices();
-        // Compared before anything is allocated: this runs on every wait.
-        if self.serials.as_ref().is_some_and(|serials| {
-            serials
-                .iter()
-                .copied()
-                .eq(devices.iter().map(|d| d.serial()))
-        }) {
+        let Some(current) = self.endpoint.transport().watched(self.endpoint.devices()) else {
+            return;
+        };
+        let serials: Vec<u64> = current.iter().map(|&(_, serial)| serial).collect();
+        if self.serials.as_ref() == Some(&serials) {
             return;
         }
-        let serials: Vec<u64> = devices.iter().map(|d| d.serial()).collect();
         // The old duplicates go first: their descriptors make room for the new ones.
         self.watched.clear();
-        let transport = self.endpoint.transport();
-        let current = std::iter::once(transport.channel_fd())
-            .chain(transport.monitor_fd())
-            .chain(
-                devices
-                    .iter()
-                    .flat_map(|device| [device.async_fd(), device.completion_fd()]),
-            );
         let mut whole = true;
-        for fd in current {
+        for (fd, _) in current {
             let watched = fd
                 .as_fd()
                 .try_clone_to_owned()
                 .map_err(|e| CmError::from_io("dup", &e))
-                .and_then(cm_sys::async_owned_fd);
+                .and_then(register);
             match watched {
                 Ok(watched) => self.watched.push(watched),
                 Err(error) => {
@@ -163,8 +209,9 @@ impl AsyncEndpoint {
 
     async fn wait_for<R>(
         &mut self,
-        mut take: impl FnMut(&mut Endpoint<RdmaTransport>) -> Option<Result<R, ConnError>>,
+        mut take: impl FnMut(&mut Endpoint<T>) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
+        let mut idle_turns = 0;
         loop {
             // What is already there is answered before anything is read.
             if let Some(found) = take(&mut self.endpoint) {
@@ -182,11 +229,31 @@ impl AsyncEndpoint {
                 tokio::task::yield_now().await;
                 continue;
             }
+            let now = self.endpoint.transport().now();
+            let left = self.endpoint.next_deadline().map(|d| d.saturating_sub(now));
+            if self
+                .endpoint
+                .transport()
+                .watched(self.endpoint.devices())
+                .is_none()
+            {
+                // A wait in virtual time: the transport's own, then the other tasks
+                // (a peer on the same fabric, a timer) run before the next pass. With
+                // nothing pending at all, the other tasks get their turns first; only
+                // when none of them brings anything is the wait refused (`Idle`), as a
+                // blocking one is.
+                match self.endpoint.wait_transport(left) {
+                    Err(ConnError::Cm(CmError::Idle { .. })) if idle_turns < IDLE_TURNS => {
+                        idle_turns += 1;
+                    }
+                    Err(error) => return Err(error),
+                    Ok(()) => idle_turns = 0,
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
             // A deadline beyond what the clock can count is no deadline.
-            let deadline = self.endpoint.next_deadline().and_then(|d| {
-                let left = d.saturating_sub(cm_core::Transport::now(self.endpoint.transport()));
-                tokio::time::Instant::now().checked_add(left)
-            });
+            let deadline = left.and_then(|left| tokio::time::Instant::now().checked_add(left));
             // Sources not watched are read again after the fallback interval.
             let fallback = self
                 .fallback

@@ -69,13 +69,17 @@ pub use cm_core::{
     AsyncEvent, AsyncEventType, CmError, NotifyError, NotifyOutcome, QpNum, QueueCaps,
     RejectReason, Transport,
 };
+/// The simulated fabric (cm-mock's `sim`: `SimPair`, `SimTransport`, faults), with the
+/// `sim` feature: test a server written against [`Endpoint`] with no device.
+#[cfg(feature = "sim")]
+pub use cm_mock::sim;
 /// The real backend (`cm-sys`), with the `rdma` feature.
 #[cfg(feature = "rdma")]
 pub use cm_sys as sys;
 
 #[cfg(feature = "tokio")]
 pub mod async_endpoint;
-#[cfg(feature = "tokio")]
+#[cfg(all(feature = "tokio", feature = "rdma"))]
 pub mod async_loop;
 mod endpoint;
 mod event_loop;

@@ -6,7 +6,7 @@
 //! (and are driven), checks that it returned in time with success, counts the kernel's
 //! CM ids against their number before (0 leaked), prints its fault row and adds the
 //! device back. Without a device every test records a skip.
-#![cfg(feature = "tokio")]
+#![cfg(all(feature = "tokio", feature = "rdma"))]
 
 mod common;
 

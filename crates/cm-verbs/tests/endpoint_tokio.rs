@@ -1,7 +1,7 @@
 //! The connection API on tokio and the real kernel (soft-RoCE in the VM): a server
 //! written with `AsyncEndpoint` rescues a connection whose RTU nftables drops, and a
 //! dropped `accept` future loses nothing. Without a device the test records a skip.
-#![cfg(feature = "tokio")]
+#![cfg(all(feature = "tokio", feature = "rdma"))]
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! The tokio event loop on a real device: a passive side driven entirely by
 //! `AsyncEventLoop::next` accepts a connection and sees it established and disconnected.
 //! Runs inside the soft-RoCE VM; without a device it records a skip.
-#![cfg(feature = "tokio")]
+#![cfg(all(feature = "tokio", feature = "rdma"))]
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;

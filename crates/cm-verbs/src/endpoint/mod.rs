@@ -416,6 +416,17 @@ impl<T: Transport> Endpoint<T> {
         &self.devices
     }
 
+    /// One wait in the transport, at most `timeout` (`None`: until something comes),
+    /// for a caller that runs the passes itself; errors as the waiting calls give them.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn wait_transport(&mut self, timeout: Option<Duration>) -> Result<(), ConnError> {
+        match self.transport.wait(&self.devices, timeout) {
+            Ok(_) => Ok(()),
+            Err(e @ cm_core::CmError::Idle { .. }) => Err(e.into()),
+            Err(e) => Err(ConnError::Endpoint(e)),
+        }
+    }
+
     /// What the notify path did so far. O(1).
     pub fn counters(&self) -> PumpCounters {
         self.pump.counters()

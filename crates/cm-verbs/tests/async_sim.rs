@@ -1,0 +1,106 @@
+//! The async connection API over the simulated fabric: a tokio server written once,
+//! for any transport, runs in a unit test with no device, every RTU lost, and each
+//! connection is rescued by the endpoint's notify path.
+#![cfg(all(feature = "tokio", feature = "sim"))]
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use cm_verbs::async_endpoint::{AsyncEndpoint, AsyncWait};
+use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
+use cm_verbs::{ConnError, ConnectOptions, Endpoint, EstablishedVia, Event, ListenOptions};
+
+/// The server under test, as an application writes it: accept, read one message, echo
+/// it; how each connection was established.
+async fn echo_server<T: AsyncWait>(
+    server: &mut AsyncEndpoint<T>,
+    connections: usize,
+) -> Result<Vec<EstablishedVia>, ConnError> {
+    let mut vias = Vec::new();
+    for _ in 0..connections {
+        let conn = server.accept().await?;
+        vias.push(server.endpoint().info(conn)?.established.expect("accepted"));
+        let message = server.recv(conn).await?;
+        server.endpoint().send(conn, &message)?;
+    }
+    Ok(vias)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn the_async_server_rescues_every_connection_on_the_simulated_fabric() {
+    const CLIENTS: usize = 3;
+    let SimPair {
+        fabric,
+        server,
+        client,
+    } = SimPair::new(SimConfig::default(), 31);
+    fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    // The clients: one endpoint, driven whenever the server's wait moves the fabric.
+    let clients = Rc::new(RefCell::new(Endpoint::new(SimTransport::on_side(client))));
+    let echoes = Rc::new(RefCell::new(Vec::new()));
+    let mut transport = SimTransport::on_side(server);
+    let (driven, heard) = (Rc::clone(&clients), Rc::clone(&echoes));
+    transport.on_step(move || {
+        let mut clients = driven.borrow_mut();
+        while let Some(event) = clients.poll().expect("client poll") {
+            match event {
+                Event::Established { conn, .. } => clients.send(conn, b"hello").expect("send"),
+                Event::Received { conn, data } => {
+                    heard.borrow_mut().push(data);
+                    clients.disconnect(conn).expect("disconnect");
+                }
+                _ => {}
+            }
+        }
+    });
+    let vias = runtime().block_on(async {
+        let mut server = AsyncEndpoint::new(transport)?;
+        let addr = server.endpoint().transport().addr(7471);
+        server.endpoint().listen(addr, ListenOptions::default())?;
+        for _ in 0..CLIENTS {
+            clients
+                .borrow_mut()
+                .connect(addr, ConnectOptions::default())?;
+        }
+        let vias = echo_server(&mut server, CLIENTS).await?;
+        // The last echo reaches its client as the fabric moves on.
+        while echoes.borrow().len() < CLIENTS {
+            match server.next_event().await {
+                Ok(_) => {}
+                // Nothing left anywhere: every echo is in.
+                Err(ConnError::Cm(cm_verbs::CmError::Idle { .. })) => break,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok::<_, ConnError>(vias)
+    });
+    let vias = vias.expect("the server");
+    assert_eq!(vias.len(), CLIENTS);
+    assert!(
+        vias.iter().all(|v| matches!(v, EstablishedVia::Notify(_))),
+        "every RTU lost, every connection rescued by notify: {vias:?}"
+    );
+    assert_eq!(*echoes.borrow(), vec![b"hello".to_vec(); CLIENTS]);
+}
+
+#[test]
+fn a_wait_with_nothing_pending_anywhere_is_refused_rather_than_hanging() {
+    let SimPair { server, .. } = SimPair::new(SimConfig::default(), 32);
+    let answer = runtime().block_on(async {
+        let mut server = AsyncEndpoint::new(SimTransport::on_side(server))?;
+        let addr = server.endpoint().transport().addr(7471);
+        server.endpoint().listen(addr, ListenOptions::default())?;
+        server.accept().await
+    });
+    assert!(
+        matches!(answer, Err(ConnError::Cm(cm_verbs::CmError::Idle { .. }))),
+        "{answer:?}"
+    );
+}
