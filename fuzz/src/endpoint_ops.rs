@@ -1023,7 +1023,8 @@ impl World {
             assert!(
                 stats.ready_entries <= bound
                     && stats.accept_entries <= bound
-                    && stats.deadline_entries <= bound,
+                    && stats.deadline_entries <= bound
+                    && stats.awaiting_entries <= bound,
                 "{at}: {who:?} queues past 2 x {} + 64: {stats:?}",
                 side.peak
             );

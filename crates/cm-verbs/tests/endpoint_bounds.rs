@@ -177,6 +177,8 @@ fn the_readme_servers_pattern_leaves_nothing_queued() {
     assert_eq!(stats.dropped_events, 0, "{stats:?}");
     assert!(stats.ready_entries <= 64, "{stats:?}");
     assert!(stats.accept_entries <= 64, "{stats:?}");
+    // One connection at a time: at most twice that, plus 64, for busy polling's queue.
+    assert!(stats.awaiting_entries <= 2 + 64, "{stats:?}");
     assert_eq!(server.poll().unwrap(), None, "nothing left to report");
     assert_eq!(server.counters().forced, N as u64);
 }

@@ -112,8 +112,9 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Drops the stale entries of [`Endpoint::poll_awaiting`]'s queue once they
-    /// outnumber the connections (it is read only while busy polling).
-    fn compact_awaiting(&mut self) {
+    /// outnumber the connections (it is read only while busy polling): on every entry
+    /// added and every connection gone, amortised O(1).
+    pub(super) fn compact_awaiting(&mut self) {
         if self.awaiting.len() <= 2 * self.live_conns + 64 {
             return;
         }

@@ -453,6 +453,7 @@ impl<T: Transport> Endpoint<T> {
             ready_entries: self.ready.len(),
             accept_entries: self.accepted.len(),
             deadline_entries: self.deadlines.len(),
+            awaiting_entries: self.awaiting.len(),
             dropped_events: self.dropped_events,
             requests_refused: self.requests_refused,
         }

@@ -250,6 +250,7 @@ impl<T: Transport> Endpoint<T> {
         self.compact_ready();
         self.compact_accepted();
         self.compact_deadlines();
+        self.compact_awaiting();
     }
 
     pub(super) fn insert(&mut self, conn: Conn<T>) -> ConnectionId {

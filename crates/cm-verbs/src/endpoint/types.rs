@@ -528,6 +528,10 @@ pub struct EndpointStats {
     /// Deadlines kept, stale ones included (at most about twice the connections, plus
     /// 64).
     pub deadline_entries: usize,
+    /// Accepted connections kept for busy polling to poll their receive queues, stale
+    /// ones included (the same bound; kept while notify is on, read only while busy
+    /// polling).
+    pub awaiting_entries: usize,
     /// Events dropped because a bound was reached.
     pub dropped_events: u64,
     /// Connection requests rejected at once because their listener had
