@@ -9,7 +9,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -17,44 +16,6 @@ use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, FaultRow
 use cm_verbs::{CloseReason, Event, ListenOptions};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
-
-fn rdma(args: &[&str]) -> std::process::Output {
-    Command::new("rdma").args(args).output().expect("run rdma")
-}
-
-/// Adds the soft-RoCE device back on its netdev and waits until its port is active.
-fn add_back(device: &str, netdev: &str) {
-    let added = rdma(&["link", "add", device, "type", "rxe", "netdev", netdev]);
-    assert!(
-        added.status.success(),
-        "rdma link add: {}",
-        String::from_utf8_lossy(&added.stderr)
-    );
-    for _ in 0..200 {
-        let show = rdma(&["link", "show", &format!("{device}/1")]);
-        if String::from_utf8_lossy(&show.stdout).contains("state ACTIVE") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{device} did not come back ACTIVE");
-}
-
-/// Adds the device back when the test ends, however it ends, so that later tests in
-/// the same VM still have it.
-struct AddBack {
-    device: String,
-    netdev: String,
-}
-
-impl Drop for AddBack {
-    fn drop(&mut self) {
-        let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
-        if !show.status.success() {
-            add_back(&self.device, &self.netdev);
-        }
-    }
-}
 
 #[test]
 fn removing_the_device_closes_listener_and_connection_and_the_removal_completes() {
@@ -89,13 +50,13 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
     });
     let conn = server.accept(WAIT).expect("accept");
 
-    let _add_back = AddBack {
+    let _add_back = common::AddBack {
         device: device.clone(),
         netdev: netdev.clone(),
     };
     let removal = {
         let device = device.clone();
-        std::thread::spawn(move || rdma(&["link", "delete", &device]))
+        std::thread::spawn(move || common::rdma(&["link", "delete", &device]))
     };
     let (mut listener_closed, mut conn_closed) = (false, false);
     while !(listener_closed && conn_closed) {

@@ -22,10 +22,6 @@ use cm_verbs::{ConnError, Endpoint, ListenOptions};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
-fn rdma(args: &[&str]) -> std::process::Output {
-    Command::new("rdma").args(args).output().expect("run rdma")
-}
-
 /// The device and netdev named by the VM's environment variables, or a recorded skip.
 fn device(test: &str, dev: &str, netdev: &str) -> Option<(String, String)> {
     match (std::env::var(dev), std::env::var(netdev)) {
@@ -34,44 +30,6 @@ fn device(test: &str, dev: &str, netdev: &str) -> Option<(String, String)> {
             skip(test, &format!("{dev}/{netdev} name no device to remove"));
             None
         }
-    }
-}
-
-/// Adds the device back when the test ends, however it ends, and waits until its port
-/// is active, so that later tests in the same VM still have it.
-struct AddBack {
-    device: String,
-    netdev: String,
-}
-
-impl Drop for AddBack {
-    fn drop(&mut self) {
-        let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
-        if show.status.success() {
-            return;
-        }
-        let added = rdma(&[
-            "link",
-            "add",
-            &self.device,
-            "type",
-            "rxe",
-            "netdev",
-            &self.netdev,
-        ]);
-        assert!(
-            added.status.success(),
-            "rdma link add: {}",
-            String::from_utf8_lossy(&added.stderr)
-        );
-        for _ in 0..200 {
-            let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
-            if String::from_utf8_lossy(&show.stdout).contains("state ACTIVE") {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("{} did not come back ACTIVE", self.device);
     }
 }
 
@@ -153,7 +111,7 @@ fn an_idle_client_whose_last_connection_closed_lets_its_device_go() {
         "the idle client holds no device reader"
     );
 
-    let _add_back = AddBack {
+    let _add_back = common::AddBack {
         device: device.clone(),
         netdev,
     };
@@ -214,7 +172,7 @@ fn a_wildcard_listener_whose_first_connection_closed_lets_the_device_go() {
         "the device's reader closed with its connection"
     );
 
-    let _add_back = AddBack {
+    let _add_back = common::AddBack {
         device: device.clone(),
         netdev,
     };
@@ -262,7 +220,7 @@ fn a_closed_device_bound_listener_lets_its_device_go() {
         "the reader closed with its only listener"
     );
 
-    let _add_back = AddBack {
+    let _add_back = common::AddBack {
         device: device.clone(),
         netdev,
     };

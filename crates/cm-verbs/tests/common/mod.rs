@@ -1,8 +1,10 @@
 //! What the real-device tests of the connection API share: endpoints on the real
-//! backend and a client connection from the VM's second address.
+//! backend, a client connection from the VM's second address, and a guard that adds a
+//! removed soft-RoCE device back.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
 use std::time::Duration;
 
 use cm_verbs::rdma::RdmaTransport;
@@ -33,4 +35,47 @@ pub(crate) fn connected(
     let conn = client.connect(dst, from(src)).expect("connect");
     client.established(conn, WAIT).expect("client established");
     conn
+}
+
+/// Runs the `rdma` tool with `args`.
+pub(crate) fn rdma(args: &[&str]) -> std::process::Output {
+    Command::new("rdma").args(args).output().expect("run rdma")
+}
+
+/// Adds the soft-RoCE device back on its netdev when the test ends, however it ends, and
+/// waits until its port is active, so that later tests in the same VM still have it.
+pub(crate) struct AddBack {
+    pub(crate) device: String,
+    pub(crate) netdev: String,
+}
+
+impl Drop for AddBack {
+    fn drop(&mut self) {
+        let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
+        if show.status.success() {
+            return;
+        }
+        let added = rdma(&[
+            "link",
+            "add",
+            &self.device,
+            "type",
+            "rxe",
+            "netdev",
+            &self.netdev,
+        ]);
+        assert!(
+            added.status.success(),
+            "rdma link add: {}",
+            String::from_utf8_lossy(&added.stderr)
+        );
+        for _ in 0..200 {
+            let show = rdma(&["link", "show", &format!("{}/1", self.device)]);
+            if String::from_utf8_lossy(&show.stdout).contains("state ACTIVE") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{} did not come back ACTIVE", self.device);
+    }
 }
