@@ -71,6 +71,23 @@ fn drive_once(name: &str, endpoint: &mut Endpoint<RdmaTransport>) {
     }
 }
 
+/// Prints the fault row of a scenario that rescued nothing (`connections` attempted,
+/// `established`, `failed`), with the kernel CM ids left above `baseline`, and asserts
+/// that none were.
+#[track_caller]
+fn report_fault(fault: &str, connections: u64, established: u64, failed: u64, baseline: u64) {
+    let row = FaultRow {
+        fault: fault.into(),
+        connections,
+        established,
+        rescued: 0,
+        failed,
+        leaked_ids: leaked_cm_ids(baseline),
+    };
+    row.report();
+    assert_eq!(row.leaked_ids, 0);
+}
+
 #[test]
 fn an_idle_client_whose_last_connection_closed_lets_its_device_go() {
     const TEST: &str = "an_idle_client_whose_last_connection_closed_lets_its_device_go";
@@ -120,16 +137,13 @@ fn an_idle_client_whose_last_connection_closed_lets_its_device_go() {
     stop.send(()).expect("stop");
     server.join().expect("server thread");
     drop(client);
-    let row = FaultRow {
-        fault: "device removed under an idle client (last connection closed)".into(),
-        connections: 1,
-        established: 1,
-        rescued: 0,
-        failed: 0,
-        leaked_ids: leaked_cm_ids(baseline),
-    };
-    row.report();
-    assert_eq!(row.leaked_ids, 0);
+    report_fault(
+        "device removed under an idle client (last connection closed)",
+        1,
+        1,
+        0,
+        baseline,
+    );
 }
 
 #[test]
@@ -182,16 +196,13 @@ fn a_wildcard_listener_whose_first_connection_closed_lets_the_device_go() {
     assert_eq!(server.listener_count(), 1);
     server.close_listener(listener).expect("close listener");
     drop(server);
-    let row = FaultRow {
-        fault: "device removed under a wildcard listener (first connection closed)".into(),
-        connections: 1,
-        established: 1,
-        rescued: 0,
-        failed: 0,
-        leaked_ids: leaked_cm_ids(baseline),
-    };
-    row.report();
-    assert_eq!(row.leaked_ids, 0);
+    report_fault(
+        "device removed under a wildcard listener (first connection closed)",
+        1,
+        1,
+        0,
+        baseline,
+    );
 }
 
 #[test]
@@ -227,16 +238,7 @@ fn a_closed_device_bound_listener_lets_its_device_go() {
     let returned = removal_returns(&device, || drive_once("server", &mut server));
     assert!(returned, "rdma link delete {device} returned within 10 s");
     drop(server);
-    let row = FaultRow {
-        fault: "device removed after close_listener".into(),
-        connections: 0,
-        established: 0,
-        rescued: 0,
-        failed: 0,
-        leaked_ids: leaked_cm_ids(baseline),
-    };
-    row.report();
-    assert_eq!(row.leaked_ids, 0);
+    report_fault("device removed after close_listener", 0, 0, 0, baseline);
 }
 
 #[test]
@@ -287,16 +289,13 @@ fn close_listener_then_listen_on_the_same_address() {
     client.join().expect("client thread");
     server.close_listener(second).expect("close listener");
     drop(server);
-    let row = FaultRow {
-        fault: "close_listener, then listen on the same address".into(),
-        connections: 2,
-        established: 1,
-        rescued: 0,
-        failed: 1,
-        leaked_ids: leaked_cm_ids(baseline),
-    };
-    row.report();
-    assert_eq!(row.leaked_ids, 0);
+    report_fault(
+        "close_listener, then listen on the same address",
+        2,
+        1,
+        1,
+        baseline,
+    );
 }
 
 #[test]
@@ -370,14 +369,11 @@ fn an_async_accept_returns_its_connection_with_the_descriptor_limit_reached() {
         client.join().expect("client thread");
         let _ = tokio::time::timeout(Duration::from_secs(30), server.recv(conn)).await;
     });
-    let row = FaultRow {
-        fault: "RLIMIT_NOFILE reached before the first (async) accept".into(),
-        connections: 1,
-        established: 1,
-        rescued: 0,
-        failed: 0,
-        leaked_ids: leaked_cm_ids(baseline),
-    };
-    row.report();
-    assert_eq!(row.leaked_ids, 0);
+    report_fault(
+        "RLIMIT_NOFILE reached before the first (async) accept",
+        1,
+        1,
+        0,
+        baseline,
+    );
 }
