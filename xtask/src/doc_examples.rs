@@ -26,8 +26,8 @@ pub(crate) struct Example {
 const CRATE: &str = "crates/cm-verbs";
 const FEATURES: &str = "\"rdma\", \"tokio\", \"sim\"";
 
-/// Builds every example of cm-verbs in a scratch crate that depends on cm-verbs alone;
-/// the summary line.
+/// Builds every example of cm-verbs in a scratch crate that depends on cm-verbs alone
+/// (and tokio, for an async example's `#[tokio::main]`); the summary line.
 pub(crate) fn check() -> Result<String, String> {
     let root = workspace_root();
     let krate = root.join(CRATE);
@@ -73,7 +73,7 @@ pub(crate) fn check() -> Result<String, String> {
         )
     })?;
     Ok(format!(
-        "{} doc examples and {} example programs of cm-verbs build with cm-verbs as the only dependency",
+        "{} doc examples and {} example programs of cm-verbs build with cm-verbs as the only dependency (and tokio, the runtime an async main starts)",
         examples.len(),
         own.len()
     ))
@@ -87,7 +87,9 @@ fn manifest(krate: &Path) -> String {
          edition = \"2021\"\n\
          publish = false\n\n\
          [dependencies]\n\
-         cm-verbs = {{ path = \"{}\", features = [{FEATURES}] }}\n\n\
+         cm-verbs = {{ path = \"{}\", features = [{FEATURES}] }}\n\
+         # What an async application has beside it: the runtime its main starts.\n\
+         tokio = {{ version = \"1\", default-features = false, features = [\"macros\", \"rt\"] }}\n\n\
          # Not a member of the project's workspace: its own root.\n\
          [workspace]\n",
         krate.display()

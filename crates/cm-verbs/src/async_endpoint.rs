@@ -85,12 +85,17 @@ impl AsyncWait for cm_mock::sim::SimTransport {
 #[derive(Debug)]
 pub struct AsyncEndpoint<T: AsyncWait> {
     endpoint: Endpoint<T>,
-    /// Duplicates of the endpoint's descriptors, registered with the reactor; rebuilt
-    /// (and the duplicates closed) as soon as the endpoint's set changes, so that a
-    /// removed device is not kept open by them.
+    watch: WatchSet,
+}
+
+/// Duplicates of an endpoint's descriptors, registered with the reactor; rebuilt (and
+/// the duplicates closed) as soon as the endpoint's set changes, so that a removed
+/// device is not kept open by them.
+#[derive(Debug, Default)]
+pub(crate) struct WatchSet {
     watched: Vec<AsyncFd<OwnedFd>>,
-    /// The serial numbers of the device readers `watched` covers, in order; `None` when
-    /// a descriptor could not be watched (the next wait tries again).
+    /// The serial numbers of the descriptors `watched` covers, in order; `None` when a
+    /// descriptor could not be watched (the next wait tries again).
     serials: Option<Vec<u64>>,
     /// While the set is not whole: the interval the wait also wakes at.
     fallback: Option<Duration>,
@@ -113,68 +118,28 @@ fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, CmError> {
 
 /// Turns given to the runtime's other tasks before a wait in virtual time with nothing
 /// pending is refused.
-const IDLE_TURNS: u32 = 64;
+pub(crate) const IDLE_TURNS: u32 = 64;
 
 /// The first interval at which a wait with descriptors it could not watch wakes.
 const FALLBACK_FIRST: Duration = Duration::from_millis(10);
 /// The longest such interval.
 const FALLBACK_MAX: Duration = Duration::from_millis(500);
 
-fn readiness(error: std::io::Error) -> ConnError {
-    ConnError::Endpoint(CmError::from_io("tokio readiness", &error))
-}
-
-impl<T: AsyncWait> AsyncEndpoint<T> {
-    /// An endpoint over `transport`; must be called within a tokio runtime (with I/O
-    /// enabled, for a transport with descriptors).
-    pub fn new(transport: T) -> Result<Self, ConnError> {
-        let mut endpoint = AsyncEndpoint {
-            endpoint: Endpoint::new(transport),
-            watched: Vec::new(),
-            serials: None,
-            fallback: None,
-        };
-        endpoint.sync_fds();
-        Ok(endpoint)
-    }
-
-    /// The endpoint, for the calls that never wait (`listen`, `connect`, `send`,
-    /// `disconnect`, `info`, `counters`, …).
-    pub fn endpoint(&mut self) -> &mut Endpoint<T> {
-        &mut self.endpoint
-    }
-
-    /// The next event.
-    pub async fn next_event(&mut self) -> Result<Event, ConnError> {
-        self.wait_for(|ep| ep.try_next_event().map(Ok)).await
-    }
-
-    /// The next accepted connection, once established (see [`Endpoint::accept`]).
-    pub async fn accept(&mut self) -> Result<ConnectionId, ConnError> {
-        self.wait_for(Endpoint::try_accept).await
-    }
-
-    /// Waits for `conn` to be established (see [`Endpoint::established`]).
-    pub async fn established(&mut self, conn: ConnectionId) -> Result<EstablishedVia, ConnError> {
-        self.wait_for(|ep| ep.try_established(conn)).await
-    }
-
-    /// The next message on `conn` (see [`Endpoint::recv`]).
-    pub async fn recv(&mut self, conn: ConnectionId) -> Result<Vec<u8>, ConnError> {
-        self.wait_for(|ep| ep.try_recv(conn)).await
-    }
-
+impl WatchSet {
     /// Registers the endpoint's current descriptors if its device readers changed (one
     /// opened or closed), or if the last try could not watch them all. Never fails: a
     /// descriptor that cannot be duplicated or registered is left out and the wait falls
     /// back to waking at an interval until it can.
-    fn sync_fds(&mut self) {
-        let Some(current) = self.endpoint.transport().watched(self.endpoint.devices()) else {
-            return;
+    ///
+    /// Returns whether the transport has descriptors at all (`false`: its wait moves
+    /// virtual time).
+    pub(crate) fn sync<T: AsyncWait>(&mut self, endpoint: &Endpoint<T>) -> bool {
+        let Some(current) = endpoint.transport().watched(endpoint.devices()) else {
+            return false;
         };
         let serials: Vec<u64> = current.iter().map(|&(_, serial)| serial).collect();
         if self.serials.as_ref() == Some(&serials) {
-            return;
+            return true;
         }
         // The old duplicates go first: their descriptors make room for the new ones.
         self.watched.clear();
@@ -205,6 +170,75 @@ impl<T: AsyncWait> AsyncEndpoint<T> {
                 Some(previous) => (previous * 2).min(FALLBACK_MAX),
             });
         }
+        true
+    }
+
+    /// When a wait with `left` to the endpoint's next deadline should end at the
+    /// latest (sources not watched are read again after the fallback interval).
+    pub(crate) fn deadline(&self, left: Option<Duration>) -> Option<tokio::time::Instant> {
+        // A deadline beyond what the clock can count is no deadline.
+        let deadline = left.and_then(|left| tokio::time::Instant::now().checked_add(left));
+        let fallback = self
+            .fallback
+            .and_then(|after| tokio::time::Instant::now().checked_add(after));
+        [deadline, fallback].into_iter().flatten().min()
+    }
+
+    /// Ready once a watched descriptor is readable (its readiness cleared: the caller
+    /// reads every source next, so no wake-up is lost between a read and the wait).
+    pub(crate) fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), CmError>> {
+        for fd in &self.watched {
+            match fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut guard)) => {
+                    guard.clear_ready();
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err(CmError::from_io("tokio readiness", &e)))
+                }
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncWait> AsyncEndpoint<T> {
+    /// An endpoint over `transport`; must be called within a tokio runtime (with I/O
+    /// enabled, for a transport with descriptors).
+    pub fn new(transport: T) -> Result<Self, ConnError> {
+        let mut endpoint = AsyncEndpoint {
+            endpoint: Endpoint::new(transport),
+            watch: WatchSet::default(),
+        };
+        endpoint.watch.sync(&endpoint.endpoint);
+        Ok(endpoint)
+    }
+
+    /// The endpoint, for the calls that never wait (`listen`, `connect`, `send`,
+    /// `disconnect`, `info`, `counters`, …).
+    pub fn endpoint(&mut self) -> &mut Endpoint<T> {
+        &mut self.endpoint
+    }
+
+    /// The next event.
+    pub async fn next_event(&mut self) -> Result<Event, ConnError> {
+        self.wait_for(|ep| ep.try_next_event().map(Ok)).await
+    }
+
+    /// The next accepted connection, once established (see [`Endpoint::accept`]).
+    pub async fn accept(&mut self) -> Result<ConnectionId, ConnError> {
+        self.wait_for(Endpoint::try_accept).await
+    }
+
+    /// Waits for `conn` to be established (see [`Endpoint::established`]).
+    pub async fn established(&mut self, conn: ConnectionId) -> Result<EstablishedVia, ConnError> {
+        self.wait_for(|ep| ep.try_established(conn)).await
+    }
+
+    /// The next message on `conn` (see [`Endpoint::recv`]).
+    pub async fn recv(&mut self, conn: ConnectionId) -> Result<Vec<u8>, ConnError> {
+        self.wait_for(|ep| ep.try_recv(conn)).await
     }
 
     async fn wait_for<R>(
@@ -222,7 +256,7 @@ impl<T: AsyncWait> AsyncEndpoint<T> {
             if let Some(found) = take(&mut self.endpoint) {
                 return found;
             }
-            self.sync_fds();
+            let has_descriptors = self.watch.sync(&self.endpoint);
             if more {
                 // A source had more than one pass takes: read again without clearing
                 // its readiness (no new edge would come), letting other tasks run.
@@ -231,12 +265,7 @@ impl<T: AsyncWait> AsyncEndpoint<T> {
             }
             let now = self.endpoint.transport().now();
             let left = self.endpoint.next_deadline().map(|d| d.saturating_sub(now));
-            if self
-                .endpoint
-                .transport()
-                .watched(self.endpoint.devices())
-                .is_none()
-            {
+            if !has_descriptors {
                 // A wait in virtual time: the transport's own, then the other tasks
                 // (a peer on the same fabric, a timer) run before the next pass. With
                 // nothing pending at all, the other tasks get their turns first; only
@@ -252,37 +281,17 @@ impl<T: AsyncWait> AsyncEndpoint<T> {
                 tokio::task::yield_now().await;
                 continue;
             }
-            // A deadline beyond what the clock can count is no deadline.
-            let deadline = left.and_then(|left| tokio::time::Instant::now().checked_add(left));
-            // Sources not watched are read again after the fallback interval.
-            let fallback = self
-                .fallback
-                .and_then(|after| tokio::time::Instant::now().checked_add(after));
-            let deadline = [deadline, fallback].into_iter().flatten().min();
-            let watched = &self.watched;
-            // Readiness is cleared only here, just before the endpoint reads every
-            // source again, so no wake-up is lost between a read and the wait.
-            let ready = poll_fn(|cx| {
-                for fd in watched {
-                    match fd.poll_read_ready(cx) {
-                        Poll::Ready(Ok(mut guard)) => {
-                            guard.clear_ready();
-                            return Poll::Ready(Ok(()));
-                        }
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => {}
-                    }
-                }
-                Poll::Pending
-            });
+            let deadline = self.watch.deadline(left);
+            let watch = &self.watch;
+            let ready = poll_fn(|cx| watch.poll_ready(cx));
             match deadline {
                 Some(deadline) => {
                     tokio::select! {
-                        result = ready => result.map_err(readiness)?,
+                        result = ready => result.map_err(ConnError::Endpoint)?,
                         () = tokio::time::sleep_until(deadline) => {}
                     }
                 }
-                None => ready.await.map_err(readiness)?,
+                None => ready.await.map_err(ConnError::Endpoint)?,
             }
         }
     }

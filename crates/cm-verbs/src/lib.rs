@@ -83,6 +83,7 @@ pub mod async_endpoint;
 pub mod async_loop;
 mod endpoint;
 mod event_loop;
+pub mod handle;
 mod pump;
 #[cfg(feature = "rdma")]
 pub mod rdma;

@@ -47,6 +47,7 @@ pub const PASS_BATCH: usize = 64;
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ConnState {
     /// Active side: resolving the address, then the route.
     Resolving,
@@ -62,6 +63,7 @@ pub enum ConnState {
 
 /// What the endpoint knows of one connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConnectionInfo<A> {
     /// Passive (accepted) or active (connected).
     pub role: Role,
@@ -411,14 +413,12 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// The device readers, for a caller that waits on their descriptors itself.
-    #[cfg(feature = "tokio")]
     pub(crate) fn devices(&self) -> &[T::Device] {
         &self.devices
     }
 
     /// One wait in the transport, at most `timeout` (`None`: until something comes),
     /// for a caller that runs the passes itself; errors as the waiting calls give them.
-    #[cfg(feature = "tokio")]
     pub(crate) fn wait_transport(&mut self, timeout: Option<Duration>) -> Result<(), ConnError> {
         match self.transport.wait(&self.devices, timeout) {
             Ok(_) => Ok(()),
@@ -658,6 +658,16 @@ impl<T: Transport> Endpoint<T> {
             times: entry.times.public(),
             sends_in_flight: entry.sends_in_flight,
         })
+    }
+
+    /// The listener a live connection came to (passive side). O(1).
+    pub(crate) fn listener_of(&self, conn: ConnectionId) -> Option<ListenerId> {
+        self.live(conn).and_then(|c| c.listener)
+    }
+
+    /// The transport's own waker (`None`: its wait never blocks in real time).
+    pub(crate) fn transport_waker(&mut self) -> Result<Option<std::task::Waker>, ConnError> {
+        Ok(self.transport.waker()?)
     }
 
     /// The CM id of `conn`, for calls this API does not wrap. O(1).

@@ -173,6 +173,39 @@ impl<T: Transport> Endpoint<T> {
         None
     }
 
+    /// For a caller that routes news itself (the connection handles): the next
+    /// connection with something new (its news stays on it, to be taken by `try_recv`,
+    /// `try_established`, `send`, …), or the oldest endpoint-wide event. O(1)
+    /// amortised.
+    pub(crate) fn take_ready(&mut self) -> Option<Result<ConnectionId, Event>> {
+        while let Some(entry) = self.ready.pop_front() {
+            match entry {
+                Ready::Endpoint => {
+                    if let Some(event) = self.endpoint_events.pop_front() {
+                        if matches!(event, Event::ListenerClosed { .. }) {
+                            self.listener_closed_pending -= 1;
+                        }
+                        return Some(Err(event));
+                    }
+                }
+                Ready::Conn(conn, ticket) => {
+                    let Some(pending) = self.pending_mut(conn).filter(|p| p.ticket == ticket)
+                    else {
+                        continue;
+                    };
+                    pending.ticket = 0;
+                    return Some(Ok(conn));
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether `conn` closed and its close is not yet reported. O(1).
+    pub(crate) fn is_closed(&self, conn: ConnectionId) -> bool {
+        self.closed(conn).is_some()
+    }
+
     /// `conn`'s next thing to report, in its order: request, established, messages,
     /// notify failure, sent, closed.
     fn take_conn_event(&mut self, conn: ConnectionId) -> Option<Event> {

@@ -300,6 +300,7 @@ pub enum CloseReason {
 
 /// What reported a QP error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum QpErrorDetail {
     /// An asynchronous event on the QP (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR).
     AsyncEvent(AsyncEvent),
@@ -454,6 +455,9 @@ pub enum ConnError {
         /// The buffer size.
         max: usize,
     },
+    /// Options that the call cannot work with (what is wrong is said).
+    #[error("invalid options: {0}")]
+    InvalidOptions(&'static str),
     /// Every send buffer is in flight: wait for events (sends complete) and retry.
     #[error("{0}: every send buffer is in flight")]
     SendQueueFull(ConnectionId),
@@ -566,9 +570,9 @@ impl From<ConnError> for std::io::Error {
             }
             ConnError::UnknownConnection(_) | ConnError::UnknownListener(_) => ErrorKind::NotFound,
             ConnError::WrongState { .. } => ErrorKind::NotConnected,
-            ConnError::PrivateDataTooLong { .. } | ConnError::MessageTooLarge { .. } => {
-                ErrorKind::InvalidInput
-            }
+            ConnError::PrivateDataTooLong { .. }
+            | ConnError::MessageTooLarge { .. }
+            | ConnError::InvalidOptions(_) => ErrorKind::InvalidInput,
             ConnError::SendQueueFull(_) => ErrorKind::WouldBlock,
             ConnError::Timeout => ErrorKind::TimedOut,
             ConnError::Woken => ErrorKind::Interrupted,

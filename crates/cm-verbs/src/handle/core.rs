@@ -1,0 +1,448 @@
+//! The state behind the handles' lock: the endpoint, who waits on what, and the
+//! listeners' queues of established connections. Every operation here is O(1)
+//! (amortised) in the number of connections and of waiting calls, except the wake-up of
+//! every waiting call when the endpoint ends.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::task::Waker;
+use std::time::Duration;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use cm_core::{CmError, Transport};
+
+use crate::{
+    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions,
+    ListenerId, ENDPOINT_EVENT_BACKLOG,
+};
+
+/// What a waiting call waits on.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum WaitOn {
+    /// News of one connection (a message, its establishment, a free send buffer, its
+    /// end).
+    Conn(ConnectionId),
+    /// A listener's next established connection, or its end.
+    Listener(ListenerId),
+}
+
+/// A listener's connections established and not yet accepted.
+struct Accepting {
+    queue: VecDeque<ConnectionId>,
+    /// At most this many wait in `queue`.
+    bound: usize,
+    /// Why it ended, once it did (its device went away).
+    ended: Option<CloseReason>,
+    waiters: Vec<Waker>,
+}
+
+pub(super) struct Core<T: Transport> {
+    endpoint: Endpoint<T>,
+    /// The calls waiting on each connection's news.
+    conn_waiters: FxHashMap<ConnectionId, Vec<Waker>>,
+    listeners: FxHashMap<ListenerId, Accepting>,
+    /// Connections a handle holds, or queued for `accept`: the others are freed as soon
+    /// as they close (nobody would take their end).
+    held: FxHashSet<ConnectionId>,
+    /// Blocking calls' deadlines (transport time); an entry whose waker is gone is
+    /// stale.
+    timers: BinaryHeap<Reverse<(Duration, u64)>>,
+    timer_wakers: FxHashMap<u64, Waker>,
+    next_timer: u64,
+    /// Endpoint-wide events for [`super::EndpointHandle::endpoint_event`].
+    endpoint_events: VecDeque<Event>,
+    accepts_refused: u64,
+    /// The endpoint's own failure: every call answers it.
+    failed: Option<CmError>,
+    /// A transport whose wait never blocks in real time (a simulation): the driver
+    /// waits for calls, and every call that may have moved something tells it.
+    virtual_time: bool,
+    /// A call changed something the driver waits on, since it last looked.
+    poked: bool,
+    /// The async driver, parked.
+    driver: Option<Waker>,
+    /// What the driver's current wait covers: the device readers it watches, and
+    /// until when (`None`: no deadline). A call that changes either tells it.
+    seen_devices: usize,
+    seen_until: Option<Duration>,
+    /// On a transport in virtual time: nothing is pending anywhere, and no call moved
+    /// anything since; waiting calls answer [`CmError::Idle`].
+    idle: bool,
+    /// Every handle is gone: the driver ends.
+    stopped: bool,
+}
+
+impl<T: Transport> Core<T> {
+    pub(super) fn new(endpoint: Endpoint<T>, virtual_time: bool) -> Self {
+        Core {
+            endpoint,
+            conn_waiters: FxHashMap::default(),
+            listeners: FxHashMap::default(),
+            held: FxHashSet::default(),
+            timers: BinaryHeap::new(),
+            timer_wakers: FxHashMap::default(),
+            next_timer: 0,
+            endpoint_events: VecDeque::new(),
+            accepts_refused: 0,
+            failed: None,
+            virtual_time,
+            poked: false,
+            driver: None,
+            seen_devices: 0,
+            seen_until: None,
+            idle: false,
+            stopped: false,
+        }
+    }
+
+    pub(super) fn endpoint(&self) -> &Endpoint<T> {
+        &self.endpoint
+    }
+
+    pub(super) fn endpoint_mut(&mut self) -> &mut Endpoint<T> {
+        &mut self.endpoint
+    }
+
+    pub(super) fn now(&self) -> Duration {
+        self.endpoint.transport().now()
+    }
+
+    pub(super) fn virtual_time(&self) -> bool {
+        self.virtual_time
+    }
+
+    /// Notes that a call may have changed what the driver waits on; whether the thread
+    /// driver sleeping on an idle simulation must be woken (the async driver is woken
+    /// here). On a real transport only a change of the devices or an earlier deadline
+    /// wakes the driver: the rest reaches it through the descriptors it watches.
+    pub(super) fn poke(&mut self) -> bool {
+        if !(self.virtual_time || self.stopped || self.view_changed()) {
+            return false;
+        }
+        self.poked = true;
+        self.idle = false;
+        if let Some(driver) = self.driver.take() {
+            driver.wake();
+        }
+        self.virtual_time || self.stopped
+    }
+
+    /// Whether the devices or the earliest deadline changed since the driver's wait
+    /// began.
+    fn view_changed(&mut self) -> bool {
+        if self.endpoint.device_count() != self.seen_devices {
+            return true;
+        }
+        match (self.next_due(), self.seen_until) {
+            (Some(due), Some(until)) => due < until,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// The driver is about to wait until `until` (`None`: no deadline); returns how
+    /// long that is from now.
+    pub(super) fn begin_wait(&mut self) -> Option<Duration> {
+        self.seen_devices = self.endpoint.device_count();
+        self.seen_until = self.next_due();
+        self.seen_until.map(|due| due.saturating_sub(self.now()))
+    }
+
+    /// Takes the poke: whether a call changed something since the last time.
+    pub(super) fn take_poke(&mut self) -> bool {
+        std::mem::take(&mut self.poked)
+    }
+
+    /// Parks the async driver until the next poke.
+    pub(super) fn park_driver(&mut self, waker: &Waker) {
+        self.driver = Some(waker.clone());
+    }
+
+    pub(super) fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    pub(super) fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Why no call can be answered any more, if none can.
+    pub(super) fn stop_reason(&self) -> Option<ConnError> {
+        if let Some(error) = &self.failed {
+            return Some(ConnError::Endpoint(error.clone()));
+        }
+        self.idle.then(|| {
+            ConnError::Cm(CmError::Idle {
+                op: "wait on the simulated fabric",
+            })
+        })
+    }
+
+    pub(super) fn register(&mut self, on: WaitOn, waker: &Waker) {
+        let waiters = match on {
+            WaitOn::Conn(conn) => self.conn_waiters.entry(conn).or_default(),
+            WaitOn::Listener(listener) => match self.listeners.get_mut(&listener) {
+                Some(accepting) => &mut accepting.waiters,
+                None => return,
+            },
+        };
+        if !waiters.iter().any(|w| w.will_wake(waker)) {
+            waiters.push(waker.clone());
+        }
+    }
+
+    pub(super) fn add_timer(&mut self, due: Duration, waker: Waker) -> u64 {
+        self.next_timer += 1;
+        let timer = self.next_timer;
+        self.timers.push(Reverse((due, timer)));
+        self.timer_wakers.insert(timer, waker);
+        timer
+    }
+
+    pub(super) fn remove_timer(&mut self, timer: u64) {
+        self.timer_wakers.remove(&timer);
+        // Stale entries go once they outnumber the live ones.
+        if self.timers.len() > 2 * self.timer_wakers.len() + 64 {
+            let wakers = &self.timer_wakers;
+            self.timers.retain(|Reverse((_, t))| wakers.contains_key(t));
+        }
+    }
+
+    /// The earliest of the endpoint's deadlines and the waiting calls'.
+    pub(super) fn next_due(&mut self) -> Option<Duration> {
+        while let Some(Reverse((_, timer))) = self.timers.peek() {
+            if self.timer_wakers.contains_key(timer) {
+                break;
+            }
+            self.timers.pop();
+        }
+        let timer = self.timers.peek().map(|Reverse((due, _))| *due);
+        [timer, self.endpoint.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Wakes the waiting calls whose deadline passed.
+    fn expire_timers(&mut self) {
+        let now = self.now();
+        while let Some(&Reverse((due, timer))) = self.timers.peek() {
+            if due > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(waker) = self.timer_wakers.remove(&timer) {
+                waker.wake();
+            }
+        }
+    }
+
+    /// One pass of the endpoint, then the news routed to who waits for it; whether a
+    /// source had more than a pass reads.
+    pub(super) fn pass(&mut self) -> bool {
+        let more = match self.endpoint.process_pass() {
+            Ok(more) => more,
+            Err(ConnError::Endpoint(error)) => {
+                self.fail(error);
+                return false;
+            }
+            Err(error) => {
+                log::warn!("endpoint pass: {error}");
+                false
+            }
+        };
+        self.route();
+        self.expire_timers();
+        more
+    }
+
+    /// The endpoint cannot go on: every waiting call is told.
+    pub(super) fn fail(&mut self, error: CmError) {
+        log::error!("the endpoint ended: {error}");
+        self.failed = Some(error);
+        self.wake_all();
+    }
+
+    /// Nothing can happen on the simulated fabric: waiting calls answer `Idle` until a
+    /// call moves something.
+    pub(super) fn set_idle(&mut self) {
+        self.idle = true;
+        self.wake_all();
+    }
+
+    /// Wakes every waiting call: O(waiting calls), only when the endpoint ends or goes
+    /// idle.
+    fn wake_all(&mut self) {
+        for (_, waiters) in self.conn_waiters.drain() {
+            waiters.into_iter().for_each(Waker::wake);
+        }
+        for accepting in self.listeners.values_mut() {
+            accepting.waiters.drain(..).for_each(Waker::wake);
+        }
+        for (_, waker) in self.timer_wakers.drain() {
+            waker.wake();
+        }
+        self.timers.clear();
+    }
+
+    /// Routes what the pass produced: established connections to their listener's
+    /// queue, news to the calls waiting on their connection, endpoint-wide events to
+    /// their queue. O(1) per item.
+    fn route(&mut self) {
+        while let Some(accepted) = self.endpoint.try_accept() {
+            match accepted {
+                Ok(conn) => self.queue_accepted(conn),
+                Err(ConnError::ListenerClosed { listener, reason }) => {
+                    self.listener_ended(listener, reason);
+                }
+                Err(_) => {}
+            }
+        }
+        while let Some(ready) = self.endpoint.take_ready() {
+            match ready {
+                Ok(conn) => {
+                    if let Some(waiters) = self.conn_waiters.remove(&conn) {
+                        waiters.into_iter().for_each(Waker::wake);
+                    } else if !self.held.contains(&conn) && self.endpoint.is_closed(conn) {
+                        // Closed before anyone held it (a connection in setup).
+                        let _ = self.endpoint.disconnect(conn);
+                    }
+                }
+                Err(Event::ListenerClosed { listener, reason }) => {
+                    self.listener_ended(listener, reason);
+                }
+                Err(event) => {
+                    if self.endpoint_events.len() >= ENDPOINT_EVENT_BACKLOG {
+                        self.endpoint_events.pop_front();
+                    }
+                    self.endpoint_events.push_back(event);
+                }
+            }
+        }
+    }
+
+    fn queue_accepted(&mut self, conn: ConnectionId) {
+        let accepting = self
+            .endpoint
+            .listener_of(conn)
+            .and_then(|listener| self.listeners.get_mut(&listener));
+        let Some(accepting) = accepting else {
+            // Its listener is gone: nobody will accept it.
+            let _ = self.endpoint.disconnect(conn);
+            return;
+        };
+        if accepting.queue.len() >= accepting.bound {
+            log::warn!("{conn}: its listener's accept queue is full, disconnected");
+            self.accepts_refused += 1;
+            let _ = self.endpoint.disconnect(conn);
+            return;
+        }
+        accepting.queue.push_back(conn);
+        accepting.waiters.drain(..).for_each(Waker::wake);
+        self.held.insert(conn);
+    }
+
+    fn listener_ended(&mut self, listener: ListenerId, reason: CloseReason) {
+        if let Some(accepting) = self.listeners.get_mut(&listener) {
+            accepting.ended = Some(reason);
+            accepting.waiters.drain(..).for_each(Waker::wake);
+        }
+    }
+
+    pub(super) fn listen(
+        &mut self,
+        addr: T::Addr,
+        options: ListenOptions,
+        bound: u32,
+    ) -> Result<ListenerId, ConnError> {
+        let listener = self.endpoint.listen(addr, options)?;
+        self.listeners.insert(
+            listener,
+            Accepting {
+                queue: VecDeque::new(),
+                bound: bound.max(1) as usize,
+                ended: None,
+                waiters: Vec::new(),
+            },
+        );
+        Ok(listener)
+    }
+
+    pub(super) fn connect(
+        &mut self,
+        dst: T::Addr,
+        options: ConnectOptions<T::Addr>,
+    ) -> Result<ConnectionId, ConnError> {
+        let conn = self.endpoint.connect(dst, options)?;
+        self.held.insert(conn);
+        Ok(conn)
+    }
+
+    /// For `accept`: the listener's next connection, or its end.
+    pub(super) fn try_accept(
+        &mut self,
+        listener: ListenerId,
+    ) -> Option<Result<ConnectionId, ConnError>> {
+        let Some(accepting) = self.listeners.get_mut(&listener) else {
+            return Some(Err(ConnError::UnknownListener(listener)));
+        };
+        if let Some(conn) = accepting.queue.pop_front() {
+            return Some(Ok(conn));
+        }
+        accepting
+            .ended
+            .clone()
+            .map(|reason| Err(ConnError::ListenerClosed { listener, reason }))
+    }
+
+    /// For `send`: sent, refused for good, or every buffer in flight (`None`: wait).
+    pub(super) fn try_send(
+        &mut self,
+        conn: ConnectionId,
+        data: &[u8],
+    ) -> Option<Result<(), ConnError>> {
+        match self.endpoint.send(conn, data) {
+            Err(ConnError::SendQueueFull(_)) => None,
+            answer => Some(answer),
+        }
+    }
+
+    /// The listener's handle is gone: it stops listening, and the connections it had
+    /// established and not handed out are disconnected.
+    pub(super) fn close_listener(&mut self, listener: ListenerId) {
+        if let Some(accepting) = self.listeners.remove(&listener) {
+            for conn in accepting.queue {
+                self.held.remove(&conn);
+                let _ = self.endpoint.disconnect(conn);
+            }
+        }
+        // Already closed when its device went away.
+        let _ = self.endpoint.close_listener(listener);
+    }
+
+    /// The last handle of `conn` is gone.
+    pub(super) fn release(&mut self, conn: ConnectionId) {
+        self.conn_waiters.remove(&conn);
+        if self.held.remove(&conn) {
+            let _ = self.endpoint.disconnect(conn);
+        }
+    }
+
+    /// `Connection::close`: disconnects now; the other clones' calls are told.
+    pub(super) fn disconnect(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
+        self.held.remove(&conn);
+        if let Some(waiters) = self.conn_waiters.remove(&conn) {
+            waiters.into_iter().for_each(Waker::wake);
+        }
+        self.endpoint.disconnect(conn)
+    }
+
+    pub(super) fn take_endpoint_event(&mut self) -> Option<Event> {
+        self.endpoint_events.pop_front()
+    }
+
+    pub(super) fn accepts_refused(&self) -> u64 {
+        self.accepts_refused
+    }
+}

@@ -1,0 +1,555 @@
+//! Connections as values: an [`EndpointHandle`] shares one [`Endpoint`] between
+//! threads and tasks, a [`Listener`] yields each accepted connection as a
+//! [`Connection`] that moves into a thread or a task of its own, in the shape of
+//! tokio's `TcpListener`/`TcpStream` and quinn's `Endpoint`/`Connection`.
+//!
+//! # Who drives the endpoint
+//!
+//! A driver owns the passes: it waits on the endpoint's sources, runs the notify path,
+//! and wakes the calls waiting on the connections that have news (and only those: the
+//! work per event does not grow with the number of connections or of waiting calls).
+//! Start it with the handle: [`EndpointHandle::spawn_thread`] runs it on a thread of its
+//! own, [`EndpointHandle::spawn_tokio`] (feature `tokio`) as a task on the current
+//! runtime. It ends when the last handle (endpoint, listener or connection) is dropped.
+//!
+//! Every call exists twice, whichever driver runs: `recv().await` for async code and
+//! `blocking_recv(timeout)` for a thread (the naming of tokio's channels). A blocking
+//! call inside async code blocks its runtime thread: use the async one there.
+//!
+//! # Lifetimes and bounds
+//!
+//! A [`Connection`] and its clones share one connection: the last one dropped
+//! disconnects it (DREQ) and frees it. A [`Listener`] dropped stops listening and
+//! disconnects the connections it had established and not yet handed out. Established
+//! connections wait for `accept` in their listener's queue, at most
+//! [`ListenOptions::max_in_setup`] of them: past it the newest is disconnected and
+//! counted ([`EndpointHandle::accepts_refused`]). Endpoint-wide events (devices) are
+//! kept up to [`crate::ENDPOINT_EVENT_BACKLOG`] for [`EndpointHandle::endpoint_event`],
+//! the oldest dropped first. A connection closed before anyone held it is freed at
+//! once. Nothing else is kept.
+//!
+//! # Cancellation
+//!
+//! Every message and event stays in the endpoint until a call takes it: an async call
+//! dropped at its `.await` (a `select!`, a timeout) loses nothing.
+//!
+//! ```no_run
+//! # #[cfg(feature = "rdma")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use cm_verbs::handle::EndpointHandle;
+//! use cm_verbs::rdma::RdmaTransport;
+//! use cm_verbs::{Endpoint, ListenOptions};
+//!
+//! let endpoint = EndpointHandle::spawn_thread(Endpoint::new(RdmaTransport::new()?))?;
+//! let listener = endpoint.listen("10.77.1.1:7471".parse()?, ListenOptions::default())?;
+//! loop {
+//!     let conn = listener.blocking_accept(None)?; // a lost RTU is rescued before this returns
+//!     std::thread::spawn(move || {
+//!         while let Ok(message) = conn.blocking_recv(None) {
+//!             if conn.blocking_send(&message, None).is_err() {
+//!                 break;
+//!             }
+//!         }
+//!     });
+//! }
+//! # }
+//! # #[cfg(not(feature = "rdma"))]
+//! # fn main() {}
+//! ```
+
+mod core;
+mod driver;
+
+use std::fmt;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::Duration;
+
+use cm_core::{CmError, Transport};
+
+use crate::{
+    ConnError, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint, EstablishedVia, Event,
+    ListenOptions, ListenerId,
+};
+
+use self::core::{Core, WaitOn};
+
+/// What the driver and every handle share.
+struct Shared<T: Transport> {
+    core: Mutex<Core<T>>,
+    /// The thread driver, on a transport whose wait never blocks in real time, sleeps
+    /// here when nothing is pending anywhere, until a call changes something.
+    idle: Condvar,
+    /// Calls waiting for the lock: the thread driver gives it up before it waits.
+    wanting: AtomicUsize,
+    /// The thread driver is in the transport's wait, holding the lock.
+    blocked: AtomicBool,
+    /// Ends the transport's wait (`None`: a wait that never blocks in real time).
+    transport_waker: Option<Waker>,
+}
+
+impl<T: Transport> Shared<T> {
+    /// The lock, for a call: a driver blocked in the transport's wait is woken so it
+    /// lets go.
+    fn lock(&self) -> MutexGuard<'_, Core<T>> {
+        self.wanting.fetch_add(1, Ordering::SeqCst);
+        if self.blocked.load(Ordering::SeqCst) {
+            if let Some(waker) = &self.transport_waker {
+                waker.wake_by_ref();
+            }
+        }
+        let guard = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        self.wanting.fetch_sub(1, Ordering::SeqCst);
+        guard
+    }
+
+    /// Tells the driver that a call changed what it waits on.
+    fn poke(&self, core: &mut Core<T>) {
+        if core.poke() {
+            self.idle.notify_one();
+        }
+    }
+
+    /// Waits on the calling thread until `take` answers, at most `timeout` (the
+    /// transport's clock), registering with `on` in between.
+    fn blocking_wait<R>(
+        &self,
+        timeout: Option<Duration>,
+        on: WaitOn,
+        mut take: impl FnMut(&mut Core<T>) -> Option<Result<R, ConnError>>,
+    ) -> Result<R, ConnError> {
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        let mut core = self.lock();
+        let deadline = timeout.map(|t| core.now().saturating_add(t));
+        let timer = deadline.map(|due| core.add_timer(due, waker.clone()));
+        if timer.is_some() {
+            self.poke(&mut core);
+        }
+        let answer = loop {
+            if let Some(answer) = take(&mut core) {
+                break answer;
+            }
+            if let Some(error) = core.stop_reason() {
+                // Nothing can happen on an idle simulation: a wait with a deadline
+                // times out, as the endpoint's own waits do.
+                if deadline.is_some() && matches!(error, ConnError::Cm(CmError::Idle { .. })) {
+                    break Err(ConnError::Timeout);
+                }
+                break Err(error);
+            }
+            if deadline.is_some_and(|due| core.now() >= due) {
+                break Err(ConnError::Timeout);
+            }
+            core.register(on, &waker);
+            if core.virtual_time() {
+                self.poke(&mut core);
+            }
+            drop(core);
+            std::thread::park();
+            core = self.lock();
+        };
+        if let Some(timer) = timer {
+            core.remove_timer(timer);
+        }
+        answer
+    }
+
+    /// Waits in async code until `take` answers.
+    async fn wait<R>(
+        &self,
+        on: WaitOn,
+        mut take: impl FnMut(&mut Core<T>) -> Option<Result<R, ConnError>>,
+    ) -> Result<R, ConnError> {
+        poll_fn(|cx| {
+            let mut core = self.lock();
+            if let Some(answer) = take(&mut core) {
+                if core.virtual_time() {
+                    self.poke(&mut core);
+                }
+                return Poll::Ready(answer);
+            }
+            if let Some(error) = core.stop_reason() {
+                return Poll::Ready(Err(error));
+            }
+            core.register(on, cx.waker());
+            if core.virtual_time() {
+                self.poke(&mut core);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Runs `f` on the endpoint, then tells the driver if it must look again.
+    fn with<R>(&self, f: impl FnOnce(&mut Core<T>) -> R) -> R {
+        let mut core = self.lock();
+        let answer = f(&mut core);
+        self.poke(&mut core);
+        answer
+    }
+}
+
+/// Unparks the thread that waits.
+struct ThreadWaker(Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Held by every public handle: the last one gone stops the driver.
+struct Owner<T: Transport> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T: Transport> Drop for Owner<T> {
+    fn drop(&mut self) {
+        let mut core = self.shared.lock();
+        core.stop();
+        self.shared.poke(&mut core);
+        drop(core);
+        if let Some(waker) = &self.shared.transport_waker {
+            waker.wake_by_ref();
+        }
+    }
+}
+
+/// One [`Endpoint`] shared by threads and tasks, with its driver. Cheap to clone;
+/// [`Send`] and [`Sync`] when the transport is [`Send`].
+pub struct EndpointHandle<T: Transport> {
+    owner: Arc<Owner<T>>,
+}
+
+impl<T: Transport> Clone for EndpointHandle<T> {
+    fn clone(&self) -> Self {
+        EndpointHandle {
+            owner: Arc::clone(&self.owner),
+        }
+    }
+}
+
+impl<T: Transport> fmt::Debug for EndpointHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EndpointHandle").finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport + 'static> EndpointHandle<T>
+where
+    Endpoint<T>: Send,
+{
+    /// Shares `endpoint`, driven by a thread of its own (named `cm-endpoint`), which ends
+    /// when the last handle is dropped.
+    pub fn spawn_thread(endpoint: Endpoint<T>) -> Result<Self, ConnError> {
+        let handle = Self::share(endpoint)?;
+        let shared = Arc::clone(&handle.owner.shared);
+        std::thread::Builder::new()
+            .name("cm-endpoint".into())
+            .spawn(move || driver::run_thread(&shared))
+            .map_err(|e| ConnError::Cm(CmError::from_io("spawn", &e)))?;
+        Ok(handle)
+    }
+
+    /// Shares `endpoint`, driven by a task spawned on the current tokio runtime (with
+    /// I/O enabled, for a transport with descriptors), which ends when the last handle
+    /// is dropped.
+    #[cfg(feature = "tokio")]
+    pub fn spawn_tokio(endpoint: Endpoint<T>) -> Result<Self, ConnError>
+    where
+        T: crate::async_endpoint::AsyncWait,
+    {
+        let handle = Self::share(endpoint)?;
+        let shared = Arc::clone(&handle.owner.shared);
+        tokio::spawn(async move { driver::run_tokio(&shared).await });
+        Ok(handle)
+    }
+}
+
+impl<T: Transport> EndpointHandle<T> {
+    fn share(mut endpoint: Endpoint<T>) -> Result<Self, ConnError> {
+        let transport_waker = endpoint.transport_waker()?;
+        let virtual_time = transport_waker.is_none();
+        Ok(EndpointHandle {
+            owner: Arc::new(Owner {
+                shared: Arc::new(Shared {
+                    core: Mutex::new(Core::new(endpoint, virtual_time)),
+                    idle: Condvar::new(),
+                    wanting: AtomicUsize::new(0),
+                    blocked: AtomicBool::new(false),
+                    transport_waker,
+                }),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared<T> {
+        &self.owner.shared
+    }
+
+    /// Binds a listener to `addr` and listens (see [`Endpoint::listen`]). Its requests
+    /// are accepted automatically: `options.auto_accept` must be `true`
+    /// ([`ConnError::InvalidOptions`] otherwise).
+    pub fn listen(&self, addr: T::Addr, options: ListenOptions) -> Result<Listener<T>, ConnError> {
+        if !options.auto_accept {
+            return Err(ConnError::InvalidOptions(
+                "a Listener accepts automatically: set ListenOptions::auto_accept",
+            ));
+        }
+        let bound = options.max_in_setup;
+        let id = self
+            .shared()
+            .with(|core| core.listen(addr, options, bound))?;
+        Ok(Listener {
+            id,
+            owner: Arc::clone(&self.owner),
+        })
+    }
+
+    /// Starts connecting to `dst` (see [`Endpoint::connect`]); the connection is usable
+    /// once [`Connection::established`] answers.
+    pub fn connect(
+        &self,
+        dst: T::Addr,
+        options: ConnectOptions<T::Addr>,
+    ) -> Result<Connection<T>, ConnError> {
+        let id = self.shared().with(|core| core.connect(dst, options))?;
+        Ok(Connection::new(id, &self.owner))
+    }
+
+    /// Runs `f` on the endpoint (counters, stats, options), holding it meanwhile: keep
+    /// `f` short, every other call waits for it.
+    pub fn with_endpoint<R>(&self, f: impl FnOnce(&mut Endpoint<T>) -> R) -> R {
+        self.shared().with(|core| f(core.endpoint_mut()))
+    }
+
+    /// The oldest endpoint-wide event not yet taken ([`Event::Device`],
+    /// [`Event::DeviceFailed`], …), without waiting. O(1).
+    pub fn endpoint_event(&self) -> Option<Event> {
+        self.shared().lock().take_endpoint_event()
+    }
+
+    /// Established connections disconnected because their listener's queue was full
+    /// (nobody accepted them). O(1).
+    pub fn accepts_refused(&self) -> u64 {
+        self.shared().lock().accepts_refused()
+    }
+}
+
+/// A listening address: each connection established on it comes out of
+/// [`Listener::accept`] once. Dropping it stops listening.
+pub struct Listener<T: Transport> {
+    id: ListenerId,
+    owner: Arc<Owner<T>>,
+}
+
+impl<T: Transport> fmt::Debug for Listener<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener").field("id", &self.id).finish()
+    }
+}
+
+impl<T: Transport> Listener<T> {
+    /// The endpoint's name for it.
+    pub fn id(&self) -> ListenerId {
+        self.id
+    }
+
+    /// Its local address (its port, when bound to port 0).
+    pub fn local_addr(&self) -> Result<Option<T::Addr>, ConnError> {
+        self.owner
+            .shared
+            .lock()
+            .endpoint_mut()
+            .listener_addr(self.id)
+    }
+
+    /// The next connection established on this listener, lost RTUs rescued before it
+    /// comes. Ends with [`ConnError::ListenerClosed`] once its device went away.
+    /// Cancellation-safe.
+    pub async fn accept(&self) -> Result<Connection<T>, ConnError> {
+        let id = self.id;
+        let conn = self
+            .owner
+            .shared
+            .wait(WaitOn::Listener(id), |core| core.try_accept(id))
+            .await?;
+        Ok(Connection::new(conn, &self.owner))
+    }
+
+    /// [`Listener::accept`] on the calling thread, at most `timeout` (`None`: as long
+    /// as it takes; [`ConnError::Timeout`] when it passed).
+    pub fn blocking_accept(&self, timeout: Option<Duration>) -> Result<Connection<T>, ConnError> {
+        let id = self.id;
+        let conn = self
+            .owner
+            .shared
+            .blocking_wait(timeout, WaitOn::Listener(id), |core| core.try_accept(id))?;
+        Ok(Connection::new(conn, &self.owner))
+    }
+}
+
+impl<T: Transport> Drop for Listener<T> {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.owner.shared.with(|core| core.close_listener(id));
+    }
+}
+
+/// One connection, as a value: [`Send`] (over a [`Send`] transport), cheap to clone
+/// (clones share it), usable from a thread or a task of its own. The last clone
+/// dropped disconnects it.
+///
+/// At most one call should wait to receive and one to send at a time; more are
+/// allowed and each is woken, but they take turns.
+pub struct Connection<T: Transport> {
+    inner: Arc<ConnInner<T>>,
+}
+
+struct ConnInner<T: Transport> {
+    id: ConnectionId,
+    owner: Arc<Owner<T>>,
+}
+
+impl<T: Transport> Drop for ConnInner<T> {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.owner.shared.with(|core| core.release(id));
+    }
+}
+
+impl<T: Transport> Clone for Connection<T> {
+    fn clone(&self) -> Self {
+        Connection {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T: Transport> fmt::Debug for Connection<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+impl<T: Transport> Connection<T> {
+    fn new(id: ConnectionId, owner: &Arc<Owner<T>>) -> Self {
+        Connection {
+            inner: Arc::new(ConnInner {
+                id,
+                owner: Arc::clone(owner),
+            }),
+        }
+    }
+
+    fn shared(&self) -> &Shared<T> {
+        &self.inner.owner.shared
+    }
+
+    /// The endpoint's name for it.
+    pub fn id(&self) -> ConnectionId {
+        self.inner.id
+    }
+
+    /// What the endpoint knows of it (see [`Endpoint::info`]).
+    pub fn info(&self) -> Result<ConnectionInfo<T::Addr>, ConnError> {
+        self.shared().lock().endpoint_mut().info(self.inner.id)
+    }
+
+    /// How it became established, once it is (`None` before; for an accepted
+    /// connection it always is).
+    pub fn established_via(&self) -> Option<EstablishedVia> {
+        self.info().ok().and_then(|info| info.established)
+    }
+
+    /// Runs `f` with its CM id, for what this API does not wrap (its QP, protection
+    /// domain and device, to register memory of the application's own), holding the
+    /// endpoint meanwhile.
+    pub fn with_id<R>(&self, f: impl FnOnce(&T::Id) -> R) -> Result<R, ConnError> {
+        let core = self.shared().lock();
+        Ok(f(core.endpoint().cm_id(self.inner.id)?))
+    }
+
+    /// Waits until it is established (after [`EndpointHandle::connect`]) and says how.
+    /// Cancellation-safe.
+    pub async fn established(&self) -> Result<EstablishedVia, ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .wait(WaitOn::Conn(id), |core| {
+                core.endpoint_mut().try_established(id)
+            })
+            .await
+    }
+
+    /// [`Connection::established`] on the calling thread, at most `timeout`.
+    pub fn blocking_established(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<EstablishedVia, ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .blocking_wait(timeout, WaitOn::Conn(id), |core| {
+                core.endpoint_mut().try_established(id)
+            })
+    }
+
+    /// The next message (taking it posts its receive again). After the last message of
+    /// a connection that closed: [`ConnError::Closed`], then
+    /// [`ConnError::UnknownConnection`]. Cancellation-safe: a message is taken only by
+    /// the call that returns it.
+    pub async fn recv(&self) -> Result<Vec<u8>, ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .wait(WaitOn::Conn(id), |core| core.endpoint_mut().try_recv(id))
+            .await
+    }
+
+    /// [`Connection::recv`] on the calling thread, at most `timeout`.
+    pub fn blocking_recv(&self, timeout: Option<Duration>) -> Result<Vec<u8>, ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .blocking_wait(timeout, WaitOn::Conn(id), |core| {
+                core.endpoint_mut().try_recv(id)
+            })
+    }
+
+    /// Sends one message, waiting for a free send buffer if every one is in flight.
+    /// Cancellation-safe: dropped before it answers, nothing was sent.
+    pub async fn send(&self, data: &[u8]) -> Result<(), ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .wait(WaitOn::Conn(id), |core| core.try_send(id, data))
+            .await
+    }
+
+    /// [`Connection::send`] on the calling thread, at most `timeout`.
+    pub fn blocking_send(&self, data: &[u8], timeout: Option<Duration>) -> Result<(), ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .blocking_wait(timeout, WaitOn::Conn(id), |core| core.try_send(id, data))
+    }
+
+    /// Sends one message if a send buffer is free: [`ConnError::SendQueueFull`] when
+    /// every one is in flight. Never waits.
+    pub fn try_send(&self, data: &[u8]) -> Result<(), ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .with(|core| core.endpoint_mut().send(id, data))
+    }
+
+    /// Disconnects it now (the other clones then answer
+    /// [`ConnError::UnknownConnection`]).
+    pub fn close(self) -> Result<(), ConnError> {
+        let id = self.inner.id;
+        self.shared().with(|core| core.disconnect(id))
+    }
+}
