@@ -3,8 +3,7 @@
 //! connection is rescued by the endpoint's notify path.
 #![cfg(all(feature = "tokio", feature = "sim"))]
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use cm_verbs::async_endpoint::{AsyncEndpoint, AsyncWait};
 use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
@@ -43,17 +42,17 @@ fn the_async_server_rescues_every_connection_on_the_simulated_fabric() {
     } = SimPair::new(SimConfig::default(), 31);
     fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
     // The clients: one endpoint, driven whenever the server's wait moves the fabric.
-    let clients = Rc::new(RefCell::new(Endpoint::new(SimTransport::on_side(client))));
-    let echoes = Rc::new(RefCell::new(Vec::new()));
+    let clients = Arc::new(Mutex::new(Endpoint::new(SimTransport::on_side(client))));
+    let echoes = Arc::new(Mutex::new(Vec::new()));
     let mut transport = SimTransport::on_side(server);
-    let (driven, heard) = (Rc::clone(&clients), Rc::clone(&echoes));
+    let (driven, heard) = (Arc::clone(&clients), Arc::clone(&echoes));
     transport.on_step(move || {
-        let mut clients = driven.borrow_mut();
+        let mut clients = driven.lock().unwrap();
         while let Some(event) = clients.poll().expect("client poll") {
             match event {
                 Event::Established { conn, .. } => clients.send(conn, b"hello").expect("send"),
                 Event::Received { conn, data } => {
-                    heard.borrow_mut().push(data);
+                    heard.lock().unwrap().push(data);
                     clients.disconnect(conn).expect("disconnect");
                 }
                 _ => {}
@@ -66,12 +65,13 @@ fn the_async_server_rescues_every_connection_on_the_simulated_fabric() {
         server.endpoint().listen(addr, ListenOptions::default())?;
         for _ in 0..CLIENTS {
             clients
-                .borrow_mut()
+                .lock()
+                .unwrap()
                 .connect(addr, ConnectOptions::default())?;
         }
         let vias = echo_server(&mut server, CLIENTS).await?;
         // The last echo reaches its client as the fabric moves on.
-        while echoes.borrow().len() < CLIENTS {
+        while echoes.lock().unwrap().len() < CLIENTS {
             match server.next_event().await {
                 Ok(_) => {}
                 // Nothing left anywhere: every echo is in.
@@ -87,7 +87,7 @@ fn the_async_server_rescues_every_connection_on_the_simulated_fabric() {
         vias.iter().all(|v| matches!(v, EstablishedVia::Notify(_))),
         "every RTU lost, every connection rescued by notify: {vias:?}"
     );
-    assert_eq!(*echoes.borrow(), vec![b"hello".to_vec(); CLIENTS]);
+    assert_eq!(*echoes.lock().unwrap(), vec![b"hello".to_vec(); CLIENTS]);
 }
 
 #[test]

@@ -228,7 +228,8 @@ impl Pool {
 /// No slot: the QP is not this transport's (or was freed).
 const NO_SLOT: u32 = u32::MAX;
 
-/// The simulated fabric seen from one node, as a [`Transport`].
+/// The simulated fabric seen from one node, as a [`Transport`]. `Send`: an endpoint over
+/// it can move to another thread, or into a task spawned on a multi-threaded runtime.
 ///
 /// Built for scale runs: an idle QP (receives posted, nothing in flight) costs it 24
 /// bytes plus four per QP number of the fabric; what a QP has in flight (payloads,
@@ -250,7 +251,7 @@ pub struct SimTransport {
     /// Empty [`Busy`] parts to reuse.
     pool: Pool,
     tokens: VecDeque<u64>,
-    on_step: Option<Box<dyn FnMut()>>,
+    on_step: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl fmt::Debug for SimTransport {
@@ -271,8 +272,7 @@ impl SimTransport {
     pub fn on_side(side: SimSide) -> Self {
         side.node
             .fabric()
-            .inner
-            .borrow_mut()
+            .lock()
             .watch_destroyed_qps(side.node.id());
         SimTransport {
             node: side.node,
@@ -302,8 +302,13 @@ impl SimTransport {
 
     /// Runs `hook` before every step of virtual time a wait takes: the place to drive
     /// the other side of a test (another endpoint's non-blocking poll) while this one
-    /// blocks.
-    pub fn on_step(&mut self, hook: impl FnMut() + 'static) {
+    /// blocks. `Send`, so that the transport is: an endpoint shared with the hook goes
+    /// in an `Arc<Mutex<_>>`.
+    ///
+    /// The hook runs inside a call on the endpoint that owns this transport (its wait),
+    /// so it must not lock that endpoint, only the other side: a `Mutex` would deadlock
+    /// (try_lock, as the fuzz target's hooks do, when both sides drive each other).
+    pub fn on_step(&mut self, hook: impl FnMut() + Send + 'static) {
         self.on_step = Some(Box::new(hook));
     }
 
@@ -392,8 +397,7 @@ impl SimTransport {
         let node = self.node.id();
         self.node
             .fabric()
-            .inner
-            .borrow_mut()
+            .lock()
             .take_destroyed_qps(node, &mut self.destroyed);
         for qp in self.destroyed.drain(..) {
             if let Some(slot) = self.by_qp.get_mut(qp.0 as usize) {
