@@ -77,6 +77,18 @@ impl Pair {
 }
 
 impl Pair {
+    /// Every RTU dropped, the server busy polling (5 ms) and listening on [`PORT`], and
+    /// `count` connections started by the client (the handshakes not run yet).
+    fn busy_poll_losing_every_rtu(&mut self, count: usize) {
+        self.fabric
+            .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+        self.server.set_busy_poll(Some(Duration::from_millis(5)));
+        self.server
+            .listen(self.server.transport().addr(PORT), ListenOptions::default())
+            .unwrap();
+        self.connect(count, b"");
+    }
+
     /// Listens on [`PORT`], connects once and accepts: the listener and the connection.
     fn one_accepted(&mut self) -> (cm_verbs::ListenerId, ConnectionId) {
         let listener = self
@@ -246,13 +258,7 @@ fn busy_polling_rescues_every_lost_rtu_once_and_loses_no_message() {
     // receive forces its establish once, whichever of that poll and the completion
     // event sees it first, and the message is still delivered, in order.
     let mut pair = pair(soft_roce(), 9, &[b"one", b"two"]);
-    pair.fabric
-        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
-    pair.server
-        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
-        .unwrap();
-    pair.connect(20, b"");
+    pair.busy_poll_losing_every_rtu(20);
     let mut accepted = Vec::new();
     for _ in 0..20 {
         let conn = pair.server.accept(SECOND).unwrap();
@@ -280,13 +286,7 @@ fn busy_polling_takes_a_waiting_receive_from_the_queue_once() {
     // forces the establish, and the completion event read later finds the queue empty.
     // The message is delivered once.
     let mut pair = pair(soft_roce(), 3, &[]);
-    pair.fabric
-        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
-    pair.server
-        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
-        .unwrap();
-    pair.connect(1, b"");
+    pair.busy_poll_losing_every_rtu(1);
     let mut sent = false;
     for _ in 0..1000 {
         pair.fabric.advance(Duration::from_millis(1));
