@@ -122,6 +122,11 @@ impl SimFabric {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether `other` is a handle of the same simulation.
+    fn same(&self, other: &SimFabric) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// A fabric with no nodes; `seed` drives every random fault.
     pub fn new(config: SimConfig, seed: u64) -> Self {
         SimFabric {
@@ -398,13 +403,18 @@ impl CmEventSource for SimChannel {
     type Event = SimCmEvent;
 
     fn try_next_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
-        if self.is_destroyed() {
-            return Err(CmError::Gone {
-                op: "rdma_get_cm_event",
-                what: "channel",
-            });
-        }
-        let read = self.fabric.lock().next_event(self.index);
+        // One lock for the check and the read: the connection API calls this on every
+        // pass.
+        let read = {
+            let mut fabric = self.fabric.lock();
+            if fabric.channel_closed(self.index) {
+                return Err(CmError::Gone {
+                    op: "rdma_get_cm_event",
+                    what: "channel",
+                });
+            }
+            fabric.next_event(self.index)
+        };
         Ok(read.map(|read| SimCmEvent {
             fabric: self.fabric.clone(),
             read,
@@ -507,7 +517,7 @@ impl fmt::Debug for SimCmId {
 
 impl PartialEq for SimCmId {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.fabric.inner, &other.fabric.inner) && self.key == other.key
+        self.fabric.same(&other.fabric) && self.key == other.key
     }
 }
 
@@ -610,7 +620,7 @@ impl SimCmId {
 
     /// `rdma_migrate_id`: moves the id and its pending events to `channel`.
     pub fn migrate(&self, channel: &SimChannel) -> Result<(), CmError> {
-        if !Arc::ptr_eq(&self.fabric.inner, &channel.fabric.inner) {
+        if !self.fabric.same(&channel.fabric) {
             return Err(CmError::InvalidArgument {
                 op: "rdma_migrate_id",
                 reason: "channel of another fabric",
