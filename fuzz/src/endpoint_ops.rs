@@ -26,9 +26,8 @@
 //!   answers `UnknownConnection` at once and no event names it; a handle that once
 //!   answered `UnknownConnection` never comes back.
 
-use std::cell::RefCell;
 use std::collections::HashSet;
-use std::rc::{Rc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimPair, SimTransport};
@@ -398,7 +397,7 @@ impl Op {
 struct Side {
     who: Who,
     role: Role,
-    endpoint: Rc<RefCell<SimEndpoint>>,
+    endpoint: Arc<Mutex<SimEndpoint>>,
     /// Every handle the application was given, in order.
     known: Vec<ConnectionId>,
     /// Handles reported established (or whose report a call took).
@@ -425,10 +424,12 @@ struct World {
 }
 
 /// Lets `other` handle its inputs while an endpoint waits (a hook on that endpoint's
-/// transport; weak, so that the two endpoints do not keep each other alive).
-fn drive(other: &Weak<RefCell<SimEndpoint>>) {
+/// transport; weak, so that the two endpoints do not keep each other alive). Skipped
+/// when `other` is locked at that moment: a hook never waits for a lock, which the
+/// thread running it could hold.
+fn drive(other: &Weak<Mutex<SimEndpoint>>) {
     let Some(other) = other.upgrade() else { return };
-    let Ok(mut other) = other.try_borrow_mut() else {
+    let Ok(mut other) = other.try_lock() else {
         return;
     };
     other
@@ -448,14 +449,14 @@ impl World {
         // Each transport's hook drives the other endpoint: the client's is made first,
         // so that the server's hook can name it.
         let mut server_ep = None;
-        let client_ep = Rc::new_cyclic(|client_weak: &Weak<RefCell<SimEndpoint>>| {
+        let client_ep = Arc::new_cyclic(|client_weak: &Weak<Mutex<SimEndpoint>>| {
             let client_weak = client_weak.clone();
             server.on_step(move || drive(&client_weak));
-            let server = Rc::new(RefCell::new(Endpoint::new(server)));
-            let server_weak = Rc::downgrade(&server);
+            let server = Arc::new(Mutex::new(Endpoint::new(server)));
+            let server_weak = Arc::downgrade(&server);
             client.on_step(move || drive(&server_weak));
             server_ep = Some(server);
-            RefCell::new(Endpoint::new(client))
+            Mutex::new(Endpoint::new(client))
         });
         let server_ep = server_ep.expect("made with the client");
         let side = |who, role, endpoint| Side {
@@ -508,8 +509,8 @@ impl World {
         &mut self.sides[who as usize]
     }
 
-    fn ep(&self, who: Who) -> std::cell::RefMut<'_, SimEndpoint> {
-        self.sides[who as usize].endpoint.borrow_mut()
+    fn ep(&self, who: Who) -> MutexGuard<'_, SimEndpoint> {
+        self.sides[who as usize].endpoint.lock().unwrap()
     }
 
     /// The timeout of a waiting call on `who` (also once its device is lost: a wait
@@ -997,7 +998,7 @@ impl World {
         for side in &mut self.sides {
             let at = &self.at;
             let who = side.who;
-            let ep = side.endpoint.borrow();
+            let ep = side.endpoint.lock().unwrap();
             let stats = ep.stats();
             assert_eq!(stats.connections, ep.connection_count(), "{at}");
             assert!(

@@ -3,8 +3,7 @@
 //! at once, a peer that streams before the connection is established meets
 //! backpressure, and a receive read with the RTU in one pass is no race.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
@@ -19,21 +18,21 @@ const SECOND: Option<Duration> = Some(Duration::from_secs(1));
 type SimEndpoint = Endpoint<SimTransport>;
 
 /// What the driven side does with each of its events.
-type Behaviour = Box<dyn FnMut(&mut SimEndpoint, Event)>;
+type Behaviour = Box<dyn FnMut(&mut SimEndpoint, Event) + Send>;
 
 /// Two endpoints on one fabric: `main` is called by the test (and may block), `peer`
 /// is driven on every simulation step with `behaviour`.
 struct Sim {
     fabric: cm_mock::sim::SimFabric,
     main: SimEndpoint,
-    peer: Rc<RefCell<SimEndpoint>>,
-    behaviour: Rc<RefCell<Behaviour>>,
+    peer: Arc<Mutex<SimEndpoint>>,
+    behaviour: Arc<Mutex<Behaviour>>,
 }
 
 /// Lets `peer` handle everything ready, with `behaviour`.
-fn drive(peer: &RefCell<SimEndpoint>, behaviour: &RefCell<Behaviour>) {
-    let mut peer = peer.borrow_mut();
-    let mut behaviour = behaviour.borrow_mut();
+fn drive(peer: &Mutex<SimEndpoint>, behaviour: &Mutex<Behaviour>) {
+    let mut peer = peer.lock().unwrap();
+    let mut behaviour = behaviour.lock().unwrap();
     while let Some(event) = peer.poll().expect("peer poll") {
         behaviour(&mut peer, event);
     }
@@ -52,18 +51,16 @@ fn sim(config: SimConfig, seed: u64, main_serves: bool, behaviour: Behaviour) ->
     } else {
         (client, server)
     };
-    let peer = Rc::new(RefCell::new(Endpoint::new(SimTransport::on_side(
-        peer_side,
-    ))));
+    let peer = Arc::new(Mutex::new(Endpoint::new(SimTransport::on_side(peer_side))));
     let mut transport = SimTransport::on_side(main_side);
-    let behaviour = Rc::new(RefCell::new(behaviour));
-    let (driven, acting) = (Rc::clone(&peer), Rc::clone(&behaviour));
+    let behaviour = Arc::new(Mutex::new(behaviour));
+    let (driven, acting) = (Arc::clone(&peer), Arc::clone(&behaviour));
     transport.on_step(move || drive(&driven, &acting));
     let mut main = Endpoint::new(transport);
     if main_serves {
         listen(&mut main);
     } else {
-        listen(&mut peer.borrow_mut());
+        listen(&mut peer.lock().unwrap());
     }
     Sim {
         fabric,
@@ -118,7 +115,7 @@ impl Sim {
         if main_serves {
             self.main.transport().addr(PORT)
         } else {
-            self.peer.borrow().transport().addr(PORT)
+            self.peer.lock().unwrap().transport().addr(PORT)
         }
     }
 
@@ -128,7 +125,8 @@ impl Sim {
         (0..n)
             .map(|_| {
                 self.peer
-                    .borrow_mut()
+                    .lock()
+                    .unwrap()
                     .connect(to, ConnectOptions::default())
                     .expect("connect")
             })
@@ -437,11 +435,11 @@ fn a_closed_listeners_handle_never_names_the_listener_that_takes_its_place() {
 #[test]
 fn a_request_whose_setup_fails_is_rejected_and_reported_with_its_errno() {
     // The client notes how its connections end.
-    let ends = Rc::new(RefCell::new(Vec::new()));
-    let noted = Rc::clone(&ends);
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let noted = Arc::clone(&ends);
     let note: Behaviour = Box::new(move |_, event| {
         if let Event::Closed { conn, reason } = event {
-            noted.borrow_mut().push((conn, reason));
+            noted.lock().unwrap().push((conn, reason));
         }
     });
     let mut sim = sim(SimConfig::default(), 10, true, note);
@@ -469,7 +467,7 @@ fn a_request_whose_setup_fails_is_rejected_and_reported_with_its_errno() {
     );
     // The peer hears a reject, not silence.
     sim.advance(Duration::from_millis(10));
-    let ends = ends.borrow();
+    let ends = ends.lock().unwrap();
     assert!(
         matches!(
             ends.as_slice(),
@@ -483,11 +481,11 @@ fn a_request_whose_setup_fails_is_rejected_and_reported_with_its_errno() {
 fn a_request_flood_against_manual_accept_holds_at_most_max_in_setup() {
     const BOUND: usize = 8;
     const FLOOD: usize = 100;
-    let ends = Rc::new(RefCell::new(Vec::new()));
-    let noted = Rc::clone(&ends);
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let noted = Arc::clone(&ends);
     let note: Behaviour = Box::new(move |_, event| {
         if let Event::Closed { reason, .. } = event {
-            noted.borrow_mut().push(reason);
+            noted.lock().unwrap().push(reason);
         }
     });
     let mut sim = sim(SimConfig::default(), 11, true, note);
@@ -502,7 +500,8 @@ fn a_request_flood_against_manual_accept_holds_at_most_max_in_setup() {
     sim.main.listen(addr, options).unwrap();
     for _ in 0..FLOOD {
         sim.peer
-            .borrow_mut()
+            .lock()
+            .unwrap()
             .connect(addr, ConnectOptions::default())
             .expect("connect");
     }
@@ -527,7 +526,7 @@ fn a_request_flood_against_manual_accept_holds_at_most_max_in_setup() {
     assert_eq!(stats.requests_refused, (FLOOD - BOUND) as u64, "{stats:?}");
     assert_eq!((stats.connections, stats.queued()), (0, 0), "{stats:?}");
     // Every client heard a REJ: the refused at once, the unanswered at the deadline.
-    let ends = ends.borrow();
+    let ends = ends.lock().unwrap();
     assert_eq!(ends.len(), FLOOD);
     assert!(
         ends.iter()
@@ -537,7 +536,8 @@ fn a_request_flood_against_manual_accept_holds_at_most_max_in_setup() {
     drop(ends);
     // The bound frees with its connections: the next request is reported again.
     sim.peer
-        .borrow_mut()
+        .lock()
+        .unwrap()
         .connect(addr, ConnectOptions::default())
         .unwrap();
     let (event, _) = sim.first_event_watching_held(Duration::from_millis(10));

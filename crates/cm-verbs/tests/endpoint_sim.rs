@@ -2,8 +2,7 @@
 //! code, each connection is reported established exactly once with how it got there,
 //! and nothing the peer sends is lost or reordered.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimPair, SimTransport};
@@ -23,8 +22,8 @@ type SimEndpoint = Endpoint<SimTransport>;
 struct Pair {
     fabric: SimFabric,
     server: SimEndpoint,
-    client: Rc<RefCell<SimEndpoint>>,
-    client_events: Rc<RefCell<Vec<Event>>>,
+    client: Arc<Mutex<SimEndpoint>>,
+    client_events: Arc<Mutex<Vec<Event>>>,
 }
 
 fn pair(config: SimConfig, seed: u64, messages: &'static [&'static [u8]]) -> Pair {
@@ -33,19 +32,19 @@ fn pair(config: SimConfig, seed: u64, messages: &'static [&'static [u8]]) -> Pai
         server,
         client,
     } = SimPair::new(config, seed);
-    let client = Rc::new(RefCell::new(Endpoint::new(SimTransport::on_side(client))));
-    let client_events = Rc::new(RefCell::new(Vec::new()));
+    let client = Arc::new(Mutex::new(Endpoint::new(SimTransport::on_side(client))));
+    let client_events = Arc::new(Mutex::new(Vec::new()));
     let mut transport = SimTransport::on_side(server);
-    let (driven, seen) = (Rc::clone(&client), Rc::clone(&client_events));
+    let (driven, seen) = (Arc::clone(&client), Arc::clone(&client_events));
     transport.on_step(move || {
-        let mut client = driven.borrow_mut();
+        let mut client = driven.lock().unwrap();
         while let Some(event) = client.poll().expect("client poll") {
             if let Event::Established { conn, .. } = event {
                 for message in messages {
                     client.send(conn, message).expect("client send");
                 }
             }
-            seen.borrow_mut().push(event);
+            seen.lock().unwrap().push(event);
         }
     });
     Pair {
@@ -62,7 +61,8 @@ impl Pair {
         (0..count)
             .map(|_| {
                 self.client
-                    .borrow_mut()
+                    .lock()
+                    .unwrap()
                     .connect(
                         to,
                         ConnectOptions {
@@ -77,6 +77,18 @@ impl Pair {
 }
 
 impl Pair {
+    /// Every RTU dropped, the server busy polling (5 ms) and listening on [`PORT`], and
+    /// `count` connections started by the client (the handshakes not run yet).
+    fn busy_poll_losing_every_rtu(&mut self, count: usize) {
+        self.fabric
+            .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+        self.server.set_busy_poll(Some(Duration::from_millis(5)));
+        self.server
+            .listen(self.server.transport().addr(PORT), ListenOptions::default())
+            .unwrap();
+        self.connect(count, b"");
+    }
+
     /// Listens on [`PORT`], connects once and accepts: the listener and the connection.
     fn one_accepted(&mut self) -> (cm_verbs::ListenerId, ConnectionId) {
         let listener = self
@@ -195,12 +207,12 @@ fn without_loss_the_handshake_establishes_and_private_data_travels() {
     assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"ping");
     pair.server.send(conn, b"pong").unwrap();
     pair.fabric.advance(Duration::from_millis(1));
-    let mut client = pair.client.borrow_mut();
+    let mut client = pair.client.lock().unwrap();
     let mut got = Vec::new();
     while let Some(event) = client.poll().unwrap() {
         got.push(event);
     }
-    let events = pair.client_events.borrow();
+    let events = pair.client_events.lock().unwrap();
     let established = events
         .iter()
         .find_map(|e| match e {
@@ -246,13 +258,7 @@ fn busy_polling_rescues_every_lost_rtu_once_and_loses_no_message() {
     // receive forces its establish once, whichever of that poll and the completion
     // event sees it first, and the message is still delivered, in order.
     let mut pair = pair(soft_roce(), 9, &[b"one", b"two"]);
-    pair.fabric
-        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
-    pair.server
-        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
-        .unwrap();
-    pair.connect(20, b"");
+    pair.busy_poll_losing_every_rtu(20);
     let mut accepted = Vec::new();
     for _ in 0..20 {
         let conn = pair.server.accept(SECOND).unwrap();
@@ -280,20 +286,14 @@ fn busy_polling_takes_a_waiting_receive_from_the_queue_once() {
     // forces the establish, and the completion event read later finds the queue empty.
     // The message is delivered once.
     let mut pair = pair(soft_roce(), 3, &[]);
-    pair.fabric
-        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
-    pair.server
-        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
-        .unwrap();
-    pair.connect(1, b"");
+    pair.busy_poll_losing_every_rtu(1);
     let mut sent = false;
     for _ in 0..1000 {
         pair.fabric.advance(Duration::from_millis(1));
         if pair.server.connection_count() == 0 {
             pair.server.poll().unwrap();
         }
-        let mut client = pair.client.borrow_mut();
+        let mut client = pair.client.lock().unwrap();
         while let Some(event) = client.poll().unwrap() {
             if let Event::Established { conn, .. } = event {
                 client.send(conn, b"early").unwrap();
@@ -356,7 +356,7 @@ fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
         pair.server.accept_request(request, &PrivateData::empty()),
         Err(ConnError::UnknownConnection(_))
     ));
-    let mut client = pair.client.borrow_mut();
+    let mut client = pair.client.lock().unwrap();
     match client.established(client_conn, SECOND) {
         Err(ConnError::Closed {
             reason:
@@ -377,7 +377,7 @@ fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
 fn connecting_to_a_port_nobody_listens_on_is_a_typed_reject() {
     let pair = pair(SimConfig::default(), 6, &[]);
     let conn = pair.connect(1, b"")[0];
-    let mut client = pair.client.borrow_mut();
+    let mut client = pair.client.lock().unwrap();
     match client.established(conn, SECOND) {
         Err(ConnError::Closed { reason, .. }) => {
             assert!(
@@ -430,7 +430,7 @@ fn sends_and_messages_are_checked() {
     pair.server.send(conn, b"m").unwrap();
     let too_long = PrivateData::from(vec![1u8; PrivateData::MAX_REQ + 1]);
     let to = pair.server.transport().addr(PORT);
-    let refused = pair.client.borrow_mut().connect(
+    let refused = pair.client.lock().unwrap().connect(
         to,
         ConnectOptions {
             private_data: too_long,
@@ -472,7 +472,7 @@ fn completed_sends_are_reported_and_setup_steps_are_timed_in_order() {
     assert!(passive.iter().all(Option::is_some), "{times:?}");
     assert!(passive.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
 
-    let times = pair.client.borrow().info(client_conn).unwrap().times;
+    let times = pair.client.lock().unwrap().info(client_conn).unwrap().times;
     let active = [
         Some(times.started),
         times.addr_resolved,
@@ -522,7 +522,8 @@ fn two_listeners_on_one_device_share_its_reader_and_both_get_their_rescues() {
     for port in [PORT, PORT + 1] {
         let to = pair.server.transport().addr(port);
         pair.client
-            .borrow_mut()
+            .lock()
+            .unwrap()
             .connect(to, ConnectOptions::default())
             .unwrap();
     }
@@ -629,7 +630,7 @@ fn a_closed_listener_stops_listening_and_its_address_can_be_listened_on_again() 
     pair.server.close_listener(first).unwrap();
     // A request to the closed address is refused: nobody listens there any more.
     let refused = pair.connect(1, b"")[0];
-    let end = pair.client.borrow_mut().established(refused, SECOND);
+    let end = pair.client.lock().unwrap().established(refused, SECOND);
     assert!(matches!(end, Err(ConnError::Closed { .. })), "{end:?}");
     // The same address again, at once: no EADDRINUSE, and it serves.
     let second = pair.server.listen(addr, ListenOptions::default()).unwrap();
@@ -650,7 +651,7 @@ fn a_device_reader_is_closed_with_the_last_listener_and_connection_on_it() {
     pair.server.disconnect(conn).unwrap();
     assert_eq!(pair.server.device_count(), 0, "nothing uses the device");
     // The client's side: its connection ends with the server's disconnect.
-    let mut client = pair.client.borrow_mut();
+    let mut client = pair.client.lock().unwrap();
     while client.connection_count() > 0 {
         client
             .next_event(SECOND)

@@ -71,9 +71,8 @@ mod trace;
 mod transport;
 mod types;
 
-use std::cell::RefCell;
 use std::fmt;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cm_core::kernel_model::LapState;
@@ -92,9 +91,12 @@ pub use types::{
     SimConfig, SimIdKey, SimStats,
 };
 
-type Shared = Rc<RefCell<Fabric>>;
+type Shared = Arc<Mutex<Fabric>>;
 
 /// The simulated fabric: a cheap, clonable handle (all clones share one simulation).
+/// `Send` and `Sync`, as every handle of the fabric is `Send`: the simulation sits behind
+/// one lock, taken once per call (the run replays as long as the calls come in the same
+/// order).
 #[derive(Clone)]
 pub struct SimFabric {
     inner: Shared,
@@ -102,7 +104,7 @@ pub struct SimFabric {
 
 impl fmt::Debug for SimFabric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let fabric = self.inner.borrow();
+        let fabric = self.lock();
         f.debug_struct("SimFabric")
             .field("now", &fabric.now())
             .field("pending", &fabric.pending())
@@ -111,10 +113,24 @@ impl fmt::Debug for SimFabric {
 }
 
 impl SimFabric {
+    /// The fabric's state, locked for one call. The lock is held only inside the
+    /// fabric's own calls (the handles below), which run no code of the caller and hold
+    /// no handle, so no thread ever waits for a lock it holds. A poisoned lock (a panic
+    /// inside a call) is taken as it is, as the `RefCell` it replaces would have been:
+    /// the other handles keep working and report their own failures.
+    fn lock(&self) -> MutexGuard<'_, Fabric> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `other` is a handle of the same simulation.
+    fn same(&self, other: &SimFabric) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// A fabric with no nodes; `seed` drives every random fault.
     pub fn new(config: SimConfig, seed: u64) -> Self {
         SimFabric {
-            inner: Rc::new(RefCell::new(Fabric::new(config, seed))),
+            inner: Arc::new(Mutex::new(Fabric::new(config, seed))),
         }
     }
 
@@ -125,7 +141,7 @@ impl SimFabric {
 
     /// Adds a node with a device of `kind`.
     pub fn add_node_with(&self, kind: DeviceKind) -> SimNode {
-        let id = self.inner.borrow_mut().add_node(kind);
+        let id = self.lock().add_node(kind);
         SimNode {
             fabric: self.clone(),
             id,
@@ -134,7 +150,7 @@ impl SimFabric {
 
     /// The node `id`, if it exists.
     pub fn node(&self, id: NodeId) -> Option<SimNode> {
-        self.inner.borrow().node_exists(id).then(|| SimNode {
+        self.lock().node_exists(id).then(|| SimNode {
             fabric: self.clone(),
             id,
         })
@@ -142,34 +158,34 @@ impl SimFabric {
 
     /// The configuration the fabric runs with.
     pub fn config(&self) -> SimConfig {
-        self.inner.borrow().config.clone()
+        self.lock().config.clone()
     }
 
     /// Virtual time since the fabric was created.
     pub fn now(&self) -> Duration {
-        self.inner.borrow().now()
+        self.lock().now()
     }
 
     /// How many deliveries and timers are scheduled.
     pub fn pending(&self) -> usize {
-        self.inner.borrow().pending()
+        self.lock().pending()
     }
 
     /// When the next scheduled action is due, if any.
     pub fn next_due(&self) -> Option<Duration> {
-        self.inner.borrow().next_due().map(Duration::from_nanos)
+        self.lock().next_due().map(Duration::from_nanos)
     }
 
     /// Runs the earliest scheduled action (advancing the clock to it); `false` when
     /// nothing is scheduled.
     pub fn step(&self) -> bool {
-        self.inner.borrow_mut().step()
+        self.lock().step()
     }
 
     /// Runs every action due within `duration` from now, then sets the clock to now +
     /// `duration`. Returns how many actions ran.
     pub fn advance(&self, duration: Duration) -> usize {
-        let mut fabric = self.inner.borrow_mut();
+        let mut fabric = self.lock();
         let until = fabric
             .now_nanos()
             .saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX));
@@ -185,7 +201,7 @@ impl SimFabric {
     /// Runs until nothing is scheduled (every retry exhausted, every timer fired).
     /// Returns how many actions ran.
     pub fn run_until_idle(&self) -> usize {
-        let mut fabric = self.inner.borrow_mut();
+        let mut fabric = self.lock();
         let mut ran = 0;
         while fabric.step() {
             ran += 1;
@@ -208,32 +224,32 @@ impl SimFabric {
 
     /// Adds a deterministic fault rule (the first matching rule applies).
     pub fn add_fault(&self, rule: FaultRule) {
-        self.inner.borrow_mut().add_rule(rule);
+        self.lock().add_rule(rule);
     }
 
     /// Removes every fault rule.
     pub fn clear_faults(&self) {
-        self.inner.borrow_mut().clear_rules();
+        self.lock().clear_rules();
     }
 
     /// Sets the random faults for messages of `kind` (applied when no rule matches).
     pub fn set_fault_odds(&self, kind: MsgKind, odds: FaultOdds) {
-        self.inner.borrow_mut().set_odds(kind, odds);
+        self.lock().set_odds(kind, odds);
     }
 
     /// A copy of the trace so far (`None` when the configuration has it off).
     pub fn trace(&self) -> Option<Trace> {
-        self.inner.borrow().trace.clone()
+        self.lock().trace.clone()
     }
 
     /// Takes the trace so far, leaving an empty one.
     pub fn take_trace(&self) -> Option<Trace> {
-        self.inner.borrow_mut().trace.as_mut().map(std::mem::take)
+        self.lock().trace.as_mut().map(std::mem::take)
     }
 
     /// The counters so far.
     pub fn stats(&self) -> SimStats {
-        self.inner.borrow().stats.clone()
+        self.lock().stats.clone()
     }
 }
 
@@ -257,7 +273,7 @@ impl SimNode {
 
     /// Opens an event channel on this node (`rdma_create_event_channel`).
     pub fn create_channel(&self) -> SimChannel {
-        let index = self.fabric.inner.borrow_mut().add_channel(self.id);
+        let index = self.fabric.lock().add_channel(self.id);
         SimChannel {
             fabric: self.fabric.clone(),
             index,
@@ -276,25 +292,19 @@ impl SimNode {
     /// a DEVICE_REMOVAL event, and notify answers ENODEV from now on. Returns how many
     /// ids were told.
     pub fn remove_device(&self) -> Result<usize, CmError> {
-        self.fabric.inner.borrow_mut().remove_device(self.id)
+        self.fabric.lock().remove_device(self.id)
     }
 
     /// Lets the node create at most `budget` more QPs (`None`: no limit); past it
     /// `rdma_create_qp` answers ENOMEM, as the kernel does once the pinned memory of a
     /// process passes RLIMIT_MEMLOCK.
     pub fn set_qp_budget(&self, budget: Option<u32>) -> Result<(), CmError> {
-        self.fabric
-            .inner
-            .borrow_mut()
-            .set_qp_budget(self.id, budget)
+        self.fabric.lock().set_qp_budget(self.id, budget)
     }
 
     /// Marks the device as going away (notify(COMM_EST) then answers ENODEV) or back.
     pub fn set_going_down(&self, going_down: bool) -> Result<(), CmError> {
-        self.fabric
-            .inner
-            .borrow_mut()
-            .set_going_down(self.id, going_down)
+        self.fabric.lock().set_going_down(self.id, going_down)
     }
 }
 
@@ -314,32 +324,29 @@ impl SimDevice {
 
     /// The next receive completion of any QP of this device.
     pub fn poll_cq(&mut self) -> Option<RecvCompletion> {
-        self.fabric.inner.borrow_mut().poll_cq(self.node)
+        self.fabric.lock().poll_cq(self.node)
     }
 
     /// The next receive completion of any QP of this device, its payload appended to
     /// `out` (empty for sends made with [`SimCmId::post_send`]).
     pub fn poll_cq_data(&mut self, out: &mut Vec<u8>) -> Option<RecvCompletion> {
-        self.fabric.inner.borrow_mut().poll_cq_data(self.node, out)
+        self.fabric.lock().poll_cq_data(self.node, out)
     }
 
     /// Whether asynchronous events or receive completions are waiting.
     pub fn has_pending(&self) -> bool {
-        self.fabric.inner.borrow().device_pending(self.node)
+        self.fabric.lock().device_pending(self.node)
     }
 
     /// Raises an asynchronous event as if the device had (QP_FATAL, PORT_ERR, …).
     pub fn raise(&self, event: AsyncEvent) {
-        self.fabric
-            .inner
-            .borrow_mut()
-            .raise_async_event(self.node, event);
+        self.fabric.lock().raise_async_event(self.node, event);
     }
 }
 
 impl AsyncEventSource for SimDevice {
     fn try_next_async_event(&mut self) -> Result<Option<AsyncEvent>, CmError> {
-        Ok(self.fabric.inner.borrow_mut().next_async_event(self.node))
+        Ok(self.fabric.lock().next_async_event(self.node))
     }
 }
 
@@ -353,7 +360,7 @@ pub struct SimChannel {
 impl SimChannel {
     /// Creates an id on this channel (`rdma_create_id`, RDMA_PS_TCP).
     pub fn create_id(&self) -> SimCmId {
-        let mut fabric = self.fabric.inner.borrow_mut();
+        let mut fabric = self.fabric.lock();
         let key = fabric.create_id(self.index);
         if fabric.channel_closed(self.index) {
             // rdma_create_id on a closed channel fails; the handle returned here is
@@ -373,22 +380,22 @@ impl SimChannel {
     /// unacknowledged event, and with [`CmError::Gone`] when already destroyed. Reading
     /// from a destroyed channel, or migrating an id to it, answers [`CmError::Gone`].
     pub fn destroy(&self) -> Result<(), CmError> {
-        self.fabric.inner.borrow_mut().destroy_channel(self.index)
+        self.fabric.lock().destroy_channel(self.index)
     }
 
     /// Whether [`SimChannel::destroy`] ran.
     pub fn is_destroyed(&self) -> bool {
-        self.fabric.inner.borrow().channel_closed(self.index)
+        self.fabric.lock().channel_closed(self.index)
     }
 
     /// The node the channel is on.
     pub fn node(&self) -> NodeId {
-        self.fabric.inner.borrow().channel_node(self.index)
+        self.fabric.lock().channel_node(self.index)
     }
 
     /// Events waiting to be read (including ones of destroyed ids not yet skipped).
     pub fn queued(&self) -> usize {
-        self.fabric.inner.borrow().channel_len(self.index)
+        self.fabric.lock().channel_len(self.index)
     }
 }
 
@@ -396,13 +403,18 @@ impl CmEventSource for SimChannel {
     type Event = SimCmEvent;
 
     fn try_next_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
-        if self.is_destroyed() {
-            return Err(CmError::Gone {
-                op: "rdma_get_cm_event",
-                what: "channel",
-            });
-        }
-        let read = self.fabric.inner.borrow_mut().next_event(self.index);
+        // One lock for the check and the read: the connection API calls this on every
+        // pass.
+        let read = {
+            let mut fabric = self.fabric.lock();
+            if fabric.channel_closed(self.index) {
+                return Err(CmError::Gone {
+                    op: "rdma_get_cm_event",
+                    what: "channel",
+                });
+            }
+            fabric.next_event(self.index)
+        };
         Ok(read.map(|read| SimCmEvent {
             fabric: self.fabric.clone(),
             read,
@@ -447,7 +459,7 @@ impl SimCmEvent {
 
     /// The connection the event's id belongs to.
     pub fn conn(&self) -> Option<ConnId> {
-        self.fabric.inner.borrow().id_conn(self.read.id)
+        self.fabric.lock().id_conn(self.read.id)
     }
 }
 
@@ -470,7 +482,7 @@ impl CmEvent for SimCmEvent {
 
     fn ack(mut self) -> Result<(), CmError> {
         self.acked = true;
-        self.fabric.inner.borrow_mut().ack(self.read.id);
+        self.fabric.lock().ack(self.read.id);
         Ok(())
     }
 }
@@ -478,11 +490,13 @@ impl CmEvent for SimCmEvent {
 impl Drop for SimCmEvent {
     fn drop(&mut self) {
         if !self.acked {
-            // Never panic in drop: the fabric is only borrowed inside its own calls,
-            // which never drop events.
-            if let Ok(mut fabric) = self.fabric.inner.try_borrow_mut() {
-                fabric.ack(self.read.id);
-            }
+            // Never panic or deadlock in drop. The fabric is locked only inside its own
+            // calls, which never drop events (it holds none), so this thread does not
+            // hold the lock here: if it is taken, another thread is inside a call, and
+            // waiting for that call to end is safe (skipping the ack would leave the
+            // event unacknowledged for good, and its id could never be destroyed).
+            // A poisoned lock is taken as it is.
+            self.fabric.lock().ack(self.read.id);
         }
     }
 }
@@ -503,7 +517,7 @@ impl fmt::Debug for SimCmId {
 
 impl PartialEq for SimCmId {
     fn eq(&self, other: &Self) -> bool {
-        Rc::ptr_eq(&self.fabric.inner, &other.fabric.inner) && self.key == other.key
+        self.fabric.same(&other.fabric) && self.key == other.key
     }
 }
 
@@ -511,7 +525,7 @@ impl Eq for SimCmId {}
 
 impl SimCmId {
     fn with<T>(&self, f: impl FnOnce(&mut Fabric) -> T) -> T {
-        f(&mut self.fabric.inner.borrow_mut())
+        f(&mut self.fabric.lock())
     }
 
     /// The id's key in the fabric.
@@ -606,7 +620,7 @@ impl SimCmId {
 
     /// `rdma_migrate_id`: moves the id and its pending events to `channel`.
     pub fn migrate(&self, channel: &SimChannel) -> Result<(), CmError> {
-        if !Rc::ptr_eq(&self.fabric.inner, &channel.fabric.inner) {
+        if !self.fabric.same(&channel.fabric) {
             return Err(CmError::InvalidArgument {
                 op: "rdma_migrate_id",
                 reason: "channel of another fabric",

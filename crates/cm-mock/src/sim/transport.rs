@@ -16,6 +16,7 @@ use cm_core::{
     WorkCompletion,
 };
 
+use super::fabric::Fabric;
 use super::tables::{Chunked, Slots};
 use super::{NodeId, SimChannel, SimCmEvent, SimCmId, SimDevice, SimNode, SimSide};
 
@@ -228,7 +229,8 @@ impl Pool {
 /// No slot: the QP is not this transport's (or was freed).
 const NO_SLOT: u32 = u32::MAX;
 
-/// The simulated fabric seen from one node, as a [`Transport`].
+/// The simulated fabric seen from one node, as a [`Transport`]. `Send`: an endpoint over
+/// it can move to another thread, or into a task spawned on a multi-threaded runtime.
 ///
 /// Built for scale runs: an idle QP (receives posted, nothing in flight) costs it 24
 /// bytes plus four per QP number of the fabric; what a QP has in flight (payloads,
@@ -250,7 +252,7 @@ pub struct SimTransport {
     /// Empty [`Busy`] parts to reuse.
     pool: Pool,
     tokens: VecDeque<u64>,
-    on_step: Option<Box<dyn FnMut()>>,
+    on_step: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl fmt::Debug for SimTransport {
@@ -271,8 +273,7 @@ impl SimTransport {
     pub fn on_side(side: SimSide) -> Self {
         side.node
             .fabric()
-            .inner
-            .borrow_mut()
+            .lock()
             .watch_destroyed_qps(side.node.id());
         SimTransport {
             node: side.node,
@@ -302,17 +303,37 @@ impl SimTransport {
 
     /// Runs `hook` before every step of virtual time a wait takes: the place to drive
     /// the other side of a test (another endpoint's non-blocking poll) while this one
-    /// blocks.
-    pub fn on_step(&mut self, hook: impl FnMut() + 'static) {
+    /// blocks. `Send`, so that the transport is: an endpoint shared with the hook goes
+    /// in an `Arc<Mutex<_>>`.
+    ///
+    /// The hook runs inside a call on the endpoint that owns this transport (its wait),
+    /// so it must not lock that endpoint, only the other side: a `Mutex` would deadlock
+    /// (try_lock, as the fuzz target's hooks do, when both sides drive each other).
+    pub fn on_step(&mut self, hook: impl FnMut() + Send + 'static) {
         self.on_step = Some(Box::new(hook));
     }
 
     /// Whether the channel, or the device when the caller reads it (`reading`), has
     /// something: a device whose reader was given back (or never opened) is not waited
-    /// on, as `poll(2)` would not watch its descriptors.
+    /// on, as `poll(2)` would not watch its descriptors. One look at the fabric.
     fn ready(&self, reading: bool) -> bool {
-        self.channel.queued() > 0
-            || (reading && (!self.tokens.is_empty() || self.device.has_pending()))
+        if reading && !self.tokens.is_empty() {
+            return true;
+        }
+        let fabric = self.channel.fabric.lock();
+        if fabric.channel_len(self.channel.index) > 0 {
+            return true;
+        }
+        if !reading {
+            return false;
+        }
+        if self.device.fabric.same(&self.channel.fabric) {
+            fabric.device_pending(self.device.node)
+        } else {
+            // A side put together from two fabrics: each looked at on its own.
+            drop(fabric);
+            self.device.has_pending()
+        }
     }
 
     /// The id's QP number, its state, and the pool its busy part comes from and goes
@@ -322,7 +343,18 @@ impl SimTransport {
         id: &SimCmId,
         op: &'static str,
     ) -> Result<(QpNum, &mut Queues, &mut Pool), CmError> {
-        let qp = cm_core::CmId::qp_num(id).ok_or(CmError::InvalidArgument {
+        let qp = cm_core::CmId::qp_num(id);
+        self.queues_of(qp, op)
+    }
+
+    /// [`SimTransport::queues`] for a QP number the caller already read from the fabric
+    /// (`None`: the id has no QP).
+    fn queues_of(
+        &mut self,
+        qp: Option<QpNum>,
+        op: &'static str,
+    ) -> Result<(QpNum, &mut Queues, &mut Pool), CmError> {
+        let qp = qp.ok_or(CmError::InvalidArgument {
             op,
             reason: "the id has no QP",
         })?;
@@ -334,10 +366,13 @@ impl SimTransport {
         Ok((qp, queues, &mut self.pool))
     }
 
-    /// Moves every receive completion of the node into its QP's queue.
-    fn collect_completions(&mut self) {
+    /// Moves every receive completion of the node into its QP's queue, then runs
+    /// `also` on the fabric: all under one lock (the connection API reads completions
+    /// on every pass).
+    fn collect_completions<R>(&mut self, also: impl FnOnce(&mut Fabric) -> R) -> R {
+        let mut fabric = self.device.fabric.lock();
         let mut payload = Vec::new();
-        while let Some(completion) = self.device.poll_cq_data(&mut payload) {
+        while let Some(completion) = fabric.poll_cq_data(self.device.node, &mut payload) {
             let data = std::mem::take(&mut payload);
             let slot = self
                 .by_qp
@@ -355,6 +390,7 @@ impl SimTransport {
                 self.tokens.push_back(queues.token);
             }
         }
+        also(&mut fabric)
     }
 
     /// Lands waiting payloads in posted receives; whether any landed.
@@ -392,8 +428,7 @@ impl SimTransport {
         let node = self.node.id();
         self.node
             .fabric()
-            .inner
-            .borrow_mut()
+            .lock()
             .take_destroyed_qps(node, &mut self.destroyed);
         for qp in self.destroyed.drain(..) {
             if let Some(slot) = self.by_qp.get_mut(qp.0 as usize) {
@@ -513,7 +548,7 @@ impl Transport for SimTransport {
     }
 
     fn next_cq_event(&mut self, _device: &mut SimDeviceReader) -> Result<Option<u64>, CmError> {
-        self.collect_completions();
+        self.collect_completions(|_| ());
         Ok(self.tokens.pop_front())
     }
 
@@ -525,12 +560,6 @@ impl Transport for SimTransport {
         caps: &QueueCaps,
     ) -> Result<QpNum, CmError> {
         caps.validate()?;
-        if id.node() != Some(device.node) {
-            return Err(CmError::InvalidArgument {
-                op: "create_qp",
-                reason: "the device reader belongs to another node",
-            });
-        }
         // Checked by `validate`: 1 to 16384.
         let recv_depth = u16::try_from(caps.recv_depth)
             .ok()
@@ -539,7 +568,15 @@ impl Transport for SimTransport {
                 op: "create_qp",
                 reason: "receive depth out of range",
             })?;
-        let qp = id.create_qp()?;
+        let qp = id.with(|f| {
+            if f.id_node(id.key) != Some(device.node) {
+                return Err(CmError::InvalidArgument {
+                    op: "create_qp",
+                    reason: "the device reader belongs to another node",
+                });
+            }
+            f.create_qp(id.key)
+        })?;
         self.free_destroyed();
         let slot = self.queues.put(Queues::new(token, recv_depth));
         let index = qp.0 as usize;
@@ -593,8 +630,11 @@ impl Transport for SimTransport {
                 reason: "no such send buffer, or the message does not fit it",
             });
         }
-        id.post_send_data(data)?;
-        let (qp, queues, pool) = self.queues(id, "ibv_post_send")?;
+        let qp = id.with(|f| {
+            f.post_send_data(id.key, data)?;
+            Ok::<_, CmError>(f.id_qp(id.key))
+        })?;
+        let (qp, queues, pool) = self.queues_of(qp, "ibv_post_send")?;
         queues.busy(pool).send.push_back(WorkCompletion {
             wr_id,
             qp,
@@ -641,9 +681,15 @@ impl Transport for SimTransport {
         max: usize,
     ) -> Result<usize, CmError> {
         // As on a device, a completion is in its queue once it landed, whether or not
-        // the completion channel was read since (busy polling polls queues first).
-        self.collect_completions();
-        let (_, queues, pool) = self.queues(id, "ibv_poll_cq")?;
+        // the completion channel was read since (busy polling polls queues first). The
+        // id's QP is read under the same lock when the id is of this fabric.
+        let qp = if id.fabric.same(&self.device.fabric) {
+            self.collect_completions(|f| f.id_qp(id.key))
+        } else {
+            self.collect_completions(|_| ());
+            cm_core::CmId::qp_num(id)
+        };
+        let (_, queues, pool) = self.queues_of(qp, "ibv_poll_cq")?;
         let Some(busy) = queues.busy.as_mut() else {
             return Ok(0);
         };
@@ -667,8 +713,12 @@ impl Transport for SimTransport {
         timeout: Option<Duration>,
     ) -> Result<bool, CmError> {
         let reading = !devices.is_empty();
-        let fabric = self.node.fabric().clone();
-        let deadline = timeout.map(|t| fabric.now().saturating_add(t));
+        let fabric = self.node.fabric();
+        // In the fabric's nanoseconds (saturating, as `SimFabric::advance` counts).
+        let deadline = timeout.map(|t| {
+            let t = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+            fabric.lock().now_nanos().saturating_add(t)
+        });
         loop {
             if self.ready(reading) {
                 return Ok(true);
@@ -679,16 +729,18 @@ impl Transport for SimTransport {
                     return Ok(true);
                 }
             }
-            match (fabric.next_due(), deadline) {
+            // The next action, or the deadline: one lock.
+            let mut locked = fabric.lock();
+            match (locked.next_due(), deadline) {
                 (Some(due), Some(deadline)) if due > deadline => {
-                    fabric.advance(deadline.saturating_sub(fabric.now()));
+                    locked.set_now(deadline);
                     return Ok(false);
                 }
                 (Some(_), _) => {
-                    fabric.step();
+                    locked.step();
                 }
                 (None, Some(deadline)) => {
-                    fabric.advance(deadline.saturating_sub(fabric.now()));
+                    locked.set_now(deadline);
                     return Ok(false);
                 }
                 (None, None) => return Err(CmError::Idle { op: "wait" }),

@@ -1,5 +1,7 @@
 //! The simulation's state and its rules: the IB CM state machine, the wire, the QPs.
-//! Everything here runs under one `RefCell` borrow; the handles in `sim/mod.rs` are thin.
+//! Everything here runs under one lock of the fabric's `Mutex`; the handles in `sim/mod.rs`
+//! are thin. Nothing here holds a handle or runs code of the caller, so a call never
+//! takes the lock again (or drops an event, which would) while it holds it.
 //!
 //! This file holds the records (messages, queued events, ids, QPs, nodes, channels),
 //! the [`Fabric`] that owns them, its bookkeeping and its timers; [`wire`] sends and
