@@ -280,12 +280,25 @@ pub trait Transport {
     /// Blocks until the channel or one of `devices` may be readable, or `timeout`
     /// passes (`None`: as long as it takes). Returns whether something may be ready;
     /// spurious wake-ups are fine. A simulation runs virtual time instead, and answers
-    /// [`CmError::Busy`] when nothing can ever happen and no timeout was given.
+    /// [`CmError::Idle`] when nothing can ever happen and no timeout was given.
     fn wait(
         &mut self,
         devices: &[Self::Device],
         timeout: Option<Duration>,
     ) -> Result<bool, CmError>;
+    /// One step of a wait, for an endpoint that shares a simulated fabric with others
+    /// driven in turn (connection handles, each side its own driver): moves the fabric
+    /// by at most one action due within `timeout`, and never moves time to the deadline
+    /// itself, so that the other parties act before time moves on. Returns whether
+    /// anything moved or is ready. A transport whose wait blocks in real time (the
+    /// default) waits as [`Transport::wait`] does.
+    fn wait_step(
+        &mut self,
+        devices: &[Self::Device],
+        timeout: Option<Duration>,
+    ) -> Result<bool, CmError> {
+        self.wait(devices, timeout)
+    }
 }
 
 /// Why the peer (or its CM) refused a connection: the IB CM reject reason carried by a

@@ -6,11 +6,9 @@
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use cm_verbs::handle::{Connection, EndpointHandle};
+use cm_verbs::handle::{Connection, EndpointHandle, Listener};
 use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
-use cm_verbs::{
-    ConnError, ConnectOptions, Endpoint, EstablishedVia, ListenOptions, QueueCaps, Trigger,
-};
+use cm_verbs::{ConnError, ConnectOptions, Endpoint, EstablishedVia, ListenOptions, QueueCaps};
 
 #[allow(dead_code)]
 #[path = "../examples/tokio_server.rs"]
@@ -32,6 +30,35 @@ fn pair_losing_rtus(seed: u64) -> (SimTransport, SimTransport) {
     } = SimPair::new(SimConfig::default(), seed);
     fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
     (SimTransport::on_side(server), SimTransport::on_side(client))
+}
+
+/// Who drives the handles of a test.
+enum Driver {
+    Tokio,
+    Thread,
+}
+
+/// Handles on both sides, driven by `driver`, and the server listening on `addr`.
+fn listening(
+    server: SimTransport,
+    client: SimTransport,
+    addr: <SimTransport as cm_verbs::Transport>::Addr,
+    driver: Driver,
+) -> (
+    EndpointHandle<SimTransport>,
+    EndpointHandle<SimTransport>,
+    Listener<SimTransport>,
+) {
+    let spawn = |transport| match driver {
+        Driver::Tokio => EndpointHandle::spawn_tokio(Endpoint::new(transport)),
+        Driver::Thread => EndpointHandle::spawn_thread(Endpoint::new(transport)),
+    };
+    let server = spawn(server).expect("server");
+    let client = spawn(client).expect("client");
+    let listener = server
+        .listen(addr, ListenOptions::default())
+        .expect("listen");
+    (server, client, listener)
 }
 
 /// Connects, sends each message and reads its echo; the echoes.
@@ -57,11 +84,7 @@ fn the_tokio_example_rescues_every_connection_each_in_its_own_task() {
     let (server, client) = pair_losing_rtus(41);
     let addr = server.addr(7471);
     let (echoes, counters, rescued_via) = runtime().block_on(async {
-        let server = EndpointHandle::spawn_tokio(Endpoint::new(server)).expect("server");
-        let client = EndpointHandle::spawn_tokio(Endpoint::new(client)).expect("client");
-        let listener = server
-            .listen(addr, ListenOptions::default())
-            .expect("listen");
+        let (server, client, listener) = listening(server, client, addr, Driver::Tokio);
         let serving = tokio::spawn(example::serve(listener, CLIENTS));
         let mut clients = tokio::task::JoinSet::new();
         for n in 0..CLIENTS {
@@ -96,11 +119,7 @@ fn blocking_threads_each_serve_a_connection_of_one_shared_endpoint() {
     const CLIENTS: usize = 4;
     let (server, client) = pair_losing_rtus(42);
     let addr = server.addr(7472);
-    let server = EndpointHandle::spawn_thread(Endpoint::new(server)).expect("server");
-    let client = EndpointHandle::spawn_thread(Endpoint::new(client)).expect("client");
-    let listener = server
-        .listen(addr, ListenOptions::default())
-        .expect("listen");
+    let (server, client, listener) = listening(server, client, addr, Driver::Thread);
     let acceptor = std::thread::spawn(move || {
         let mut threads = Vec::new();
         for _ in 0..CLIENTS {
@@ -140,10 +159,7 @@ fn blocking_threads_each_serve_a_connection_of_one_shared_endpoint() {
     let vias = acceptor.join().expect("acceptor");
     assert_eq!(vias.len(), CLIENTS);
     for via in vias {
-        assert!(
-            matches!(via, EstablishedVia::Notify(Trigger::ReceiveCompletion)),
-            "rescued by the first receive: {via:?}"
-        );
+        assert!(matches!(via, EstablishedVia::Notify(_)), "rescued: {via:?}");
     }
     assert_eq!(
         server.with_endpoint(|ep| ep.counters()).forced,
@@ -164,11 +180,7 @@ fn a_receive_dropped_before_its_message_loses_nothing() {
     let (server, client) = pair_losing_rtus(43);
     let addr = server.addr(7473);
     runtime().block_on(async {
-        let server = EndpointHandle::spawn_tokio(Endpoint::new(server)).expect("server");
-        let client = EndpointHandle::spawn_tokio(Endpoint::new(client)).expect("client");
-        let listener = server
-            .listen(addr, ListenOptions::default())
-            .expect("listen");
+        let (_server, client, listener) = listening(server, client, addr, Driver::Tokio);
         let out = client
             .connect(addr, ConnectOptions::default())
             .expect("connect");
@@ -182,8 +194,8 @@ fn a_receive_dropped_before_its_message_loses_nothing() {
             assert!(poll_once_and_drop(conn.recv()).is_pending());
         }
         out.send(b"second").await.expect("send");
-        // A receive given up with a timeout, while the message is on its way.
-        let _ = tokio::time::timeout(Duration::ZERO, conn.recv()).await;
+        // A receive given up while the message is on its way.
+        assert!(poll_once_and_drop(conn.recv()).is_pending());
         let second = conn.recv().await.expect("second");
         assert_eq!(second, b"second", "the message waited for the next receive");
     });
@@ -199,11 +211,7 @@ fn send_waits_for_a_free_buffer_and_keeps_the_order() {
         ..QueueCaps::default()
     };
     runtime().block_on(async {
-        let server = EndpointHandle::spawn_tokio(Endpoint::new(server)).expect("server");
-        let client = EndpointHandle::spawn_tokio(Endpoint::new(client)).expect("client");
-        let listener = server
-            .listen(addr, ListenOptions::default())
-            .expect("listen");
+        let (_server, client, listener) = listening(server, client, addr, Driver::Tokio);
         let options = ConnectOptions {
             caps,
             ..ConnectOptions::default()
@@ -239,11 +247,7 @@ fn dropping_handles_frees_every_connection_and_listener() {
     let (server, client) = pair_losing_rtus(45);
     let addr = server.addr(7475);
     runtime().block_on(async {
-        let server = EndpointHandle::spawn_tokio(Endpoint::new(server)).expect("server");
-        let client = EndpointHandle::spawn_tokio(Endpoint::new(client)).expect("client");
-        let listener = server
-            .listen(addr, ListenOptions::default())
-            .expect("listen");
+        let (server, client, listener) = listening(server, client, addr, Driver::Tokio);
         let outs: Vec<Connection<SimTransport>> = (0..3)
             .map(|_| {
                 client
@@ -304,11 +308,7 @@ fn a_listener_that_accepts_by_hand_is_refused_with_a_typed_error() {
 fn a_blocking_receive_on_an_idle_fabric_times_out() {
     let (server, client) = pair_losing_rtus(47);
     let addr = server.addr(7477);
-    let server = EndpointHandle::spawn_thread(Endpoint::new(server)).expect("server");
-    let client = EndpointHandle::spawn_thread(Endpoint::new(client)).expect("client");
-    let listener = server
-        .listen(addr, ListenOptions::default())
-        .expect("listen");
+    let (_server, client, listener) = listening(server, client, addr, Driver::Thread);
     let out = client
         .connect(addr, ConnectOptions::default())
         .expect("connect");

@@ -747,6 +747,30 @@ impl Transport for SimTransport {
             }
         }
     }
+
+    fn wait_step(
+        &mut self,
+        devices: &[SimDeviceReader],
+        timeout: Option<Duration>,
+    ) -> Result<bool, CmError> {
+        if self.ready(!devices.is_empty()) {
+            return Ok(true);
+        }
+        let fabric = self.node.fabric();
+        let mut locked = fabric.lock();
+        let deadline = timeout.map(|t| {
+            let t = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+            locked.now_nanos().saturating_add(t)
+        });
+        match (locked.next_due(), deadline) {
+            (Some(due), Some(deadline)) if due > deadline => Ok(false),
+            (Some(_), _) => {
+                locked.step();
+                Ok(true)
+            }
+            (None, _) => Ok(false),
+        }
+    }
 }
 
 #[cfg(test)]

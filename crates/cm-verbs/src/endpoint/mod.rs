@@ -660,6 +660,14 @@ impl<T: Transport> Endpoint<T> {
         })
     }
 
+    /// One step of a wait in the transport ([`Transport::wait_step`]): whether anything
+    /// moved or is ready.
+    pub(crate) fn wait_step(&mut self, timeout: Option<Duration>) -> Result<bool, ConnError> {
+        self.transport
+            .wait_step(&self.devices, timeout)
+            .map_err(ConnError::Endpoint)
+    }
+
     /// The listener a live connection came to (passive side). O(1).
     pub(crate) fn listener_of(&self, conn: ConnectionId) -> Option<ListenerId> {
         self.live(conn).and_then(|c| c.listener)

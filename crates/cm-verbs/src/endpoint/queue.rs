@@ -145,22 +145,10 @@ impl<T: Transport> Endpoint<T> {
 
     /// The oldest thing to report, from the ready queue. O(1) amortised.
     pub(crate) fn try_next_event(&mut self) -> Option<Event> {
-        while let Some(entry) = self.ready.pop_front() {
-            match entry {
-                Ready::Endpoint => {
-                    if let Some(event) = self.endpoint_events.pop_front() {
-                        if matches!(event, Event::ListenerClosed { .. }) {
-                            self.listener_closed_pending -= 1;
-                        }
-                        return Some(event);
-                    }
-                }
-                Ready::Conn(conn, ticket) => {
-                    let Some(pending) = self.pending_mut(conn).filter(|p| p.ticket == ticket)
-                    else {
-                        continue; // gone or queued again since: a stale entry
-                    };
-                    pending.ticket = 0;
+        while let Some(ready) = self.take_ready() {
+            match ready {
+                Err(event) => return Some(event),
+                Ok(conn) => {
                     if let Some(event) = self.take_conn_event(conn) {
                         if self.has_pending(conn) {
                             self.mark_ready(conn);

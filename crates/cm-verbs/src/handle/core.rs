@@ -66,9 +66,10 @@ pub(super) struct Core<T: Transport> {
     /// until when (`None`: no deadline). A call that changes either tells it.
     seen_devices: usize,
     seen_until: Option<Duration>,
-    /// On a transport in virtual time: nothing is pending anywhere, and no call moved
-    /// anything since; waiting calls answer [`CmError::Idle`].
-    idle: bool,
+    /// On a transport in virtual time: how many times the driver found that nothing
+    /// could happen anywhere. A call waiting since before the latest answers
+    /// [`CmError::Idle`]; a call that came after waits for the driver to look again.
+    idle_epoch: u64,
     /// Every handle is gone: the driver ends.
     stopped: bool,
 }
@@ -91,7 +92,7 @@ impl<T: Transport> Core<T> {
             driver: None,
             seen_devices: 0,
             seen_until: None,
-            idle: false,
+            idle_epoch: 0,
             stopped: false,
         }
     }
@@ -121,7 +122,6 @@ impl<T: Transport> Core<T> {
             return false;
         }
         self.poked = true;
-        self.idle = false;
         if let Some(driver) = self.driver.take() {
             driver.wake();
         }
@@ -167,16 +167,25 @@ impl<T: Transport> Core<T> {
         self.stopped
     }
 
-    /// Why no call can be answered any more, if none can.
-    pub(super) fn stop_reason(&self) -> Option<ConnError> {
+    /// Whether the endpoint itself failed.
+    pub(super) fn has_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// The driver's count of idle findings, for a call that starts waiting.
+    pub(super) fn idle_epoch(&self) -> u64 {
+        self.idle_epoch
+    }
+
+    /// Why a call waiting since idle epoch `since` cannot be answered, if it cannot:
+    /// the endpoint failed, or nothing could happen anywhere since it began.
+    pub(super) fn stop_reason(&self, since: u64) -> Option<ConnError> {
         if let Some(error) = &self.failed {
             return Some(ConnError::Endpoint(error.clone()));
         }
-        self.idle.then(|| {
-            ConnError::Cm(CmError::Idle {
-                op: "wait on the simulated fabric",
-            })
-        })
+        (self.idle_epoch > since).then_some(ConnError::Cm(CmError::Idle {
+            op: "wait on the simulated fabric",
+        }))
     }
 
     pub(super) fn register(&mut self, on: WaitOn, waker: &Waker) {
@@ -267,7 +276,7 @@ impl<T: Transport> Core<T> {
     /// Nothing can happen on the simulated fabric: waiting calls answer `Idle` until a
     /// call moves something.
     pub(super) fn set_idle(&mut self) {
-        self.idle = true;
+        self.idle_epoch += 1;
         self.wake_all();
     }
 

@@ -1,45 +1,122 @@
 //! The drivers: a loop of passes and waits, on a thread or as a tokio task.
+//!
+//! On a transport in virtual time (the simulation) each side of a fabric has its own
+//! driver, and the application's threads or tasks act between the fabric's steps: a
+//! driver moves the fabric one action at a time ([`Transport::wait_step`]) and gives the
+//! others their turn after each; only when nothing has moved for [`IDLE_TURNS`] turns
+//! does time jump to the next deadline, or, with none, are the waiting calls told that
+//! nothing can happen.
 
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use cm_core::{CmError, Transport};
 
+use super::core::Core;
 use super::Shared;
 use crate::ConnError;
 
-/// How long the thread driver of an idle simulation waits for a call to move something
-/// before it tells the waiting calls that nothing can happen.
-const IDLE_GRACE: Duration = Duration::from_millis(200);
+/// Turns without anything moving before time jumps (or the fabric is idle).
+const IDLE_TURNS: u32 = 64;
 
-/// The thread driver. It holds the lock while it waits in the transport (the real one
-/// blocks in `poll(2)`), and lets go as soon as a call wants it: the call wakes the
+/// The thread driver's turn on a simulation: how long it lets the application's
+/// threads act after a step of the fabric, unless one of their calls ends it first.
+const TURN: Duration = Duration::from_millis(1);
+
+/// What a driver on a simulation does after one step.
+enum Turn {
+    /// Something moved: the others' turn, then the next step.
+    Moved,
+    /// Nothing moved.
+    Still,
+    /// Nothing can happen until a call moves something.
+    Idle,
+    /// The endpoint failed.
+    Failed,
+}
+
+/// One step of a driver on a simulation, `idle_turns` kept across steps.
+fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, idle_turns: &mut u32) -> Turn {
+    let moved = match core.endpoint_mut().wait_step(left) {
+        Ok(moved) => moved,
+        Err(ConnError::Endpoint(error)) => {
+            core.fail(error);
+            return Turn::Failed;
+        }
+        Err(error) => {
+            log::warn!("endpoint wait: {error}");
+            false
+        }
+    };
+    if moved {
+        *idle_turns = 0;
+        return Turn::Moved;
+    }
+    *idle_turns += 1;
+    if *idle_turns <= IDLE_TURNS {
+        return Turn::Still;
+    }
+    // Nobody moved anything for a while: time jumps to the next deadline.
+    *idle_turns = 0;
+    match core.endpoint_mut().wait_transport(left) {
+        Ok(()) => Turn::Moved,
+        Err(ConnError::Cm(CmError::Idle { .. })) => {
+            core.set_idle();
+            Turn::Idle
+        }
+        Err(ConnError::Endpoint(error)) => {
+            core.fail(error);
+            Turn::Failed
+        }
+        Err(error) => {
+            log::warn!("endpoint wait: {error}");
+            Turn::Still
+        }
+    }
+}
+
+/// The thread driver. On a real transport it holds the lock while it waits in the
+/// transport (`poll(2)`), and lets go as soon as a call wants it: the call wakes the
 /// wait first ([`Shared::lock`]).
 pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
-    let mut core = shared.core.lock().unwrap_or_else(|e| e.into_inner());
+    let relock = || shared.core.lock().unwrap_or_else(|e| e.into_inner());
+    let mut core = relock();
+    let mut idle_turns = 0;
     loop {
         if core.stopped() {
             return;
         }
-        // A call waits for the lock: let it in before waiting.
+        // A call waits for the lock: let it in before anything else.
         if shared.wanting.load(Ordering::SeqCst) > 0 {
             drop(core);
             std::thread::yield_now();
-            core = shared.core.lock().unwrap_or_else(|e| e.into_inner());
+            core = relock();
             continue;
         }
         let more = core.pass();
-        if core.stop_reason().is_some() && !core.virtual_time() {
+        if core.has_failed() {
             return;
         }
-        core.take_poke();
+        let poked = core.take_poke();
         if more {
             continue;
         }
         let left = core.begin_wait();
+        if core.virtual_time() {
+            if poked {
+                idle_turns = 0;
+            }
+            core = match step(&mut core, left, &mut idle_turns) {
+                Turn::Moved | Turn::Still => wait_for_call(shared, core, Some(TURN)),
+                Turn::Idle => wait_for_call(shared, core, None),
+                Turn::Failed => return,
+            };
+            continue;
+        }
         shared.blocked.store(true, Ordering::SeqCst);
-        // A call that came between the check above and now has woken the wait (it saw
-        // `blocked`) or is seen here.
+        // A call that came since the check above has woken the wait (it saw `blocked`)
+        // or is seen here.
         let waited = if shared.wanting.load(Ordering::SeqCst) > 0 {
             Ok(())
         } else {
@@ -48,32 +125,35 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
         shared.blocked.store(false, Ordering::SeqCst);
         match waited {
             Ok(()) => {}
-            Err(ConnError::Cm(CmError::Idle { .. })) => {
-                // Nothing pending anywhere: wait for a call to move something; if none
-                // does, the waiting calls are told.
-                if !core.take_poke() {
-                    let (guard, timeout) = shared
-                        .idle
-                        .wait_timeout_while(core, IDLE_GRACE, |c| !c.take_poke() && !c.stopped())
-                        .unwrap_or_else(|e| e.into_inner());
-                    core = guard;
-                    if timeout.timed_out() {
-                        core.set_idle();
-                        core = shared
-                            .idle
-                            .wait_while(core, |c| !c.take_poke() && !c.stopped())
-                            .unwrap_or_else(|e| e.into_inner());
-                    }
-                }
-            }
             Err(ConnError::Endpoint(error)) => {
                 core.fail(error);
                 return;
             }
-            Err(error) => {
-                log::warn!("endpoint wait: {error}");
-            }
+            Err(error) => log::warn!("endpoint wait: {error}"),
         }
+    }
+}
+
+/// Sleeps until a call tells the driver something changed (or it is stopped), at most
+/// `turn` (`None`: as long as it takes).
+fn wait_for_call<'a, T: Transport>(
+    shared: &'a Shared<T>,
+    core: MutexGuard<'a, Core<T>>,
+    turn: Option<Duration>,
+) -> MutexGuard<'a, Core<T>> {
+    let nothing_new = |c: &mut Core<T>| !c.take_poke() && !c.stopped();
+    match turn {
+        Some(turn) => {
+            shared
+                .idle
+                .wait_timeout_while(core, turn, nothing_new)
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+        }
+        None => shared
+            .idle
+            .wait_while(core, nothing_new)
+            .unwrap_or_else(|e| e.into_inner()),
     }
 }
 
@@ -85,32 +165,32 @@ mod tokio_driver {
     use std::future::poll_fn;
     use std::task::Poll;
 
-    use cm_core::CmError;
-
     use super::super::Shared;
-    use crate::async_endpoint::{AsyncWait, WatchSet, IDLE_TURNS};
-    use crate::ConnError;
+    use super::{step, Turn};
+    use crate::async_endpoint::{AsyncWait, WatchSet};
+
+    /// What the tokio driver does after a pass.
+    enum Next {
+        Again,
+        Yield,
+        Park,
+        Wait(Option<tokio::time::Instant>),
+    }
 
     /// The tokio driver: passes under the lock, waits outside it (on the reactor for a
-    /// transport with descriptors; for a simulation, the transport's own wait, then
-    /// the other tasks' turn).
+    /// transport with descriptors; on a simulation, one step of the fabric, then the
+    /// other tasks' turn).
     pub(in crate::handle) async fn run_tokio<T: AsyncWait>(shared: &Shared<T>) {
         let mut watch = WatchSet::default();
         let mut idle_turns = 0;
         loop {
-            enum Next {
-                Again,
-                Yield,
-                Park,
-                Wait(Option<tokio::time::Instant>),
-            }
             let next = {
                 let mut core = shared.lock();
                 if core.stopped() {
                     return;
                 }
                 let more = core.pass();
-                if core.stop_reason().is_some() && !core.virtual_time() {
+                if core.has_failed() {
                     return;
                 }
                 let poked = core.take_poke();
@@ -119,31 +199,13 @@ mod tokio_driver {
                 if more {
                     Next::Yield
                 } else if !has_descriptors {
-                    match core.endpoint_mut().wait_transport(left) {
-                        Ok(()) => {
-                            idle_turns = 0;
-                            Next::Yield
-                        }
-                        Err(ConnError::Cm(CmError::Idle { .. })) => {
-                            if poked {
-                                idle_turns = 0;
-                            }
-                            idle_turns += 1;
-                            if idle_turns <= IDLE_TURNS {
-                                Next::Yield
-                            } else {
-                                core.set_idle();
-                                Next::Park
-                            }
-                        }
-                        Err(ConnError::Endpoint(error)) => {
-                            core.fail(error);
-                            Next::Park
-                        }
-                        Err(error) => {
-                            log::warn!("endpoint wait: {error}");
-                            Next::Yield
-                        }
+                    if poked {
+                        idle_turns = 0;
+                    }
+                    match step(&mut core, left, &mut idle_turns) {
+                        Turn::Moved | Turn::Still => Next::Yield,
+                        Turn::Idle => Next::Park,
+                        Turn::Failed => return,
                     }
                 } else if poked {
                     Next::Again

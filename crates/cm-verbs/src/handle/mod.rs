@@ -123,6 +123,7 @@ impl<T: Transport> Shared<T> {
     ) -> Result<R, ConnError> {
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut core = self.lock();
+        let since = core.idle_epoch();
         let deadline = timeout.map(|t| core.now().saturating_add(t));
         let timer = deadline.map(|due| core.add_timer(due, waker.clone()));
         if timer.is_some() {
@@ -132,7 +133,7 @@ impl<T: Transport> Shared<T> {
             if let Some(answer) = take(&mut core) {
                 break answer;
             }
-            if let Some(error) = core.stop_reason() {
+            if let Some(error) = core.stop_reason(since) {
                 // Nothing can happen on an idle simulation: a wait with a deadline
                 // times out, as the endpoint's own waits do.
                 if deadline.is_some() && matches!(error, ConnError::Cm(CmError::Idle { .. })) {
@@ -163,15 +164,17 @@ impl<T: Transport> Shared<T> {
         on: WaitOn,
         mut take: impl FnMut(&mut Core<T>) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
+        let mut since = None;
         poll_fn(|cx| {
             let mut core = self.lock();
+            let since = *since.get_or_insert(core.idle_epoch());
             if let Some(answer) = take(&mut core) {
                 if core.virtual_time() {
                     self.poke(&mut core);
                 }
                 return Poll::Ready(answer);
             }
-            if let Some(error) = core.stop_reason() {
+            if let Some(error) = core.stop_reason(since) {
                 return Poll::Ready(Err(error));
             }
             core.register(on, cx.waker());
