@@ -558,8 +558,8 @@ impl World {
                     let timeout = self.wait(who, code);
                     let next = self.ep(who).next_event(timeout);
                     match next {
-                        Ok(Some(event)) => self.observe(who, event),
-                        Ok(None) => break,
+                        Ok(event) => self.observe(who, event),
+                        Err(ConnError::Timeout) => break,
                         Err(error) => panic!("{}: next_event answered {error:?}", self.at),
                     }
                 }

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions, PrivateData};
+use cm_verbs::{
+    ConnError, ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions, PrivateData,
+};
 
 use super::fixture::{Setup, WAIT};
 
@@ -108,17 +110,14 @@ impl ApiServer {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self
-                .endpoint
-                .next_event(Some(left))
-                .map_err(conn_err("next_event"))?
-            {
-                Some(event) => {
+            match self.endpoint.next_event(Some(left)) {
+                Ok(event) => {
                     if let Some(found) = pick(event) {
                         return Ok(found);
                     }
                 }
-                None => return Err(missing.to_owned()),
+                Err(ConnError::Timeout) => return Err(missing.to_owned()),
+                Err(error) => return Err(conn_err("next_event")(error)),
             }
         }
     }

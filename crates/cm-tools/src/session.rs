@@ -394,12 +394,13 @@ impl<T: Transport> Session<T> {
             let timeout = self
                 .next_deadline()
                 .map(|deadline| deadline.saturating_sub(self.now()));
-            match self.endpoint.next_event(timeout)? {
-                Some(event) => {
+            match self.endpoint.next_event(timeout) {
+                Ok(event) => {
                     self.last_event = self.now();
                     self.on_event(event);
                 }
-                None => self.expire(),
+                Err(ConnError::Timeout) => self.expire(),
+                Err(error) => return Err(error),
             }
         }
         Ok(())

@@ -30,9 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     server.listen(addr, ListenOptions::default())?;
     let mut backlog = Backlog::new();
     while left > 0 {
-        let Some(event) = server.next_event(None)? else {
-            continue;
-        };
+        let event = server.next_event(None)?;
         match event {
             Event::Established { conn, via, .. } => println!("{conn}: established via {via:?}"),
             Event::Received { conn, data } => {

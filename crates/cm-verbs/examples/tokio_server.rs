@@ -15,14 +15,12 @@ where
     for _ in 0..connections {
         let conn = listener.accept().await?;
         tasks.spawn(async move {
-            println!(
-                "{}: established via {:?}",
-                conn.id(),
-                conn.established_via()
-            );
+            let via = conn.established().await?; // answered at once: accept waited for it
+            println!("{}: established via {via:?}", conn.id());
             while let Ok(message) = conn.recv().await {
                 conn.send(&message).await.ok(); // until the client leaves
             }
+            Ok::<_, ConnError>(())
         });
     }
     while tasks.join_next().await.is_some() {}

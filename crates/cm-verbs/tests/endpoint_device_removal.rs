@@ -62,7 +62,6 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
     while !(listener_closed && conn_closed) {
         match server
             .next_event(WAIT)
-            .expect("event")
             .expect("the removal within the wait")
         {
             Event::ListenerClosed {

@@ -116,7 +116,10 @@ fn a_wait_after_a_fatal_device_error_ends_at_its_timeout() {
         event_type: AsyncEventType::PortActive,
         element: EventElement::Port(1),
     });
-    assert_eq!(server.next_event(Some(Duration::from_millis(1))), Ok(None));
+    assert_eq!(
+        server.next_event(Some(Duration::from_millis(1))),
+        Err(cm_verbs::ConnError::Timeout)
+    );
 }
 
 /// The same with a send's completion unread when the fatal error comes.
@@ -127,7 +130,10 @@ fn a_wait_after_a_send_and_a_fatal_device_error_ends_at_its_timeout() {
     server.close_listener(listener).unwrap();
     server.send(conn, b"unread completion").unwrap();
     fatal_error_taken(&mut server);
-    assert_eq!(server.next_event(Some(Duration::from_millis(1))), Ok(None));
+    assert_eq!(
+        server.next_event(Some(Duration::from_millis(1))),
+        Err(cm_verbs::ConnError::Timeout)
+    );
 }
 
 /// A server listening on [`PORT`] and a client that connected `n` times (each with a

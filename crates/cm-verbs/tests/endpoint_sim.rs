@@ -115,11 +115,11 @@ impl Pair {
             self.server.accept(Some(Duration::from_millis(50))),
             Err(ConnError::Timeout)
         );
-        let closed = self.server.next_event(SECOND).unwrap();
+        let closed = self.server.next_event(SECOND);
         assert!(
             matches!(
                 closed,
-                Some(Event::Closed {
+                Ok(Event::Closed {
                     reason: CloseReason::TimedOut,
                     ..
                 })
@@ -332,7 +332,7 @@ fn manual_accept_can_reject_with_a_typed_reason_and_private_data() {
         .listen(pair.server.transport().addr(PORT), options)
         .unwrap();
     let client_conn = pair.connect(1, b"let me in")[0];
-    let request = match pair.server.next_event(SECOND).unwrap().expect("a request") {
+    let request = match pair.server.next_event(SECOND).expect("a request") {
         Event::Request {
             conn, private_data, ..
         } => {
@@ -451,7 +451,7 @@ fn completed_sends_are_reported_and_setup_steps_are_timed_in_order() {
     assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"ping");
     pair.server.send(conn, b"pong").unwrap();
     let mut sent = false;
-    while let Some(event) = pair.server.next_event(SECOND).unwrap() {
+    while let Some(event) = unless_timed_out(pair.server.next_event(SECOND)) {
         if matches!(event, Event::Sent { conn: c, completed } if c == conn && completed >= 1) {
             sent = true;
             break;
@@ -549,7 +549,7 @@ fn a_removed_device_closes_its_listener_and_connections_and_its_reader() {
     let told = pair.server.transport().node().remove_device().unwrap();
     assert_eq!(told, 2, "the listener's id and the connection's");
     let mut ended = Vec::new();
-    while let Some(event) = pair.server.next_event(SECOND).unwrap() {
+    while let Some(event) = unless_timed_out(pair.server.next_event(SECOND)) {
         ended.push(event);
     }
     assert!(ended.contains(&Event::Closed {
@@ -655,7 +655,6 @@ fn a_device_reader_is_closed_with_the_last_listener_and_connection_on_it() {
     while client.connection_count() > 0 {
         client
             .next_event(SECOND)
-            .unwrap()
             .expect("the close within the wait");
     }
     assert_eq!(client.device_count(), 0, "an idle client holds no device");
@@ -665,4 +664,13 @@ fn a_device_reader_is_closed_with_the_last_listener_and_connection_on_it() {
         .listen(pair.server.transport().addr(PORT), ListenOptions::default())
         .unwrap();
     assert_eq!(pair.server.device_count(), 1);
+}
+
+/// A waiting call's event, `None` once its timeout passed (any other error fails).
+fn unless_timed_out(next: Result<Event, ConnError>) -> Option<Event> {
+    match next {
+        Ok(event) => Some(event),
+        Err(ConnError::Timeout) => None,
+        Err(error) => panic!("{error}"),
+    }
 }

@@ -318,8 +318,7 @@ pub struct Endpoint<T: Transport> {
 /// at something else) without waking on a tick. Cheap to clone, [`Send`] and [`Sync`].
 ///
 /// [`EndpointWaker::wake`] makes the current wait, or the next one if none is under
-/// way, return at once: [`Endpoint::next_event`] with `Ok(None)`, the other waiting
-/// calls with [`ConnError::Woken`]. Wakes before a wait coalesce into one.
+/// way, return at once: every waiting call answers [`ConnError::Woken`]. Wakes before a wait coalesce into one.
 #[derive(Debug, Clone)]
 pub struct EndpointWaker {
     woken: Arc<AtomicBool>,
@@ -692,18 +691,15 @@ impl<T: Transport> Endpoint<T> {
         Ok(self.try_next_event())
     }
 
-    /// The next event, waiting at most `timeout` (`None`: as long as it takes);
-    /// `Ok(None)` when the timeout passed. Events come in order per connection;
-    /// connections with something to report take turns. O(1) amortised. On the
-    /// simulated fabric, a wait with no timeout when nothing is pending at all (no
-    /// message, event or timer) answers [`CmError::Idle`](crate::CmError::Idle) at once
-    /// instead of hanging.
-    pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ConnError> {
-        match self.wait_for(timeout, |ep| ep.try_next_event().map(Ok)) {
-            Ok(event) => Ok(Some(event)),
-            Err(ConnError::Timeout | ConnError::Woken) => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// The next event, waiting at most `timeout` (`None`: as long as it takes). As
+    /// every waiting call: [`ConnError::Timeout`] when the timeout passed,
+    /// [`ConnError::Woken`] when an [`EndpointWaker`] ended the wait. Events come in
+    /// order per connection; connections with something to report take turns. O(1)
+    /// amortised. On the simulated fabric, a wait with no timeout when nothing is
+    /// pending at all (no message, event or timer) answers
+    /// [`CmError::Idle`](crate::CmError::Idle) at once instead of hanging.
+    pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Event, ConnError> {
+        self.wait_for(timeout, |ep| ep.try_next_event().map(Ok))
     }
 
     /// A handle that wakes this endpoint's waiting call from another thread (see
