@@ -72,6 +72,8 @@ mod transport;
 mod types;
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -91,7 +93,40 @@ pub use types::{
     SimConfig, SimIdKey, SimStats,
 };
 
-type Shared = Arc<Mutex<Fabric>>;
+/// What every handle of one simulation shares.
+struct Shared {
+    fabric: Mutex<Fabric>,
+    /// The fabric's clock in nanoseconds, as of the last unlock: [`SimFabric::now`]
+    /// reads it without the lock (the connection API asks the time on every pass).
+    now: AtomicU64,
+}
+
+/// The fabric, locked for one call. Publishes the clock to [`Shared::now`] as it
+/// unlocks, while it still holds the lock: the published time never goes back.
+struct Locked<'a> {
+    fabric: MutexGuard<'a, Fabric>,
+    now: &'a AtomicU64,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Fabric;
+
+    fn deref(&self) -> &Fabric {
+        &self.fabric
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Fabric {
+        &mut self.fabric
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.now.store(self.fabric.now_nanos(), Ordering::Release);
+    }
+}
 
 /// The simulated fabric: a cheap, clonable handle (all clones share one simulation).
 /// `Send` and `Sync`, as every handle of the fabric is `Send`: the simulation sits behind
@@ -99,7 +134,7 @@ type Shared = Arc<Mutex<Fabric>>;
 /// order).
 #[derive(Clone)]
 pub struct SimFabric {
-    inner: Shared,
+    inner: Arc<Shared>,
 }
 
 impl fmt::Debug for SimFabric {
@@ -113,13 +148,20 @@ impl fmt::Debug for SimFabric {
 }
 
 impl SimFabric {
-    /// The fabric's state, locked for one call. The lock is held only inside the
-    /// fabric's own calls (the handles below), which run no code of the caller and hold
-    /// no handle, so no thread ever waits for a lock it holds. A poisoned lock (a panic
-    /// inside a call) is taken as it is, as the `RefCell` it replaces would have been:
-    /// the other handles keep working and report their own failures.
-    fn lock(&self) -> MutexGuard<'_, Fabric> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The fabric's state, locked for one call. The lock is held only inside the calls
+    /// of the handles here and of [`SimTransport`], which run no code of their caller
+    /// and drop no handle while they hold it, so no thread ever waits for a lock it
+    /// holds. A poisoned lock (a panic inside a call) is taken as it is: the other
+    /// handles keep working and report their own failures.
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            fabric: self
+                .inner
+                .fabric
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            now: &self.inner.now,
+        }
     }
 
     /// Whether `other` is a handle of the same simulation.
@@ -129,8 +171,12 @@ impl SimFabric {
 
     /// A fabric with no nodes; `seed` drives every random fault.
     pub fn new(config: SimConfig, seed: u64) -> Self {
+        let fabric = Fabric::new(config, seed);
         SimFabric {
-            inner: Arc::new(Mutex::new(Fabric::new(config, seed))),
+            inner: Arc::new(Shared {
+                now: AtomicU64::new(fabric.now_nanos()),
+                fabric: Mutex::new(fabric),
+            }),
         }
     }
 
@@ -161,9 +207,9 @@ impl SimFabric {
         self.lock().config.clone()
     }
 
-    /// Virtual time since the fabric was created.
+    /// Virtual time since the fabric was created (read without taking the lock).
     pub fn now(&self) -> Duration {
-        self.lock().now()
+        Duration::from_nanos(self.inner.now.load(Ordering::Acquire))
     }
 
     /// How many deliveries and timers are scheduled.
