@@ -443,6 +443,23 @@ impl SimChannel {
     pub fn queued(&self) -> usize {
         self.fabric.lock().channel_len(self.index)
     }
+
+    /// `queued() > 0`, or (with `device`) `device.has_pending()`: one lock when both
+    /// are of one fabric.
+    fn queued_or_pending(&self, device: Option<&SimDevice>) -> bool {
+        let fabric = self.fabric.lock();
+        if fabric.channel_len(self.index) > 0 {
+            return true;
+        }
+        match device {
+            None => false,
+            Some(device) if device.fabric.same(&self.fabric) => fabric.device_pending(device.node),
+            Some(device) => {
+                drop(fabric);
+                device.has_pending()
+            }
+        }
+    }
 }
 
 impl CmEventSource for SimChannel {

@@ -320,20 +320,8 @@ impl SimTransport {
         if reading && !self.tokens.is_empty() {
             return true;
         }
-        let fabric = self.channel.fabric.lock();
-        if fabric.channel_len(self.channel.index) > 0 {
-            return true;
-        }
-        if !reading {
-            return false;
-        }
-        if self.device.fabric.same(&self.channel.fabric) {
-            fabric.device_pending(self.device.node)
-        } else {
-            // A side put together from two fabrics: each looked at on its own.
-            drop(fabric);
-            self.device.has_pending()
-        }
+        self.channel
+            .queued_or_pending(reading.then_some(&self.device))
     }
 
     /// The id's QP number, its state, and the pool its busy part comes from and goes
