@@ -99,13 +99,17 @@ struct Shared {
     /// The fabric's clock in nanoseconds, as of the last unlock: [`SimFabric::now`]
     /// reads it without the lock (the connection API asks the time on every pass).
     now: AtomicU64,
+    /// How many ids the fabric destroyed, as of the last unlock: a transport's hint of
+    /// an id's QP number holds while this does not change.
+    ids_destroyed: AtomicU64,
 }
 
-/// The fabric, locked for one call. Publishes the clock to [`Shared::now`] as it
-/// unlocks, while it still holds the lock: the published time never goes back.
+/// The fabric, locked for one call. Publishes the clock and the count of destroyed
+/// ids to [`Shared`] as it unlocks, while it still holds the lock: the published values
+/// never go back.
 struct Locked<'a> {
     fabric: MutexGuard<'a, Fabric>,
-    now: &'a AtomicU64,
+    shared: &'a Shared,
 }
 
 impl Deref for Locked<'_> {
@@ -124,7 +128,11 @@ impl DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        self.now.store(self.fabric.now_nanos(), Ordering::Release);
+        let shared = self.shared;
+        shared.now.store(self.fabric.now_nanos(), Ordering::Release);
+        shared
+            .ids_destroyed
+            .store(self.fabric.ids_destroyed(), Ordering::Release);
     }
 }
 
@@ -160,8 +168,13 @@ impl SimFabric {
                 .fabric
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
-            now: &self.inner.now,
+            shared: &self.inner,
         }
+    }
+
+    /// How many ids were destroyed, as of the last unlock (no lock taken).
+    fn ids_destroyed(&self) -> u64 {
+        self.inner.ids_destroyed.load(Ordering::Acquire)
     }
 
     /// Whether `other` is a handle of the same simulation.
@@ -175,6 +188,7 @@ impl SimFabric {
         SimFabric {
             inner: Arc::new(Shared {
                 now: AtomicU64::new(fabric.now_nanos()),
+                ids_destroyed: AtomicU64::new(fabric.ids_destroyed()),
                 fabric: Mutex::new(fabric),
             }),
         }
