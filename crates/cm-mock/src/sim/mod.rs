@@ -138,8 +138,8 @@ impl Drop for Locked<'_> {
 
 /// The simulated fabric: a cheap, clonable handle (all clones share one simulation).
 /// `Send` and `Sync`, as every handle of the fabric is `Send`: the simulation sits behind
-/// one lock, taken once per call (the run replays as long as the calls come in the same
-/// order).
+/// one lock, taken at most once per call (the run replays as long as the calls come in
+/// the same order).
 #[derive(Clone)]
 pub struct SimFabric {
     inner: Arc<Shared>,
