@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use cm_core::{
-    errno, AsyncEventSource, AsyncEventType, CmError, CmEventType, CmId, IbCmState, NotifyError,
-    NotifyOutcome,
+    errno, AsyncEvent, AsyncEventSource, AsyncEventType, CmError, CmEventType, CmId, IbCmState,
+    NotifyError, NotifyOutcome, QpNum,
 };
 use cm_mock::sim::{
     FaultAction, FaultOdds, FaultRule, MsgKind, SimCmId, SimConfig, SimPair, SimSide,
@@ -62,6 +62,24 @@ fn start_lossy(p: &mut SimPair, n: usize) -> Vec<(SimCmId, Option<SimCmId>)> {
     }
     p.fabric.advance(Duration::from_millis(1));
     actives.into_iter().zip(passives).collect()
+}
+
+#[test]
+fn a_side_has_input_while_its_channel_or_its_device_holds_something() {
+    let mut p = SimPair::new(SimConfig::default(), 21);
+    assert!(!p.client.has_input());
+    let id = p.client.channel.create_id();
+    id.resolve_addr(p.server.node.id(), PORT).unwrap();
+    p.fabric.run_until_idle();
+    assert!(p.client.has_input(), "ADDR_RESOLVED on the channel");
+    assert_eq!(p.client.drain().len(), 1);
+    assert!(!p.client.has_input());
+    let fatal = AsyncEvent::qp(AsyncEventType::QpFatal, QpNum(0x11));
+    p.client.device.raise(fatal);
+    assert!(p.client.has_input(), "an asynchronous event on the device");
+    assert!(!p.server.has_input(), "the other side's device");
+    assert_eq!(p.client.device.try_next_async_event(), Ok(Some(fatal)));
+    assert!(!p.client.has_input());
 }
 
 #[test]

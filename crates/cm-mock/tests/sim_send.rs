@@ -52,11 +52,14 @@ fn a_connection_moves_between_threads() {
         assert_eq!(events[0].1, CmEventType::Established);
         pair.fabric.advance(SimPair::STEP);
         assert_eq!(pair.server.drain()[0].1, CmEventType::Established);
-        (passive, server)
+        (passive, server, pair.fabric.now())
     })
     .join()
     .unwrap();
-    let (passive, mut server) = passive;
+    let (passive, mut server, then) = passive;
+    // The clock the other thread moved reads the same here.
+    assert_eq!(fabric.now(), then);
+    assert!(then >= SimPair::STEP * 4);
     assert!(active.qp_ready_to_send() && passive.qp_ready_to_send());
     assert_eq!(fabric.stats().events_acked, fabric.stats().events_delivered);
     // The moved transport still reads its side of the fabric.

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use cm_core::QpNum;
 use cm_mock::sim::{
-    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimAddr, SimChannel, SimConfig, SimDevice,
-    SimFabric, SimPair, SimSide, SimStats, SimTransport, TraceEntry, TraceEvent,
+    ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimAddr, SimConfig, SimFabric, SimPair,
+    SimSide, SimStats, SimTransport, TraceEntry, TraceEvent,
 };
 use cm_verbs::{CloseReason, ConnectionId, Endpoint, EstablishedVia, Event, PumpCounters};
 
@@ -466,8 +466,7 @@ fn fabric_number(endpoint: &Endpoint<SimTransport>, event: &Event) -> Option<(Co
 
 /// What the fabric holds for one side's endpoint, seen from outside it.
 struct Inputs {
-    channel: SimChannel,
-    device: SimDevice,
+    side: SimSide,
     /// The side handled events last time: it may have queued work of its own.
     busy: bool,
 }
@@ -475,14 +474,13 @@ struct Inputs {
 impl Inputs {
     fn of(side: &SimSide) -> Self {
         Inputs {
-            channel: side.channel.clone(),
-            device: side.device.clone(),
+            side: side.clone(),
             busy: true,
         }
     }
 
     fn ready(&self) -> bool {
-        self.busy || self.channel.queued() > 0 || self.device.has_pending()
+        self.busy || self.side.has_input()
     }
 }
 

@@ -72,6 +72,8 @@ mod transport;
 mod types;
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -91,15 +93,56 @@ pub use types::{
     SimConfig, SimIdKey, SimStats,
 };
 
-type Shared = Arc<Mutex<Fabric>>;
+/// What every handle of one simulation shares.
+struct Shared {
+    fabric: Mutex<Fabric>,
+    /// The fabric's clock in nanoseconds, as of the last unlock: [`SimFabric::now`]
+    /// reads it without the lock (the connection API asks the time on every pass).
+    now: AtomicU64,
+    /// How many ids the fabric destroyed, as of the last unlock: a transport's hint of
+    /// an id's QP number holds while this does not change.
+    ids_destroyed: AtomicU64,
+}
+
+/// The fabric, locked for one call. Publishes the clock and the count of destroyed
+/// ids to [`Shared`] as it unlocks, while it still holds the lock: the published values
+/// never go back.
+struct Locked<'a> {
+    fabric: MutexGuard<'a, Fabric>,
+    shared: &'a Shared,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Fabric;
+
+    fn deref(&self) -> &Fabric {
+        &self.fabric
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Fabric {
+        &mut self.fabric
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let shared = self.shared;
+        shared.now.store(self.fabric.now_nanos(), Ordering::Release);
+        shared
+            .ids_destroyed
+            .store(self.fabric.ids_destroyed(), Ordering::Release);
+    }
+}
 
 /// The simulated fabric: a cheap, clonable handle (all clones share one simulation).
 /// `Send` and `Sync`, as every handle of the fabric is `Send`: the simulation sits behind
-/// one lock, taken once per call (the run replays as long as the calls come in the same
-/// order).
+/// one lock, taken at most once per call (the run replays as long as the calls come in
+/// the same order).
 #[derive(Clone)]
 pub struct SimFabric {
-    inner: Shared,
+    inner: Arc<Shared>,
 }
 
 impl fmt::Debug for SimFabric {
@@ -113,13 +156,25 @@ impl fmt::Debug for SimFabric {
 }
 
 impl SimFabric {
-    /// The fabric's state, locked for one call. The lock is held only inside the
-    /// fabric's own calls (the handles below), which run no code of the caller and hold
-    /// no handle, so no thread ever waits for a lock it holds. A poisoned lock (a panic
-    /// inside a call) is taken as it is, as the `RefCell` it replaces would have been:
-    /// the other handles keep working and report their own failures.
-    fn lock(&self) -> MutexGuard<'_, Fabric> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The fabric's state, locked for one call. The lock is held only inside the calls
+    /// of the handles here and of [`SimTransport`], which run no code of their caller
+    /// and drop no handle while they hold it, so no thread ever waits for a lock it
+    /// holds. A poisoned lock (a panic inside a call) is taken as it is: the other
+    /// handles keep working and report their own failures.
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            fabric: self
+                .inner
+                .fabric
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            shared: &self.inner,
+        }
+    }
+
+    /// How many ids were destroyed, as of the last unlock (no lock taken).
+    fn ids_destroyed(&self) -> u64 {
+        self.inner.ids_destroyed.load(Ordering::Acquire)
     }
 
     /// Whether `other` is a handle of the same simulation.
@@ -129,8 +184,13 @@ impl SimFabric {
 
     /// A fabric with no nodes; `seed` drives every random fault.
     pub fn new(config: SimConfig, seed: u64) -> Self {
+        let fabric = Fabric::new(config, seed);
         SimFabric {
-            inner: Arc::new(Mutex::new(Fabric::new(config, seed))),
+            inner: Arc::new(Shared {
+                now: AtomicU64::new(fabric.now_nanos()),
+                ids_destroyed: AtomicU64::new(fabric.ids_destroyed()),
+                fabric: Mutex::new(fabric),
+            }),
         }
     }
 
@@ -161,9 +221,9 @@ impl SimFabric {
         self.lock().config.clone()
     }
 
-    /// Virtual time since the fabric was created.
+    /// Virtual time since the fabric was created (read without taking the lock).
     pub fn now(&self) -> Duration {
-        self.lock().now()
+        Duration::from_nanos(self.inner.now.load(Ordering::Acquire))
     }
 
     /// How many deliveries and timers are scheduled.
@@ -396,6 +456,23 @@ impl SimChannel {
     /// Events waiting to be read (including ones of destroyed ids not yet skipped).
     pub fn queued(&self) -> usize {
         self.fabric.lock().channel_len(self.index)
+    }
+
+    /// `queued() > 0`, or (with `device`) `device.has_pending()`: one lock when both
+    /// are of one fabric.
+    fn queued_or_pending(&self, device: Option<&SimDevice>) -> bool {
+        let fabric = self.fabric.lock();
+        if fabric.channel_len(self.index) > 0 {
+            return true;
+        }
+        match device {
+            None => false,
+            Some(device) if device.fabric.same(&self.fabric) => fabric.device_pending(device.node),
+            Some(device) => {
+                drop(fabric);
+                device.has_pending()
+            }
+        }
     }
 }
 

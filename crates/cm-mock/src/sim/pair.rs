@@ -29,6 +29,13 @@ impl SimSide {
         }
     }
 
+    /// Whether anything waits for the side: events on its channel, or asynchronous
+    /// events or receive completions on its device. One look at the fabric, where
+    /// `channel.queued() > 0 || device.has_pending()` takes two.
+    pub fn has_input(&self) -> bool {
+        self.channel.queued_or_pending(Some(&self.device))
+    }
+
     /// The next pending event of the channel; `Ok(None)` when none is waiting.
     pub fn next_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
         self.channel.try_next_event()

@@ -18,7 +18,7 @@ use cm_core::{
 
 use super::fabric::Fabric;
 use super::tables::{Chunked, Slots};
-use super::{NodeId, SimChannel, SimCmEvent, SimCmId, SimDevice, SimNode, SimSide};
+use super::{NodeId, SimChannel, SimCmEvent, SimCmId, SimDevice, SimIdKey, SimNode, SimSide};
 
 /// An address on the simulated fabric: a node and a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -229,6 +229,17 @@ impl Pool {
 /// No slot: the QP is not this transport's (or was freed).
 const NO_SLOT: u32 = u32::MAX;
 
+/// The QP number of the id the transport last looked up, valid while the fabric
+/// destroys no id: the connection API posts a connection's receives (and arms its
+/// queues) one call after another, and those then take no lock.
+#[derive(Debug, Clone, Copy)]
+struct QpHint {
+    key: SimIdKey,
+    qp: QpNum,
+    /// The fabric's count of destroyed ids when `qp` was read.
+    ids_destroyed: u64,
+}
+
 /// The simulated fabric seen from one node, as a [`Transport`]. `Send`: an endpoint over
 /// it can move to another thread, or into a task spawned on a multi-threaded runtime.
 ///
@@ -252,6 +263,7 @@ pub struct SimTransport {
     /// Empty [`Busy`] parts to reuse.
     pool: Pool,
     tokens: VecDeque<u64>,
+    qp_hint: Option<QpHint>,
     on_step: Option<Box<dyn FnMut() + Send>>,
 }
 
@@ -284,6 +296,7 @@ impl SimTransport {
             destroyed: Vec::new(),
             pool: Pool::default(),
             tokens: VecDeque::new(),
+            qp_hint: None,
             on_step: None,
         }
     }
@@ -320,20 +333,8 @@ impl SimTransport {
         if reading && !self.tokens.is_empty() {
             return true;
         }
-        let fabric = self.channel.fabric.lock();
-        if fabric.channel_len(self.channel.index) > 0 {
-            return true;
-        }
-        if !reading {
-            return false;
-        }
-        if self.device.fabric.same(&self.channel.fabric) {
-            fabric.device_pending(self.device.node)
-        } else {
-            // A side put together from two fabrics: each looked at on its own.
-            drop(fabric);
-            self.device.has_pending()
-        }
+        self.channel
+            .queued_or_pending(reading.then_some(&self.device))
     }
 
     /// The id's QP number, its state, and the pool its busy part comes from and goes
@@ -343,8 +344,35 @@ impl SimTransport {
         id: &SimCmId,
         op: &'static str,
     ) -> Result<(QpNum, &mut Queues, &mut Pool), CmError> {
-        let qp = cm_core::CmId::qp_num(id);
+        let qp = self.qp_of(id);
         self.queues_of(qp, op)
+    }
+
+    /// The id's QP number ([`cm_core::CmId::qp_num`]), from the hint when it holds.
+    fn qp_of(&mut self, id: &SimCmId) -> Option<QpNum> {
+        let fabric = self.node.fabric();
+        if !id.fabric.same(fabric) {
+            return cm_core::CmId::qp_num(id);
+        }
+        if let Some(hint) = self.qp_hint {
+            if hint.key == id.key && hint.ids_destroyed == fabric.ids_destroyed() {
+                return Some(hint.qp);
+            }
+        }
+        let (qp, ids_destroyed) = id.with(|f| (f.id_qp(id.key), f.ids_destroyed()));
+        self.hint(id, qp, ids_destroyed);
+        qp
+    }
+
+    /// Keeps `qp` (read with the fabric's count of destroyed ids) as the hint for `id`.
+    fn hint(&mut self, id: &SimCmId, qp: Option<QpNum>, ids_destroyed: u64) {
+        if let Some(qp) = qp {
+            self.qp_hint = Some(QpHint {
+                key: id.key,
+                qp,
+                ids_destroyed,
+            });
+        }
     }
 
     /// [`SimTransport::queues`] for a QP number the caller already read from the fabric
@@ -568,15 +596,19 @@ impl Transport for SimTransport {
                 op: "create_qp",
                 reason: "receive depth out of range",
             })?;
-        let qp = id.with(|f| {
+        let (qp, ids_destroyed) = id.with(|f| {
             if f.id_node(id.key) != Some(device.node) {
                 return Err(CmError::InvalidArgument {
                     op: "create_qp",
                     reason: "the device reader belongs to another node",
                 });
             }
-            f.create_qp(id.key)
+            Ok((f.create_qp(id.key)?, f.ids_destroyed()))
         })?;
+        if id.fabric.same(self.node.fabric()) {
+            // The receives are posted next.
+            self.hint(id, Some(qp), ids_destroyed);
+        }
         self.free_destroyed();
         let slot = self.queues.put(Queues::new(token, recv_depth));
         let index = qp.0 as usize;
@@ -922,6 +954,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The QP number hinted for the last id holds only until an id is destroyed: a
+    /// call on a destroyed id answers as it would without the hint.
+    #[test]
+    fn a_destroyed_id_is_not_answered_from_the_hint() {
+        let caps = QueueCaps::default();
+        let (_pair, mut server, _client, passive, _active) = connected(&caps);
+        let device = server.open_device(&passive).unwrap();
+        let buffers = server.register_buffers(&passive, &caps).unwrap();
+        let id = server.create_id().unwrap();
+        server.bind(&id, server.addr(100)).unwrap();
+        server.create_qp(&id, &device, 5, &caps).unwrap();
+        server.post_recv(&id, &buffers, 0, 0).unwrap();
+        assert_eq!(server.qp_hint.map(|h| h.key), Some(id.key()));
+        id.destroy().unwrap();
+        let refused = server.post_recv(&id, &buffers, 1, 1);
+        assert!(
+            matches!(refused, Err(CmError::InvalidArgument { reason, .. }) if reason == "the id has no QP"),
+            "{refused:?}"
+        );
+        // Another id's destruction also ends the hint; the live one is looked up again.
+        server.post_recv(&passive, &buffers, 0, 0).unwrap();
+        let other = server.create_id().unwrap();
+        other.destroy().unwrap();
+        server.post_recv(&passive, &buffers, 1, 1).unwrap();
+        server.arm_cq(&passive, CqKind::Recv).unwrap();
     }
 
     /// A destroyed QP's slot is freed by the sweep and reused: creating and destroying

@@ -340,6 +340,7 @@ impl Fabric {
         slot.data = None;
         slot.generation = slot.generation.wrapping_add(1);
         self.free_ids.push(key.index);
+        self.ids_destroyed += 1;
         Ok(())
     }
 
@@ -591,6 +592,12 @@ impl Fabric {
 
     pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {
         self.id(key)?.qp
+    }
+
+    /// How many ids were destroyed so far: an id's QP number stays what it was read as
+    /// while this does not change.
+    pub(crate) fn ids_destroyed(&self) -> u64 {
+        self.ids_destroyed
     }
 
     pub(crate) fn id_conn(&self, key: SimIdKey) -> Option<ConnId> {

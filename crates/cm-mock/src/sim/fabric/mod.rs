@@ -333,6 +333,9 @@ pub(crate) struct Fabric {
     channels: Vec<Channel>,
     ids: Chunked<IdSlot>,
     free_ids: Vec<u32>,
+    /// Ids destroyed so far: an id's QP number stays what it was read as while this
+    /// does (it is set once, and cleared only with the id).
+    ids_destroyed: u64,
     qps: Chunked<Qp>,
     conns: Chunked<ConnRecord>,
     /// (node, port) → listening id; a handful at most, so a list.
@@ -371,6 +374,7 @@ impl Fabric {
             channels: Vec::new(),
             ids: Chunked::default(),
             free_ids: Vec::new(),
+            ids_destroyed: 0,
             qps: Chunked::default(),
             conns: Chunked::default(),
             listeners: Vec::new(),
