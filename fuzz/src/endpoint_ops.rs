@@ -299,6 +299,7 @@ impl Setup {
                 recv_depth: 1 + u32::from(depths & 3),
                 send_depth: 1 + u32::from((depths >> 2) & 3),
                 buffer_size: BUFFER,
+                work_depth: 0,
             },
             establish_timeout: deadline_ms(flags >> 5)
                 .map(|ms| Duration::from_millis(u64::from(ms))),

@@ -59,15 +59,20 @@ pub struct QueueCaps {
     pub send_depth: u32,
     /// Bytes of every send and receive buffer: the largest message.
     pub buffer_size: u32,
+    /// One-sided work requests (RDMA READ/WRITE) the application may have in flight on
+    /// the QP's send queue besides the messages (0: none). The queue and its completion
+    /// queue are made this much deeper; their completions go to the application.
+    pub work_depth: u32,
 }
 
 impl Default for QueueCaps {
-    /// 16 receives, 16 sends, 4 KiB messages.
+    /// 16 receives, 16 sends, 4 KiB messages, no one-sided work.
     fn default() -> Self {
         QueueCaps {
             recv_depth: 16,
             send_depth: 16,
             buffer_size: 4096,
+            work_depth: 0,
         }
     }
 }
@@ -85,7 +90,7 @@ impl QueueCaps {
         if self.recv_depth == 0 || self.send_depth == 0 {
             return invalid("queue depths must be at least 1");
         }
-        if self.recv_depth > 1 << 14 || self.send_depth > 1 << 14 {
+        if self.recv_depth > 1 << 14 || self.send_depth > 1 << 14 || self.work_depth > 1 << 14 {
             return invalid("queue depths above 16384");
         }
         if self.buffer_size == 0 || self.buffer_size > 1 << 30 {
@@ -402,6 +407,10 @@ mod tests {
             },
             QueueCaps {
                 recv_depth: u32::MAX,
+                ..QueueCaps::default()
+            },
+            QueueCaps {
+                work_depth: u32::MAX,
                 ..QueueCaps::default()
             },
         ] {

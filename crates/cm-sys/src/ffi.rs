@@ -15,7 +15,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-pub(crate) use rdma_sys::{ibv_access_flags, ibv_qp_type, ibv_wr_opcode, rdma_port_space};
+pub(crate) use rdma_sys::{
+    ibv_access_flags, ibv_qp_type, ibv_send_flags, ibv_wr_opcode, rdma_port_space,
+};
 pub(crate) use rdma_sys::{
     ibv_ack_async_event, ibv_ack_cq_events, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_create_comp_channel, ibv_create_cq, ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq,

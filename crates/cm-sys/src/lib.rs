@@ -109,7 +109,7 @@ pub use monitor::DeviceMonitor;
 pub use poll::{poll_readable, ReadySet};
 #[cfg(feature = "tokio")]
 pub use tokio_fd::{async_device_events, async_event_channel, async_owned_fd};
-pub use verbs::{Completion, MemoryRegion, QpCaps};
+pub use verbs::{Completion, MemoryRegion, QpCaps, RemoteMemory};
 
 /// The real librdmacm/libibverbs backend, for code generic over [`cm_core::CmBackend`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

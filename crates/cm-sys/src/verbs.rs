@@ -45,6 +45,51 @@ pub struct MemoryRegion {
     pub(crate) len: usize,
 }
 
+/// Where a peer's registered memory is, for RDMA READ and WRITE: its address, remote
+/// key and length, as the peer sent them (typically in a message). Plain data: a wrong
+/// one makes the work request fail (remote access error), nothing worse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteMemory {
+    /// The remote virtual address of its first byte.
+    pub addr: u64,
+    /// The remote key the peer registered it with.
+    pub rkey: u32,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+impl RemoteMemory {
+    /// The 20 bytes that carry it in a message (address, key, length; little-endian).
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut out = [0; 20];
+        out[..8].copy_from_slice(&self.addr.to_le_bytes());
+        out[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        out[12..].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    /// Reads [`RemoteMemory::to_bytes`]'s form; `None` unless `bytes` is 20 long.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; 20] = bytes.try_into().ok()?;
+        let (addr, rest) = bytes.split_at(8);
+        let (rkey, len) = rest.split_at(4);
+        Some(RemoteMemory {
+            addr: u64::from_le_bytes(addr.try_into().ok()?),
+            rkey: u32::from_le_bytes(rkey.try_into().ok()?),
+            len: u64::from_le_bytes(len.try_into().ok()?),
+        })
+    }
+
+    /// The part `range` of it (offsets within it); `None` when `range` is not inside.
+    pub fn slice(&self, range: Range<u64>) -> Option<Self> {
+        (range.start <= range.end && range.end <= self.len).then_some(RemoteMemory {
+            addr: self.addr + range.start,
+            rkey: self.rkey,
+            len: range.end - range.start,
+        })
+    }
+}
+
 impl MemoryRegion {
     /// The region's length in bytes.
     pub fn len(&self) -> usize {
@@ -69,9 +114,18 @@ impl RegisteredMemory {
     ///
     /// # Safety
     /// `pd` is a live protection domain that outlives the returned value.
-    pub(crate) unsafe fn register(pd: *mut rdma_sys::ibv_pd, len: usize) -> Result<Self, CmError> {
+    pub(crate) unsafe fn register(
+        pd: *mut rdma_sys::ibv_pd,
+        len: usize,
+        remote: bool,
+    ) -> Result<Self, CmError> {
         let buffer = allocate_zeroed(len)?;
-        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        let access = access as i32;
         // SAFETY: `pd` is live (caller); the buffer is a live allocation of `len.max(1)`
         // bytes that stays allocated until `deregister`.
         let mr = unsafe { ffi::ibv_reg_mr(pd, buffer.as_ptr().cast(), len.max(1), access) };
@@ -154,6 +208,17 @@ impl RegisteredMemory {
             length,
             lkey,
         })
+    }
+
+    /// What a peer needs to reach `range` of this memory with RDMA READ/WRITE.
+    pub(crate) fn remote(&self, range: Range<usize>) -> RemoteMemory {
+        // SAFETY: the MR is live while `self` is; rkey is set at registration.
+        let rkey = unsafe { (*self.mr.as_ptr()).rkey };
+        RemoteMemory {
+            addr: self.buffer.as_ptr() as u64 + range.start as u64,
+            rkey,
+            len: range.len() as u64,
+        }
     }
 
     /// Copies `data` in at `offset` (bounds checked by the caller).

@@ -49,6 +49,7 @@ pub fn queue_caps(message_size: usize) -> QueueCaps {
         recv_depth: RECEIVE_SLOTS,
         send_depth: SEND_SLOTS,
         buffer_size: u32::try_from(message_size.max(MIN_RECEIVE_SIZE)).unwrap_or(u32::MAX),
+        work_depth: 0,
     }
 }
 

@@ -66,8 +66,8 @@
 /// The domain types and backend traits the API names (`cm-core`), so that one dependency line is enough.
 pub use cm_core as core;
 pub use cm_core::{
-    AsyncEvent, AsyncEventType, CmError, NotifyError, NotifyOutcome, QpNum, QueueCaps,
-    RejectReason, Transport,
+    AsyncEvent, AsyncEventType, CmError, CqKind, NotifyError, NotifyOutcome, QpNum, QueueCaps,
+    RejectReason, Transport, WcStatus, WorkCompletion,
 };
 /// The simulated fabric (cm-mock's `sim`: `SimPair`, `SimTransport`, faults), with the
 /// `sim` feature: test a server written against [`Endpoint`] with no device.
@@ -93,7 +93,8 @@ mod rdma_transport;
 pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
     Endpoint, EndpointOptions, EndpointStats, EndpointWaker, EstablishedVia, Event, ListenOptions,
-    ListenerId, PrivateData, QpErrorDetail, CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
+    ListenerId, PrivateData, QpErrorDetail, APPLICATION_WR_ID, CLOSED_BACKLOG,
+    ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
 };
 pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{

@@ -539,7 +539,7 @@ impl Transport for RdmaTransport {
     ) -> Result<QpNum, CmError> {
         caps.validate()?;
         let qp_caps = QpCaps {
-            max_send_wr: caps.send_depth,
+            max_send_wr: caps.send_depth + caps.work_depth,
             max_recv_wr: caps.recv_depth,
             ..QpCaps::default()
         };

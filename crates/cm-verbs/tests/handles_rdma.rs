@@ -1,7 +1,7 @@
 //! Connection handles on the real kernel (soft-RoCE in the VM), every RTU to the
 //! server dropped: several threads serving one device through one shared endpoint, and
-//! the tokio example's server (a task per connection) as written. Without a device each
-//! test records a skip.
+//! the tokio example's server (a task per connection) as written, and the application's
+//! one-sided work beside the notify path. Without a device each test records a skip.
 #![cfg(all(feature = "rdma", feature = "tokio"))]
 
 mod common;
@@ -12,7 +12,8 @@ use std::time::Duration;
 use cm_testkit::{addresses, CmMadRule};
 use cm_verbs::handle::EndpointHandle;
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{Endpoint, EstablishedVia, ListenOptions};
+use cm_verbs::sys::RemoteMemory;
+use cm_verbs::{Endpoint, EstablishedVia, ListenOptions, QueueCaps, APPLICATION_WR_ID};
 
 #[allow(dead_code)]
 #[path = "../examples/tokio_server.rs"]
@@ -139,4 +140,97 @@ fn the_tokio_example_serves_each_connection_in_its_task_on_the_real_kernel() {
     });
     assert!(rule.hits().expect("counter") >= CLIENTS as u64);
     assert_eq!(forced, CLIENTS as u64, "every connection rescued once");
+}
+
+/// The application's own memory and one-sided work beside the notify path: the server
+/// (its RTU dropped, rescued by notify) registers memory the peer may write and read
+/// and sends where it is; the client RDMA-WRITEs into it and READs it back, each work
+/// request completing to the application alone; the endpoint's messages go on.
+#[test]
+fn one_sided_work_of_the_application_beside_the_notify_path() {
+    const TEST: &str = "one_sided_work_of_the_application_beside_the_notify_path";
+    const PAYLOAD: &[u8] = b"written by RDMA WRITE";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(rule) = CmMadRule::drop_rtus(TEST, "handles_one_sided", addrs.addr_a) else {
+        return;
+    };
+    let caps = QueueCaps {
+        work_depth: 4,
+        ..QueueCaps::default()
+    };
+    let addr = SocketAddr::new(addrs.addr_a, 7536);
+    let server = EndpointHandle::spawn_thread(common::endpoint()).expect("server endpoint");
+    let client = EndpointHandle::spawn_thread(common::endpoint()).expect("client endpoint");
+    let options = ListenOptions {
+        caps,
+        ..ListenOptions::default()
+    };
+    let listener = server.listen(addr, options).expect("listen");
+    let serving = std::thread::spawn(move || {
+        let conn = listener.blocking_accept(WAIT).expect("accept");
+        let via = conn.blocking_established(WAIT).expect("established");
+        assert_eq!(conn.blocking_recv(WAIT).expect("hello"), b"hello");
+        let (region, remote) = conn
+            .with_id(|id| {
+                let region = id.register_remote_memory(4096)?;
+                Ok::<_, cm_verbs::CmError>((region, id.remote_memory(&region, 0..4096)?))
+            })
+            .expect("a live connection")
+            .expect("remote memory");
+        conn.blocking_send(&remote.to_bytes(), WAIT).expect("where");
+        assert_eq!(conn.blocking_recv(WAIT).expect("done"), b"done");
+        let written = conn
+            .with_id(|id| id.read_memory(&region, 0..PAYLOAD.len()))
+            .expect("a live connection")
+            .expect("read");
+        (via, written)
+    });
+    let mut options = common::from(addrs.addr_b);
+    options.caps = caps;
+    let conn = client.connect(addr, options).expect("connect");
+    conn.blocking_established(WAIT).expect("client established");
+    // The first message rescues the server's connection.
+    conn.blocking_send(b"hello", WAIT).expect("hello");
+    let remote =
+        RemoteMemory::from_bytes(&conn.blocking_recv(WAIT).expect("where")).expect("20 bytes");
+    let local = conn
+        .with_id(|id| id.register_memory(4096))
+        .expect("a live connection")
+        .expect("local memory");
+    let post =
+        |what: &str, wr: u64, f: &dyn Fn(&cm_verbs::sys::CmId) -> Result<(), cm_verbs::CmError>| {
+            conn.with_id(f).expect("a live connection").expect(what);
+            let done = conn.blocking_work_completed(WAIT).expect(what);
+            assert!(done.is_success(), "{what}: {done:?}");
+            assert_eq!(done.wr_id, APPLICATION_WR_ID | wr, "{what}");
+        };
+    post("RDMA WRITE", 1, &|id| {
+        id.write_memory(&local, 0, PAYLOAD)?;
+        id.post_rdma_write(&local, 0..PAYLOAD.len(), remote, APPLICATION_WR_ID | 1)
+    });
+    post("RDMA READ", 2, &|id| {
+        id.post_rdma_read(
+            &local,
+            1024..1024 + PAYLOAD.len(),
+            remote,
+            APPLICATION_WR_ID | 2,
+        )
+    });
+    let read = conn
+        .with_id(|id| id.read_memory(&local, 1024..1024 + PAYLOAD.len()))
+        .expect("a live connection")
+        .expect("read");
+    assert_eq!(read, PAYLOAD, "read back what was written");
+    // The endpoint's own messages still go: the sends of the work did not count as its.
+    conn.blocking_send(b"done", WAIT).expect("done");
+    let (via, written) = serving.join().expect("server thread");
+    assert_eq!(
+        written, PAYLOAD,
+        "the server's memory holds what the client wrote"
+    );
+    assert!(matches!(via, EstablishedVia::Notify(_)), "{via:?}");
+    assert!(rule.hits().expect("counter") >= 1);
+    conn.close().expect("close");
 }

@@ -10,12 +10,120 @@ use cm_core::CmError;
 use super::{verbs_result, CmId};
 use crate::cq::CqKind;
 use crate::ffi;
-use crate::verbs::{Completion, MemoryRegion, RegisteredMemory};
+use crate::verbs::{Completion, MemoryRegion, RegisteredMemory, RemoteMemory};
 
 impl CmId {
     /// Registers `len` zeroed bytes with the device for local read/write, for this id's
     /// QP. The memory lives as long as the id (after its QP is destroyed).
     pub fn register_memory(&self, len: usize) -> Result<MemoryRegion, CmError> {
+        self.register(len, false)
+    }
+
+    /// Registers `len` zeroed bytes that the peer may also read and write with RDMA
+    /// READ/WRITE ([`CmId::remote_memory`] says where they are). The memory lives as
+    /// long as the id.
+    pub fn register_remote_memory(&self, len: usize) -> Result<MemoryRegion, CmError> {
+        self.register(len, true)
+    }
+
+    /// What the peer needs to reach `range` of `region` with RDMA READ/WRITE.
+    pub fn remote_memory(
+        &self,
+        region: &MemoryRegion,
+        range: Range<usize>,
+    ) -> Result<RemoteMemory, CmError> {
+        self.with_region("remote_memory", region, &range, |memory| {
+            Ok(memory.remote(range.clone()))
+        })
+    }
+
+    /// `ibv_post_send` of one signalled RDMA WRITE of `range` of the region into the
+    /// peer's `remote` memory (at most its length), completing with `wr_id` on the
+    /// send queue.
+    pub fn post_rdma_write(
+        &self,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        remote: RemoteMemory,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        self.post_send_wr(
+            "ibv_post_send (RDMA WRITE)",
+            opcode,
+            region,
+            range,
+            Some(remote),
+            wr_id,
+        )
+    }
+
+    /// `ibv_post_send` of one signalled RDMA READ of the peer's `remote` memory into
+    /// `range` of the region (at most the remote length), completing with `wr_id` on
+    /// the send queue.
+    pub fn post_rdma_read(
+        &self,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        remote: RemoteMemory,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+        self.post_send_wr(
+            "ibv_post_send (RDMA READ)",
+            opcode,
+            region,
+            range,
+            Some(remote),
+            wr_id,
+        )
+    }
+
+    /// One signalled work request on the send queue: `opcode` over `range` of the
+    /// region, and the peer's `remote` memory for a one-sided one.
+    fn post_send_wr(
+        &self,
+        op: &'static str,
+        opcode: ffi::ibv_wr_opcode::Type,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        remote: Option<RemoteMemory>,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        if remote.is_some_and(|remote| range.len() as u64 > remote.len) {
+            return Err(CmError::InvalidArgument {
+                op,
+                reason: "longer than the remote memory",
+            });
+        }
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        let qp = self.qp_ptr(op)?;
+        self.with_region(op, region, &range, |memory| {
+            let mut sge = memory.sge(op, range.clone())?;
+            // SAFETY: ibv_send_wr is integers, pointers and unions of those: all zeroes
+            // is valid.
+            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = wr_id;
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            wr.opcode = opcode;
+            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            if let Some(remote) = remote {
+                wr.wr.rdma.remote_addr = remote.addr;
+                wr.wr.rdma.rkey = remote.rkey;
+            }
+            let mut bad = ptr::null_mut();
+            // SAFETY: live QP (the ops lock excludes its destruction); the WR and SGE are
+            // valid for the call (the provider copies them); the local memory is
+            // registered and lives as long as the QP; the remote side checks its own.
+            let ret = unsafe { ffi::ibv_post_send(qp, &mut wr, &mut bad) };
+            // ibv_post_send returns the errno itself.
+            verbs_result(op, ret)
+        })
+    }
+
+    fn register(&self, len: usize, remote: bool) -> Result<MemoryRegion, CmError> {
         let ops = self.inner.lock_ops();
         let _fields = ops.fields();
         // SAFETY: live id, read under the ops lock.
@@ -28,7 +136,7 @@ impl CmId {
         }
         // SAFETY: `pd` is the device's PD, alive while the id is; the id outlives the
         // region (regions are deregistered in IdInner's Drop).
-        let region = unsafe { RegisteredMemory::register(pd, len) }?;
+        let region = unsafe { RegisteredMemory::register(pd, len, remote) }?;
         let mut regions = self
             .inner
             .regions
@@ -111,26 +219,8 @@ impl CmId {
         range: Range<usize>,
         wr_id: u64,
     ) -> Result<(), CmError> {
-        let ops = self.inner.lock_ops();
-        let _fields = ops.fields();
-        let qp = self.qp_ptr("ibv_post_send")?;
-        self.with_region("ibv_post_send", region, &range, |memory| {
-            let mut sge = memory.sge("ibv_post_send", range.clone())?;
-            // SAFETY: ibv_send_wr is integers, pointers and unions of those: all zeroes
-            // is valid.
-            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.wr_id = wr_id;
-            wr.sg_list = &mut sge;
-            wr.num_sge = 1;
-            wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
-            let mut bad = ptr::null_mut();
-            // SAFETY: live QP (the ops lock excludes its destruction); the WR and SGE are
-            // valid for the call (the provider copies them); the SGE's memory is
-            // registered and lives as long as the QP.
-            let ret = unsafe { ffi::ibv_post_send(qp, &mut wr, &mut bad) };
-            // ibv_post_send returns the errno itself.
-            verbs_result("ibv_post_send", ret)
-        })
+        let opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+        self.post_send_wr("ibv_post_send", opcode, region, range, None, wr_id)
     }
 
     /// `ibv_post_recv` of one receive into `range` of the region.

@@ -159,6 +159,12 @@ impl<T: Transport> Endpoint<T> {
         if self.live(conn).is_none() {
             return; // closed by an earlier completion of the batch
         }
+        if completion.wr_id & super::APPLICATION_WR_ID != 0 {
+            self.on_work_completed(conn, completion);
+            if completion.is_success() {
+                return;
+            }
+        }
         if !completion.is_success() {
             let detail = QpErrorDetail::Completion(completion.status);
             self.close(conn, CloseReason::QpError { detail }, true);
@@ -175,6 +181,21 @@ impl<T: Transport> Endpoint<T> {
             }
             CqKind::Recv => self.on_received(conn, completion),
         }
+    }
+
+    /// The application's own work completed: kept for it (bounded by the connection's
+    /// `work_depth`), and the connection marked as having news.
+    fn on_work_completed(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+        let Some(bound) = self.live(conn).map(|c| c.caps.work_depth.max(1) as usize) else {
+            return;
+        };
+        let done = self.work_done.entry(conn).or_default();
+        if done.len() >= bound {
+            done.pop_front();
+            self.dropped_events += 1;
+        }
+        done.push_back(completion);
+        self.mark_ready(conn);
     }
 
     pub(super) fn on_received(&mut self, conn: ConnectionId, completion: WorkCompletion) {

@@ -45,6 +45,13 @@ const POLL_BATCH: usize = 32;
 /// does not wait: sustained traffic on one source cannot starve the others.
 pub const PASS_BATCH: usize = 64;
 
+/// The bit that marks a work request id as the application's own: one-sided work
+/// (RDMA READ/WRITE) it posts on a connection's QP (through [`Endpoint::cm_id`], room
+/// made by [`QueueCaps::work_depth`]) with this bit set completes to the application
+/// ([`Endpoint::take_work_completion`]) and is never taken for one of the endpoint's
+/// messages.
+pub const APPLICATION_WR_ID: u64 = 1 << 63;
+
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -312,6 +319,9 @@ pub struct Endpoint<T: Transport> {
     notify: bool,
     /// Set by an [`EndpointWaker`]: the current or next wait returns.
     woken: Arc<AtomicBool>,
+    /// Completions of the application's one-sided work, per connection, until taken
+    /// (each at most its `work_depth`).
+    work_done: FxHashMap<ConnectionId, VecDeque<WorkCompletion>>,
 }
 
 /// Wakes an [`Endpoint`]'s waiting call from another thread: a server stops (or looks
@@ -387,6 +397,7 @@ impl<T: Transport> Endpoint<T> {
             device_released: false,
             notify: true,
             woken: Arc::new(AtomicBool::new(false)),
+            work_done: FxHashMap::default(),
         }
     }
 
@@ -677,7 +688,30 @@ impl<T: Transport> Endpoint<T> {
         Ok(self.transport.waker()?)
     }
 
-    /// The CM id of `conn`, for calls this API does not wrap. O(1).
+    /// The oldest completion of the application's one-sided work on `conn` (work
+    /// requests posted with [`APPLICATION_WR_ID`] set), without waiting: `Ok(None)`
+    /// when none is there. A connection keeps at most its
+    /// [`QueueCaps::work_depth`] of them (past it the oldest is dropped and counted in
+    /// [`EndpointStats::dropped_events`]); they go with the connection. A failed one
+    /// also closes the connection (its QP is in the error state). O(1).
+    pub fn take_work_completion(
+        &mut self,
+        conn: ConnectionId,
+    ) -> Result<Option<WorkCompletion>, ConnError> {
+        if let Some(done) = self.work_done.get_mut(&conn) {
+            let completion = done.pop_front();
+            if done.is_empty() {
+                self.work_done.remove(&conn);
+            }
+            if completion.is_some() {
+                return Ok(completion);
+            }
+        }
+        self.conn(conn).map(|_| None)
+    }
+
+    /// The CM id of `conn`, for calls this API does not wrap (on the real transport its
+    /// QP and protection domain: memory of the application's own, one-sided work). O(1).
     pub fn cm_id(&self, conn: ConnectionId) -> Result<&T::Id, ConnError> {
         Ok(&self.conn(conn)?.id)
     }

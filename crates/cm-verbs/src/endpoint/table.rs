@@ -147,6 +147,8 @@ impl<T: Transport> Endpoint<T> {
         let Some(entry) = self.remove_live(conn) else {
             return;
         };
+        // Its QP goes below: the application's one-sided work ends with it.
+        self.work_done.remove(&conn);
         if disconnect {
             if let Err(error) = self.transport.disconnect(&entry.id) {
                 log::debug!("{conn}: disconnect: {error}");

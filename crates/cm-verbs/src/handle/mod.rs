@@ -68,7 +68,7 @@ use std::task::{Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::Duration;
 
-use cm_core::{CmError, Transport};
+use cm_core::{CmError, Transport, WorkCompletion};
 
 use crate::{
     ConnError, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint, EstablishedVia, Event,
@@ -192,6 +192,18 @@ impl<T: Transport> Shared<T> {
         let answer = f(&mut core);
         self.poke(&mut core);
         answer
+    }
+}
+
+/// For `work_completed`: a completion, the connection's end, or nothing yet.
+fn take_work<T: Transport>(
+    endpoint: &mut Endpoint<T>,
+    conn: ConnectionId,
+) -> Option<Result<WorkCompletion, ConnError>> {
+    match endpoint.take_work_completion(conn) {
+        Ok(Some(completion)) => Some(Ok(completion)),
+        Ok(None) => None,
+        Err(error) => Some(Err(error)),
     }
 }
 
@@ -547,6 +559,28 @@ impl<T: Transport> Connection<T> {
         let id = self.inner.id;
         self.shared()
             .with(|core| core.endpoint_mut().send(id, data))
+    }
+
+    /// The next completion of the application's own one-sided work on it (work requests
+    /// posted through [`Connection::with_id`] with [`crate::APPLICATION_WR_ID`] set; see
+    /// [`Endpoint::take_work_completion`]). Cancellation-safe.
+    pub async fn work_completed(&self) -> Result<WorkCompletion, ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .wait(WaitOn::Conn(id), |core| take_work(core.endpoint_mut(), id))
+            .await
+    }
+
+    /// [`Connection::work_completed`] on the calling thread, at most `timeout`.
+    pub fn blocking_work_completed(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<WorkCompletion, ConnError> {
+        let id = self.inner.id;
+        self.shared()
+            .blocking_wait(timeout, WaitOn::Conn(id), |core| {
+                take_work(core.endpoint_mut(), id)
+            })
     }
 
     /// Disconnects it now (the other clones then answer
