@@ -455,3 +455,78 @@ impl<T: Transport> Core<T> {
         self.accepts_refused
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    use cm_mock::sim::{SimConfig, SimPair, SimTransport};
+
+    use super::{Core, WaitOn};
+    use crate::{ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
+
+    /// Counts its wake-ups.
+    struct Counting(AtomicUsize);
+
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// News of one connection wakes the call waiting on it and no other, however many
+    /// wait: the work per event does not grow with the waiting calls.
+    #[test]
+    fn news_wakes_only_the_calls_waiting_on_its_connection() {
+        const CONNECTIONS: usize = 200;
+        let SimPair {
+            fabric,
+            server,
+            client,
+        } = SimPair::new(SimConfig::default(), 7);
+        let mut server = Endpoint::new(SimTransport::on_side(server));
+        let mut client = Endpoint::new(SimTransport::on_side(client));
+        let addr = server.transport().addr(7471);
+        server.listen(addr, ListenOptions::default()).unwrap();
+        let outs: Vec<ConnectionId> = (0..CONNECTIONS)
+            .map(|_| client.connect(addr, ConnectOptions::default()).unwrap())
+            .collect();
+        let mut accepted = Vec::new();
+        loop {
+            while let Some(event) = server.poll().unwrap() {
+                if let Event::Established { conn, .. } = event {
+                    accepted.push(conn);
+                }
+            }
+            while client.poll().unwrap().is_some() {}
+            if !fabric.step() {
+                break;
+            }
+        }
+        assert_eq!(accepted.len(), CONNECTIONS);
+        let mut core = Core::new(server, true);
+        let counters: Vec<Arc<Counting>> = accepted
+            .iter()
+            .map(|&conn| {
+                let counter = Arc::new(Counting(AtomicUsize::new(0)));
+                core.register(WaitOn::Conn(conn), &Waker::from(Arc::clone(&counter)));
+                counter
+            })
+            .collect();
+        client.send(outs[CONNECTIONS / 2], b"news").unwrap();
+        while fabric.step() {}
+        while core.pass() {}
+        let woken: Vec<usize> = counters
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.0.load(Ordering::SeqCst) > 0)
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(woken.len(), 1, "one connection had news: {woken:?}");
+        let conn = accepted[woken[0]];
+        let message = core.endpoint_mut().try_recv(conn);
+        assert_eq!(message, Some(Ok(b"news".to_vec())));
+    }
+}
