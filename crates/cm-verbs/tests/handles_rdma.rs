@@ -43,11 +43,18 @@ fn threads_serving_one_device_each_get_their_rescue() {
                 .expect("listen");
             std::thread::spawn(move || {
                 let conn = listener.blocking_accept(WAIT).expect("accept");
+                eprintln!("serving thread {n}: accepted {}", conn.id());
                 let via = conn.blocking_established(WAIT).expect("established");
                 let message = conn.blocking_recv(WAIT).expect("message");
                 conn.blocking_send(&message, WAIT).expect("echo");
+                eprintln!("serving thread {n}: echoed");
                 // Until the client leaves.
-                while conn.blocking_recv(WAIT).is_ok() {}
+                let end = loop {
+                    if let Err(end) = conn.blocking_recv(WAIT) {
+                        break end;
+                    }
+                };
+                eprintln!("serving thread {n}: {end}");
                 via
             })
         })
@@ -60,10 +67,12 @@ fn threads_serving_one_device_each_get_their_rescue() {
             std::thread::spawn(move || {
                 let conn = client.connect(dst, common::from(src)).expect("connect");
                 conn.blocking_established(WAIT).expect("client established");
+                eprintln!("client thread {n}: established");
                 let message = format!("thread {n}").into_bytes();
                 conn.blocking_send(&message, WAIT).expect("send");
                 assert_eq!(conn.blocking_recv(WAIT).expect("echo"), message);
                 conn.close().expect("close");
+                eprintln!("client thread {n}: closed");
             })
         })
         .collect();

@@ -338,3 +338,19 @@ fn the_readme_shows_the_tokio_example_as_it_is_in_at_most_twenty_lines_of_logic(
     assert!(!body.is_empty(), "serve found");
     assert!(body.len() <= 20, "{} lines: {body:#?}", body.len());
 }
+
+#[test]
+fn calls_end_when_the_driver_s_runtime_is_gone_instead_of_hanging() {
+    let (server, client) = pair_losing_rtus(48);
+    let addr = server.addr(7478);
+    let runtime = runtime();
+    let (server, _client, listener) =
+        runtime.block_on(async { listening(server, client, addr, Driver::Tokio) });
+    drop(runtime);
+    let answer = listener.blocking_accept(None);
+    assert!(
+        matches!(&answer, Err(e) if e.ends_endpoint()),
+        "the endpoint is over: {answer:?}"
+    );
+    drop(server);
+}

@@ -8,7 +8,7 @@
 //! nothing can happen.
 
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use cm_core::{CmError, Transport};
@@ -16,6 +16,22 @@ use cm_core::{CmError, Transport};
 use super::core::Core;
 use super::Shared;
 use crate::ConnError;
+
+/// Ends the waiting calls if a driver ends before the handles are gone (its runtime
+/// shut down, or it panicked): they answer [`ConnError::Endpoint`] (ESHUTDOWN) rather
+/// than wait for a driver that will never come.
+/// Held by the driver (from before it first runs: a task dropped unpolled counts too).
+pub(super) struct Ended<T: Transport>(pub(super) Arc<Shared<T>>);
+
+impl<T: Transport> Drop for Ended<T> {
+    fn drop(&mut self) {
+        let mut core = self.0.core.lock().unwrap_or_else(|e| e.into_inner());
+        if !core.stopped() && !core.has_failed() {
+            // ESHUTDOWN: the endpoint's driver is gone.
+            core.fail(CmError::from_errno("the endpoint's driver", 108));
+        }
+    }
+}
 
 /// Turns without anything moving before time jumps (or the fabric is idle).
 const IDLE_TURNS: u32 = 64;

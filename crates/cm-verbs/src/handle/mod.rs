@@ -148,8 +148,16 @@ impl<T: Transport> Shared<T> {
             if core.virtual_time() {
                 self.poke(&mut core);
             }
+            // On a real clock the deadline is kept here too: a timed call returns in
+            // time whatever the driver does.
+            let park_for = deadline
+                .filter(|_| !core.virtual_time())
+                .map(|due| due.saturating_sub(core.now()));
             drop(core);
-            std::thread::park();
+            match park_for {
+                Some(left) => std::thread::park_timeout(left),
+                None => std::thread::park(),
+            }
             core = self.lock();
         };
         if let Some(timer) = timer {
@@ -265,10 +273,10 @@ where
     /// when the last handle is dropped.
     pub fn spawn_thread(endpoint: Endpoint<T>) -> Result<Self, ConnError> {
         let handle = Self::share(endpoint)?;
-        let shared = Arc::clone(&handle.owner.shared);
+        let ended = driver::Ended(Arc::clone(&handle.owner.shared));
         std::thread::Builder::new()
             .name("cm-endpoint".into())
-            .spawn(move || driver::run_thread(&shared))
+            .spawn(move || driver::run_thread(&ended.0))
             .map_err(|e| ConnError::Cm(CmError::from_io("spawn", &e)))?;
         Ok(handle)
     }
@@ -282,8 +290,9 @@ where
         T: crate::async_endpoint::AsyncWait,
     {
         let handle = Self::share(endpoint)?;
-        let shared = Arc::clone(&handle.owner.shared);
-        tokio::spawn(async move { driver::run_tokio(&shared).await });
+        // Moved into the task: dropped with it, even unpolled (its runtime shut down).
+        let ended = driver::Ended(Arc::clone(&handle.owner.shared));
+        tokio::spawn(async move { driver::run_tokio(&ended.0).await });
         Ok(handle)
     }
 }
