@@ -9,7 +9,8 @@ use std::cmp::Reverse;
 
 use super::{
     failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Owner, PrivateData, QpErrorDetail, Step, PASS_BATCH, POLL_BATCH,
+    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, PASS_BATCH,
+    POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
 
@@ -303,12 +304,12 @@ impl<T: Transport> Endpoint<T> {
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
         entry.listener = Some(listener);
-        entry.private = PrivateData::from(event.private_data());
+        entry.private = Private::new(PrivateData::from(event.private_data()));
         if !options.auto_accept {
-            entry.deadline = options.request_timeout.map(|t| now.saturating_add(t));
+            entry.deadline = Nanos::new(options.request_timeout.map(|t| now.saturating_add(t)));
         }
         let conn = self.insert(entry);
-        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
+        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
         }
         if options.auto_accept {
@@ -348,8 +349,8 @@ impl<T: Transport> Endpoint<T> {
             entry.times.mark(Step::ConnectCalled, called);
             entry.times.mark(Step::ConnectReturned, now);
             entry.state = ConnState::Accepted;
-            entry.deadline = timeout.map(|t| now.saturating_add(t));
-            if let Some(deadline) = entry.deadline {
+            entry.deadline = Nanos::new(timeout.map(|t| now.saturating_add(t)));
+            if let Some(deadline) = entry.deadline.get() {
                 self.deadlines.push(Reverse((deadline, conn)));
             }
             if self.notify {
@@ -423,7 +424,7 @@ impl<T: Transport> Endpoint<T> {
                 let (id, timeout) = match self.live_mut(conn) {
                     Some(c) => {
                         c.times.mark(Step::AddrResolved, now);
-                        (c.id.clone(), c.resolve_timeout)
+                        (c.id.clone(), c.resolve_timeout.get().unwrap_or_default())
                     }
                     None => return,
                 };
@@ -484,7 +485,7 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
         self.setup_qp(conn, Role::Active)?;
         let entry = self.live_mut(conn).expect("set up above");
-        let request = std::mem::take(&mut entry.private);
+        let request = entry.private.take();
         let id = entry.id.clone();
         let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
@@ -509,10 +510,10 @@ impl<T: Transport> Endpoint<T> {
         entry.established = Some(via);
         entry.times.mark(Step::Established, now);
         entry.state = ConnState::Established;
-        entry.deadline = None;
+        entry.deadline = Nanos::NONE;
         entry.pending.established = true;
         if entry.role == Role::Active {
-            entry.private = PrivateData::from(private_data);
+            entry.private = Private::new(PrivateData::from(private_data));
         }
         let passive = entry.role == Role::Passive;
         let listener = entry.listener;
@@ -544,9 +545,9 @@ impl<T: Transport> Endpoint<T> {
                 return true;
             }
             self.deadlines.pop();
-            let applies = self
-                .live(conn)
-                .is_some_and(|c| c.state != ConnState::Established && c.deadline == Some(due));
+            let applies = self.live(conn).is_some_and(|c| {
+                c.state != ConnState::Established && c.deadline.get() == Some(due)
+            });
             if applies {
                 let unanswered = self
                     .live(conn)
@@ -576,7 +577,7 @@ impl<T: Transport> Endpoint<T> {
         self.deadlines.retain(|Reverse((due, conn))| {
             slots.get(conn.index()).is_some_and(|s| {
                 s.generation == conn.generation()
-                    && matches!(&s.entry, Some(Entry::Live(c)) if c.deadline == Some(*due) && c.state != ConnState::Established)
+                    && matches!(&s.entry, Some(Entry::Live(c)) if c.deadline.get() == Some(*due) && c.state != ConnState::Established)
             })
         });
     }

@@ -111,7 +111,7 @@ struct Conn<T: Transport> {
     send_next: u32,
     /// Sends posted and not yet completed.
     sends_in_flight: u32,
-    deadline: Option<Duration>,
+    deadline: Nanos,
     /// What the notify path did before ESTABLISHED arrived.
     via: Option<EstablishedVia>,
     established: Option<EstablishedVia>,
@@ -119,15 +119,96 @@ struct Conn<T: Transport> {
     /// slot's receive is posted again only when its message is taken, so this never
     /// holds more than the receive depth: a peer that sends faster than the
     /// application reads (or before the connection is established) meets RNR.
-    inbox: VecDeque<(u32, Vec<u8>)>,
+    inbox: Inbox,
     /// What it has to report.
     pending: Pending,
     /// Active side: the resolution timeout, until connect.
-    resolve_timeout: Duration,
+    resolve_timeout: Nanos,
     /// Private data: the REQ's to send (active side, until connect), then the peer's
     /// (the REQ's on a passive side, the REP's on an active side) until reported.
-    private: PrivateData,
+    private: Private,
     times: Times,
+}
+
+/// An optional time or duration in eight bytes (nanoseconds; `u64::MAX` is none, later
+/// saturates just below): half an `Option<Duration>`, on every connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Nanos(u64);
+
+impl Nanos {
+    const NONE: Nanos = Nanos(u64::MAX);
+
+    fn new(at: Option<Duration>) -> Self {
+        at.map_or(Nanos::NONE, |at| Nanos(nanos(at)))
+    }
+
+    fn get(self) -> Option<Duration> {
+        (self != Nanos::NONE).then(|| Duration::from_nanos(self.0))
+    }
+}
+
+/// A connection's received messages, with the receive slot each used: nothing at all
+/// (eight bytes) while there is none, which is nearly always.
+#[derive(Debug, Default)]
+// Boxed: eight bytes on every connection, where the queue itself would take 32.
+#[allow(clippy::box_collection)]
+struct Inbox(Option<Box<VecDeque<Received>>>);
+
+/// A received message and the receive slot it used.
+type Received = (u32, Vec<u8>);
+
+impl Inbox {
+    fn capacity(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.capacity())
+    }
+
+    fn reserve_exact(&mut self, additional: usize) {
+        self.0
+            .get_or_insert_with(|| Box::new(VecDeque::with_capacity(additional)))
+            .reserve_exact(additional);
+    }
+
+    fn push_back(&mut self, message: Received) {
+        self.0.get_or_insert_default().push_back(message);
+    }
+
+    fn pop_front(&mut self) -> Option<Received> {
+        self.0.as_mut()?.pop_front()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|q| q.is_empty())
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
+    }
+
+    /// The messages, oldest first, without their slots.
+    fn into_messages(self) -> VecDeque<Vec<u8>> {
+        self.0
+            .map(|q| q.into_iter().map(|(_, data)| data).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Private data kept on a connection: nothing at all (eight bytes) when empty, which
+/// it nearly always is.
+#[derive(Debug, Default)]
+struct Private(Option<Box<PrivateData>>);
+
+impl Private {
+    fn new(data: PrivateData) -> Self {
+        Private((!data.as_bytes().is_empty()).then(|| Box::new(data)))
+    }
+
+    fn get(&self) -> PrivateData {
+        self.0.as_deref().cloned().unwrap_or_default()
+    }
+
+    fn take(&mut self) -> PrivateData {
+        self.0.take().map(|data| *data).unwrap_or_default()
+    }
 }
 
 impl<T: Transport> Conn<T> {
@@ -145,24 +226,27 @@ impl<T: Transport> Conn<T> {
             buffers: None,
             send_next: 0,
             sends_in_flight: 0,
-            deadline: None,
+            deadline: Nanos::NONE,
             via: None,
             established: None,
-            inbox: VecDeque::new(),
+            inbox: Inbox::default(),
             pending: Pending::default(),
-            resolve_timeout: Duration::ZERO,
-            private: PrivateData::empty(),
+            resolve_timeout: Nanos(0),
+            private: Private::default(),
         }
     }
 }
 
-/// When a connection passed each step of its setup, compactly (nanoseconds on the
-/// transport's clock, [`Times::NONE`] for a step not passed): [`ConnTimes`] per
-/// connection would double the size of its entry.
-#[derive(Debug, Clone, Copy)]
+/// When a connection passed each step of its setup, compactly: the start in
+/// nanoseconds on the transport's clock, each step as nanoseconds after it
+/// ([`Times::NONE`] for a step not passed); a step more than four seconds after the
+/// start (or before it) moves every step to `far`, exact. [`ConnTimes`] per connection
+/// would double the size of its entry.
+#[derive(Debug, Clone)]
 struct Times {
     started: u64,
-    steps: [u64; Step::COUNT],
+    steps: [u32; Step::COUNT],
+    far: Option<Box<[u64; Step::COUNT]>>,
 }
 
 /// The steps [`Times`] records, in [`ConnTimes`]' order.
@@ -183,21 +267,56 @@ impl Step {
 
 impl Times {
     const NONE: u64 = u64::MAX;
+    /// A step not passed, in `steps`.
+    const NOT_YET: u32 = u32::MAX;
 
     fn new(started: Duration) -> Self {
         Times {
             started: nanos(started),
-            steps: [Self::NONE; Step::COUNT],
+            steps: [Self::NOT_YET; Step::COUNT],
+            far: None,
         }
     }
 
     fn mark(&mut self, step: Step, at: Duration) {
-        self.steps[step as usize] = nanos(at);
+        let at = nanos(at);
+        if let Some(far) = &mut self.far {
+            far[step as usize] = at;
+            return;
+        }
+        match at
+            .checked_sub(self.started)
+            .and_then(|after| u32::try_from(after).ok())
+            .filter(|&after| after != Self::NOT_YET)
+        {
+            Some(after) => self.steps[step as usize] = after,
+            None => {
+                let mut far = [Self::NONE; Step::COUNT];
+                for (slot, (&after, exact)) in self.steps.iter().zip(&mut far).enumerate() {
+                    if after != Self::NOT_YET {
+                        *exact = self.started + u64::from(after);
+                    }
+                    if slot == step as usize {
+                        *exact = at;
+                    }
+                }
+                self.far = Some(Box::new(far));
+            }
+        }
+    }
+
+    /// The time of `step`, in nanoseconds ([`Times::NONE`]: not passed).
+    fn at(&self, step: Step) -> u64 {
+        match (&self.far, self.steps[step as usize]) {
+            (Some(far), _) => far[step as usize],
+            (None, Self::NOT_YET) => Self::NONE,
+            (None, after) => self.started + u64::from(after),
+        }
     }
 
     fn public(&self) -> ConnTimes {
         let step = |s: Step| {
-            let at = self.steps[s as usize];
+            let at = self.at(s);
             (at != Self::NONE).then(|| Duration::from_nanos(at))
         };
         ConnTimes {
@@ -538,11 +657,11 @@ impl<T: Transport> Endpoint<T> {
             .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
-        entry.deadline = options.timeout.map(|t| now.saturating_add(t));
-        entry.private = options.private_data;
-        entry.resolve_timeout = options.resolve_timeout;
+        entry.deadline = Nanos::new(options.timeout.map(|t| now.saturating_add(t)));
+        entry.private = Private::new(options.private_data);
+        entry.resolve_timeout = Nanos::new(Some(options.resolve_timeout));
         let conn = self.insert(entry);
-        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
+        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
         }
         Ok(conn)
@@ -980,5 +1099,53 @@ fn failure_reason(kind: CmEventType, status: i32, private_data: &[u8]) -> CloseR
             private_data: PrivateData::from(private_data),
         },
         _ => CloseReason::ConnectError { status },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_stay_exact_near_and_far_from_the_start() {
+        let start = Duration::from_secs(3);
+        let mut times = Times::new(start);
+        times.mark(Step::AddrResolved, start + Duration::from_nanos(7));
+        assert!(times.far.is_none());
+        // More than four seconds later: every step moves to the exact table.
+        times.mark(Step::Established, start + Duration::from_secs(9));
+        times.mark(Step::ConnectCalled, start + Duration::from_millis(1));
+        let public = times.public();
+        assert_eq!(public.started, start);
+        assert_eq!(public.addr_resolved, Some(start + Duration::from_nanos(7)));
+        assert_eq!(
+            public.connect_called,
+            Some(start + Duration::from_millis(1))
+        );
+        assert_eq!(public.established, Some(start + Duration::from_secs(9)));
+        assert_eq!(public.route_resolved, None);
+        let mut early = Times::new(start);
+        early.mark(Step::QpCreated, Duration::from_secs(1));
+        assert_eq!(early.public().qp_created, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn compact_fields_answer_as_the_plain_ones() {
+        assert_eq!(Nanos::new(None).get(), None);
+        let at = Some(Duration::new(5, 17));
+        assert_eq!(Nanos::new(at).get(), at);
+        let mut inbox = Inbox::default();
+        assert!(inbox.is_empty() && inbox.capacity() == 0);
+        inbox.reserve_exact(1);
+        inbox.push_back((3, vec![1]));
+        inbox.push_back((4, vec![2]));
+        assert_eq!(inbox.len(), 2);
+        assert_eq!(inbox.pop_front(), Some((3, vec![1])));
+        assert_eq!(inbox.into_messages(), [vec![2]]);
+        let mut private = Private::new(PrivateData::from(&b"hi"[..]));
+        assert_eq!(private.get().as_bytes(), b"hi");
+        assert_eq!(private.take().as_bytes(), b"hi");
+        assert!(private.0.is_none());
+        assert!(Private::new(PrivateData::empty()).0.is_none());
     }
 }

@@ -157,7 +157,7 @@ impl<T: Transport> Endpoint<T> {
             role,
             state,
             established,
-            private,
+            mut private,
             inbox,
             pending,
             ..
@@ -178,7 +178,7 @@ impl<T: Transport> Endpoint<T> {
         };
         // Messages are deliverable only on a connection that got established.
         let inbox: VecDeque<Vec<u8>> = if state == ConnState::Established {
-            inbox.into_iter().map(|(_, data)| data).collect()
+            inbox.into_messages()
         } else {
             self.held_messages -= inbox.len();
             VecDeque::new()
@@ -188,7 +188,7 @@ impl<T: Transport> Endpoint<T> {
             reason,
             role,
             established,
-            peer_private: private,
+            peer_private: private.take(),
             inbox,
             pending: Pending {
                 established: pending.established,
