@@ -274,7 +274,10 @@ pub struct Session<T: Transport> {
     /// its connection's deadline is put back with the later one when it comes up, so
     /// the earliest deadline is found without walking the connections.
     /// Deadlines and indexes compact (nanoseconds, `u32`): an entry per connection.
+    /// Filled only once [`Session::drive`] runs: nothing else reads it.
     idle: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Whether `idle` is kept (since [`Session::drive`] first ran).
+    idle_kept: bool,
 }
 
 impl<T: Transport> std::fmt::Debug for Session<T> {
@@ -308,6 +311,7 @@ impl<T: Transport> Session<T> {
             settled: 0,
             closed: 0,
             idle: BinaryHeap::new(),
+            idle_kept: false,
         }
     }
 
@@ -482,6 +486,7 @@ impl<T: Transport> Session<T> {
     /// Runs to the end, waiting in the endpoint for each event (and giving up on what
     /// makes no progress for [`IDLE_TIMEOUT`]).
     pub fn drive(&mut self) -> Result<(), ConnError> {
+        self.keep_idle();
         while !self.finished() {
             let timeout = self
                 .next_deadline()
@@ -888,9 +893,23 @@ impl<T: Transport> Session<T> {
         let deadline = nanos(self.now().saturating_add(IDLE_TIMEOUT));
         let conn = &mut self.conns[index];
         conn.idle_deadline = deadline;
-        if !conn.idle_queued {
+        if self.idle_kept && !conn.idle_queued {
             conn.idle_queued = true;
             self.idle.push(Reverse((deadline, index as u32)));
+        }
+    }
+
+    /// Starts keeping the idle heap: every open connection with a deadline joins it.
+    fn keep_idle(&mut self) {
+        if self.idle_kept {
+            return;
+        }
+        self.idle_kept = true;
+        for (index, conn) in self.conns.iter_mut().enumerate() {
+            if conn.idle_deadline != UNSET && !conn.is_done() && !conn.idle_queued {
+                conn.idle_queued = true;
+                self.idle.push(Reverse((conn.idle_deadline, index as u32)));
+            }
         }
     }
 

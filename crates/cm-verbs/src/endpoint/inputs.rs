@@ -30,7 +30,7 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn on_device_event(&mut self, device: usize, event: AsyncEvent) {
         match event.event_type {
             AsyncEventType::QpFatal | AsyncEventType::QpReqErr | AsyncEventType::QpAccessErr => {
-                if let Some(&conn) = event.qp_num().and_then(|qp| self.by_qp.get(&qp)) {
+                if let Some(conn) = event.qp_num().and_then(|qp| self.conn_of_qp(qp)) {
                     let detail = QpErrorDetail::AsyncEvent(event);
                     self.close(conn, CloseReason::QpError { detail }, true);
                     return;
@@ -55,7 +55,7 @@ impl<T: Transport> Endpoint<T> {
                 (qp, EstablishedVia::RtuWonRace(trigger))
             }
             PumpEvent::NotifyFailed { qp, error, .. } => {
-                if let Some(&conn) = self.by_qp.get(&qp) {
+                if let Some(conn) = self.conn_of_qp(qp) {
                     if let Some(entry) = self.live_mut(conn) {
                         // The latest failure stands for the earlier ones (the
                         // counters count them all).
@@ -69,7 +69,7 @@ impl<T: Transport> Endpoint<T> {
                 return
             }
         };
-        if let Some(&conn) = self.by_qp.get(&qp) {
+        if let Some(conn) = self.conn_of_qp(qp) {
             if let Some(entry) = self.live_mut(conn) {
                 if entry.established.is_none() && entry.via.is_none() {
                     entry.via = Some(via);
@@ -394,7 +394,7 @@ impl<T: Transport> Endpoint<T> {
             self.transport
                 .post_recv(&id, &buffers, slot, u64::from(slot))?;
         }
-        self.by_qp.insert(qp, conn);
+        self.by_qp.insert(qp, conn.index() as u32);
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = Some(qp);
         entry.buffers = Some(buffers);

@@ -396,7 +396,9 @@ pub struct Endpoint<T: Transport> {
     slots: slots::Slots<Slot<T>>,
     free_slots: Vec<u32>,
     by_id: FxHashMap<usize, Owner>,
-    by_qp: FxHashMap<QpNum, ConnectionId>,
+    /// Each QP's connection, by slot: an entry goes with its connection, so the slot's
+    /// generation completes the handle (half the size of keeping handles).
+    by_qp: FxHashMap<QpNum, u32>,
     /// Connections (each at most once) and endpoint-wide events with something to
     /// report, oldest first.
     ready: VecDeque<Ready>,

@@ -1,7 +1,7 @@
 //! The endpoint's tables: device readers, connection slots (generation-checked
 //! handles), the id and QP indexes, and teardown.
 
-use cm_core::Transport;
+use cm_core::{QpNum, Transport};
 
 use std::collections::VecDeque;
 
@@ -251,6 +251,13 @@ impl<T: Transport> Endpoint<T> {
         self.compact_accepted();
         self.compact_deadlines();
         self.compact_awaiting();
+    }
+
+    /// The connection that owns `qp`.
+    pub(super) fn conn_of_qp(&self, qp: QpNum) -> Option<ConnectionId> {
+        let index = *self.by_qp.get(&qp)?;
+        let slot = self.slots.get(index as usize)?;
+        Some(ConnectionId::new(index, slot.generation))
     }
 
     pub(super) fn insert(&mut self, conn: Conn<T>) -> ConnectionId {

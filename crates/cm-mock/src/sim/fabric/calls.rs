@@ -32,7 +32,10 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()
-            .map(|(completion, _)| completion)
+            .map(|(completion, payload)| {
+                self.take_payload(payload);
+                completion
+            })
     }
 
     /// The next receive completion and its payload, appended to `out`.
@@ -46,7 +49,9 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()?;
-        out.extend_from_slice(self.privates.get(payload));
+        if let Some(bytes) = self.take_payload(payload) {
+            out.extend_from_slice(&bytes);
+        }
         Some(completion)
     }
 
@@ -103,8 +108,12 @@ impl Fabric {
     pub(crate) fn post_send_data(&mut self, key: SimIdKey, data: &[u8]) -> Result<(), CmError> {
         let len = u32::try_from(data.len()).map_err(|_| os("ibv_post_send", errno::EINVAL))?;
         self.live(key, "ibv_post_send")?;
-        let payload = self.privates.store(data);
-        self.post_send_payload(key, len, payload)
+        let payload = self.store_payload(data);
+        let sent = self.post_send_payload(key, len, payload);
+        if sent.is_err() {
+            self.take_payload(payload);
+        }
+        sent
     }
 
     pub(super) fn post_send_payload(

@@ -79,6 +79,36 @@ impl PrivateBytes {
     }
 }
 
+impl Fabric {
+    /// Keeps a data message's payload until it is read; its handle.
+    fn store_payload(&mut self, data: &[u8]) -> Private {
+        if data.is_empty() {
+            return Private::default();
+        }
+        let slot = self.payloads.put(data.into());
+        Private {
+            start: slot as usize,
+            len: data.len(),
+        }
+    }
+
+    /// Frees the payload of data message `msg` when it goes without being delivered
+    /// (a duplicate shares the original's, and is never delivered).
+    fn discard_payload(&mut self, msg: &Message) {
+        if msg.kind == MsgKind::Data && !msg.copy {
+            self.take_payload(msg.private);
+        }
+    }
+
+    /// Takes a payload out of the store.
+    fn take_payload(&mut self, payload: Private) -> Option<Box<[u8]>> {
+        if payload.len == 0 {
+            return None;
+        }
+        self.payloads.take(payload.start as u32)
+    }
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -328,6 +358,11 @@ pub(crate) struct Fabric {
     wire: Slots<Message>,
     /// The private data the messages, events and ids refer to.
     privates: PrivateBytes,
+    /// The payloads of data messages on the wire or waiting in a completion queue (a
+    /// data message's `private` names its slot here when its length is not 0). Freed
+    /// once read, polled, or the message lost: unlike CM private data, every payload
+    /// differs, and a scale run sends millions.
+    payloads: Slots<Box<[u8]>>,
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
@@ -369,6 +404,7 @@ impl Fabric {
             queue: Schedule::default(),
             wire: Slots::default(),
             privates: PrivateBytes::default(),
+            payloads: Slots::default(),
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),

@@ -60,7 +60,10 @@ impl Fabric {
             Some(action) => {
                 self.record(|| TraceEvent::Fault { kind, conn, action });
                 match action {
-                    FaultAction::Drop => self.stats.dropped += 1,
+                    FaultAction::Drop => {
+                        self.stats.dropped += 1;
+                        self.discard_payload(&msg);
+                    }
                     FaultAction::Duplicate => {
                         self.stats.duplicated += 1;
                         let mut copy = msg.clone();
@@ -292,6 +295,7 @@ impl Fabric {
 
     pub(super) fn ignore(&mut self, msg: &Message, reason: &'static str) {
         self.stats.ignored += 1;
+        self.discard_payload(msg);
         let (kind, conn) = (msg.kind, msg.conn);
         self.record(|| TraceEvent::Ignored { kind, conn, reason });
     }
