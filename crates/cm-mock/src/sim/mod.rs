@@ -534,6 +534,12 @@ impl SimCmEvent {
         })
     }
 
+    /// The context its id's owner kept with it ([`SimCmId::set_context`]) when the
+    /// event was read.
+    pub fn context(&self) -> Option<u32> {
+        self.read.context
+    }
+
     /// The connection the event's id belongs to.
     pub fn conn(&self) -> Option<ConnId> {
         self.fabric.lock().id_conn(self.read.id)
@@ -709,6 +715,13 @@ impl SimCmId {
     /// Posts one SEND of `len` bytes on the id's QP (must be in RTS).
     pub fn post_send(&self, len: u32) -> Result<(), CmError> {
         self.with(|f| f.post_send(self.key, len))
+    }
+
+    /// Keeps `context` with the id (rdma_cm's `id->context`; `u32::MAX` is refused),
+    /// given back with each of its events ([`SimCmEvent::context`]); whether it was kept
+    /// (the id is alive).
+    pub fn set_context(&self, context: u32) -> bool {
+        self.fabric.lock().set_context(self.key, context)
     }
 
     /// Posts one SEND carrying `data` on the id's QP (must be in RTS); the receiver's

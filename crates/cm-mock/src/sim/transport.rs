@@ -496,6 +496,14 @@ impl Transport for SimTransport {
         event.listen_id()
     }
 
+    fn set_id_context(&mut self, id: &SimCmId, context: u32) -> bool {
+        id.set_context(context)
+    }
+
+    fn event_context(&self, event: &SimCmEvent) -> Option<u32> {
+        event.context()
+    }
+
     fn bind(&mut self, id: &SimCmId, addr: SimAddr) -> Result<(), CmError> {
         if addr.node != self.node.id() {
             return Err(CmError::Os {

@@ -237,7 +237,12 @@ impl<T: Transport> Endpoint<T> {
         let Some(id) = self.transport.event_id(&event) else {
             return;
         };
-        let owner = self.by_id.get(&self.transport.id_key(&id)).copied();
+        // A connection's id carries its slot where the transport keeps a context;
+        // listeners, and connections on a transport that keeps none, are indexed.
+        let owner = match self.transport.event_context(&event) {
+            Some(index) => self.conn_with_id(index, &id).map(Owner::Conn),
+            None => self.by_id.get(&self.transport.id_key(&id)).copied(),
+        };
         match owner {
             Some(Owner::Listener(listener)) => self.on_listener_event(listener, kind),
             Some(Owner::Conn(conn)) => self.on_conn_event(conn, &event),

@@ -272,9 +272,27 @@ impl<T: Transport> Endpoint<T> {
         let slot = &mut self.slots[index];
         slot.entry = Some(Entry::Live(conn));
         self.live_conns += 1;
-        let id = ConnectionId::new(index as u32, slot.generation);
-        self.by_id.insert(key, Owner::Conn(id));
-        id
+        let conn = ConnectionId::new(index as u32, slot.generation);
+        let kept = match &slot.entry {
+            Some(Entry::Live(c)) => self.transport.set_id_context(&c.id, index as u32),
+            _ => false,
+        };
+        if !kept {
+            self.by_id.insert(key, Owner::Conn(conn));
+        }
+        conn
+    }
+
+    /// The live connection in slot `index`, if its id is `id` (the id's context named
+    /// the slot: the connection may have gone since).
+    pub(super) fn conn_with_id(&self, index: u32, id: &T::Id) -> Option<ConnectionId> {
+        let slot = self.slots.get(index as usize)?;
+        match &slot.entry {
+            Some(Entry::Live(c)) if self.transport.id_key(&c.id) == self.transport.id_key(id) => {
+                Some(ConnectionId::new(index, slot.generation))
+            }
+            _ => None,
+        }
     }
 
     fn entry(&self, conn: ConnectionId) -> Option<&Entry<T>> {

@@ -492,6 +492,17 @@ impl Fabric {
         result
     }
 
+    /// Keeps `context` with id `key` (never `u32::MAX`); whether the id is alive.
+    pub(crate) fn set_context(&mut self, key: SimIdKey, context: u32) -> bool {
+        match self.id_mut(key) {
+            Some(id) if context != u32::MAX => {
+                id.context = context;
+                true
+            }
+            _ => false,
+        }
+    }
+
     // ----- event channels ----------------------------------------------------------
 
     pub(crate) fn next_event(&mut self, channel: usize) -> Option<ReadEvent> {
@@ -508,6 +519,7 @@ impl Fabric {
             let id = self.id_mut(queued.id)?;
             id.unacked += 1;
             let qp = id.qp;
+            let context = (id.context != u32::MAX).then_some(id.context);
             self.stats.events_delivered += 1;
             return Some(ReadEvent {
                 id: queued.id,
@@ -516,6 +528,7 @@ impl Fabric {
                 status,
                 qp,
                 private: self.privates.get(private).into(),
+                context,
             });
         }
     }

@@ -42,11 +42,12 @@ const EADDRINUSE: i32 = 98;
 
 /// Private data of a CM message, queued event or id: a handle into the fabric's
 /// [`PrivateBytes`]. Copying it is free and it owns no heap memory, so sending a REQ
-/// allocates nothing and the id and message tables need no drop pass.
+/// allocates nothing and the id and message tables need no drop pass. Eight bytes: an
+/// id holds two.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Private {
-    start: usize,
-    len: usize,
+    start: u32,
+    len: u32,
 }
 
 /// The bytes of every private data the fabric was handed (`connect`, `accept`,
@@ -66,16 +67,18 @@ impl PrivateBytes {
         if self.get(self.last) == data {
             return self.last;
         }
+        // Only distinct CM private data is kept (at most 196 bytes a call).
         self.last = Private {
-            start: self.bytes.len(),
-            len: data.len(),
+            start: u32::try_from(self.bytes.len()).expect("less than 4 GiB of private data"),
+            len: data.len() as u32,
         };
         self.bytes.extend_from_slice(data);
         self.last
     }
 
     fn get(&self, private: Private) -> &[u8] {
-        &self.bytes[private.start..private.start + private.len]
+        let start = private.start as usize;
+        &self.bytes[start..start + private.len as usize]
     }
 }
 
@@ -87,8 +90,9 @@ impl Fabric {
         }
         let slot = self.payloads.put(data.into());
         Private {
-            start: slot as usize,
-            len: data.len(),
+            start: slot,
+            // The caller checked that it fits.
+            len: data.len() as u32,
         }
     }
 
@@ -105,7 +109,7 @@ impl Fabric {
         if payload.len == 0 {
             return None;
         }
-        self.payloads.take(payload.start as u32)
+        self.payloads.take(payload.start)
     }
 }
 
@@ -140,7 +144,7 @@ pub(crate) struct Message {
 
 // A message in flight is one cache line, an id slot two: checked when compiling.
 const _: () = assert!(std::mem::size_of::<Message>() == 64);
-const _: () = assert!(std::mem::size_of::<IdSlot>() == 128);
+const _: () = assert!(std::mem::size_of::<IdSlot>() <= 128);
 
 impl Message {
     fn new(kind: MsgKind, conn: Option<ConnId>, from: NodeId, to: NodeId) -> Self {
@@ -206,6 +210,8 @@ pub(crate) struct ReadEvent {
     pub(crate) status: i32,
     pub(crate) qp: Option<QpNum>,
     pub(crate) private: Box<[u8]>,
+    /// What the id's owner keeps with it (`set_context`), if anything.
+    pub(crate) context: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -251,14 +257,10 @@ struct Qp {
     alive: bool,
 }
 
-/// One CM id: the rdma_cm id and its IB CM id together.
-///
-/// Laid out in order (`repr(C)`): the fields that nearly every event reads or writes
-/// come first and, with the slot's generation, fill the slot's first cache line; the
-/// ones only a few calls need (addresses, private data, retry count) follow on the
-/// second. A run that outgrows the caches then pulls in one line per id per event.
+/// One CM id: the rdma_cm id and its IB CM id together. Compact (a scale run holds two
+/// per connection): the fields are laid out by the compiler, and the slot is not
+/// padded to cache lines.
 #[derive(Debug)]
-#[repr(C)]
 struct IdData {
     node: NodeId,
     /// The channel's index (`u32`: ids are many, channels few).
@@ -267,6 +269,8 @@ struct IdData {
     unacked: u32,
     /// Bumped to cancel the pending timer.
     timer_gen: u32,
+    /// What the id's owner keeps with it (rdma_cm's `id->context`; `u32::MAX`: none).
+    context: u32,
     conn: MaybeConn,
     qp: Option<QpNum>,
     /// The peer id, once known.
@@ -333,10 +337,8 @@ impl MaybeKey {
     }
 }
 
-/// A slot of the id table: two cache lines, aligned so the hot half of [`IdData`] is
-/// exactly one.
+/// A slot of the id table.
 #[derive(Debug, Default)]
-#[repr(C, align(64))]
 struct IdSlot {
     generation: u32,
     data: Option<IdData>,
@@ -586,6 +588,7 @@ impl Fabric {
             remote: None,
             remote_qp: None,
             timer_gen: 0,
+            context: u32::MAX,
             retrying: None,
             retries_left: 0,
             mra_timeout: false,
