@@ -117,14 +117,10 @@ pub struct ConnRecord {
     /// When it is given up if nothing happens (set once established), in nanoseconds
     /// (`u64::MAX`: not set).
     idle_deadline: u64,
-    /// How it ended: the two usual reasons inline, any other boxed.
+    /// How it ended: the two usual reasons here, any other in `rare`.
     closed: Closed,
-    /// Why it failed, one line.
-    failure: Option<Box<str>>,
-    /// Echoes waiting for a free send buffer.
-    // Boxed: eight bytes on every record for a queue that is nearly always absent.
-    #[allow(clippy::box_collection)]
-    pending: Option<Box<VecDeque<Vec<u8>>>>,
+    /// What few connections have: a failure, an unusual close, echoes waiting.
+    rare: Option<Box<Rare>>,
     /// Whether its exchange completed.
     exchanged: bool,
     /// Whether it has its entry in the session's idle heap.
@@ -132,23 +128,25 @@ pub struct ConnRecord {
     disconnect_called: bool,
 }
 
-/// How a connection ended, in eight bytes: nearly all end disconnected or timed out.
-#[derive(Debug, Clone, PartialEq)]
+/// How a connection ended, in a byte: nearly all end disconnected or timed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Closed {
     Open,
     Disconnected,
     TimedOut,
-    Other(Box<CloseReason>),
+    /// The reason is in [`Rare::closed`].
+    Other,
 }
 
-impl Closed {
-    fn of(reason: CloseReason) -> Self {
-        match reason {
-            CloseReason::Disconnected => Closed::Disconnected,
-            CloseReason::TimedOut => Closed::TimedOut,
-            other => Closed::Other(Box::new(other)),
-        }
-    }
+/// The part of a [`ConnRecord`] few connections need.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Rare {
+    /// Why it failed, one line.
+    failure: Option<String>,
+    /// How it ended, for a reason other than the usual two.
+    closed: Option<CloseReason>,
+    /// Echoes waiting for a free send buffer.
+    pending: VecDeque<Vec<u8>>,
 }
 
 /// An unset instant or duration of a [`ConnRecord`].
@@ -175,8 +173,7 @@ impl ConnRecord {
             exchange_start: UNSET,
             idle_deadline: UNSET,
             closed: Closed::Open,
-            failure: None,
-            pending: None,
+            rare: None,
             exchanged: false,
             idle_queued: false,
             disconnect_called: false,
@@ -191,17 +188,17 @@ impl ConnRecord {
     /// How it ended, once it did (for a connection this side closed: the reason it
     /// closed it with).
     pub fn closed(&self) -> Option<CloseReason> {
-        match &self.closed {
+        match self.closed {
             Closed::Open => None,
             Closed::Disconnected => Some(CloseReason::Disconnected),
             Closed::TimedOut => Some(CloseReason::TimedOut),
-            Closed::Other(reason) => Some((**reason).clone()),
+            Closed::Other => self.rare.as_ref().and_then(|r| r.closed.clone()),
         }
     }
 
     /// Why it failed, one line.
     pub fn failure(&self) -> Option<&str> {
-        self.failure.as_deref()
+        self.rare.as_ref()?.failure.as_deref()
     }
 
     /// How long its [`Step::Established`] took (from the return of the connect or
@@ -216,15 +213,15 @@ impl ConnRecord {
     }
 
     fn set_failure(&mut self, why: String) {
-        self.failure = Some(why.into_boxed_str());
+        self.rare.get_or_insert_default().failure = Some(why);
     }
 
     fn pending_is_empty(&self) -> bool {
-        self.pending.as_ref().is_none_or(|p| p.is_empty())
+        self.rare.as_ref().is_none_or(|r| r.pending.is_empty())
     }
 
     fn queue_echo(&mut self, data: Vec<u8>) {
-        self.pending.get_or_insert_default().push_back(data);
+        self.rare.get_or_insert_default().pending.push_back(data);
     }
 }
 
@@ -746,11 +743,15 @@ impl<T: Transport> Session<T> {
         let Some(handle) = self.conns[index].handle else {
             return;
         };
-        while let Some(data) = self.conns[index].pending.as_ref().and_then(|p| p.front()) {
+        while let Some(data) = self.conns[index]
+            .rare
+            .as_ref()
+            .and_then(|r| r.pending.front())
+        {
             match self.endpoint.send(handle, data) {
                 Ok(()) => {
                     let conn = &mut self.conns[index];
-                    conn.pending.as_mut().and_then(|p| p.pop_front());
+                    conn.rare.as_mut().and_then(|r| r.pending.pop_front());
                     conn.sends_posted += 1;
                 }
                 // A later Sent frees a buffer; a connection closed meanwhile has its
@@ -760,7 +761,12 @@ impl<T: Transport> Session<T> {
             }
         }
         // Drained: its memory goes too (a run may hold a million records).
-        self.conns[index].pending = None;
+        if let Some(rare) = &mut self.conns[index].rare {
+            rare.pending = VecDeque::new();
+            if rare.failure.is_none() && rare.closed.is_none() {
+                self.conns[index].rare = None;
+            }
+        }
     }
 
     /// Notes the end of the exchange (this side's messages sent and as many received)
@@ -851,7 +857,7 @@ impl<T: Transport> Session<T> {
             self.abort(format!("the RDMA device under {addr} {what}"));
         }
         let conn = &mut self.conns[index];
-        if conn.failure.is_none() {
+        if conn.failure().is_none() {
             let why = match &reason {
                 CloseReason::Disconnected if conn.established.is_none() => {
                     Some("disconnected before it was established".into())
@@ -865,7 +871,7 @@ impl<T: Transport> Session<T> {
         }
         self.close(index, reason);
         let conn = &self.conns[index];
-        if conn.established.is_some() && conn.failure.is_none() && !self.exchanged(conn) {
+        if conn.established.is_some() && conn.failure().is_none() && !self.exchanged(conn) {
             let messages = self.plan.messages;
             let why = format!(
                 "connection {index}: disconnected before the exchange completed (sent {}/{messages}, received {}/{messages})",
@@ -884,7 +890,14 @@ impl<T: Transport> Session<T> {
         if conn.established.is_none() {
             self.settled += 1;
         }
-        conn.closed = Closed::of(reason);
+        conn.closed = match reason {
+            CloseReason::Disconnected => Closed::Disconnected,
+            CloseReason::TimedOut => Closed::TimedOut,
+            other => {
+                conn.rare.get_or_insert_default().closed = Some(other);
+                Closed::Other
+            }
+        };
         self.closed += 1;
     }
 
@@ -957,7 +970,7 @@ impl<T: Transport> Session<T> {
     /// Fails the connection and closes it (its Closed event is then ignored).
     fn give_up(&mut self, index: usize, why: String) {
         let conn = &mut self.conns[index];
-        if conn.failure.is_none() {
+        if conn.failure().is_none() {
             conn.set_failure(format!("connection {index}: {why}"));
         }
         if conn.is_done() {

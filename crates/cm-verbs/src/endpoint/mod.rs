@@ -148,47 +148,79 @@ impl Nanos {
 }
 
 /// A connection's received messages, with the receive slot each used: nothing at all
-/// (eight bytes) while there is none, which is nearly always.
+/// (eight bytes) while there is none, which is nearly always, and one allocation for
+/// the usual one message.
 #[derive(Debug, Default)]
-// Boxed: eight bytes on every connection, where the queue itself would take 32.
-#[allow(clippy::box_collection)]
-struct Inbox(Option<Box<VecDeque<Received>>>);
+struct Inbox(Option<Box<Held>>);
 
 /// A received message and the receive slot it used.
 type Received = (u32, Vec<u8>);
 
+/// What an [`Inbox`] holds.
+#[derive(Debug)]
+enum Held {
+    One(Received),
+    Many(VecDeque<Received>),
+}
+
 impl Inbox {
     fn capacity(&self) -> usize {
-        self.0.as_ref().map_or(0, |q| q.capacity())
+        match self.0.as_deref() {
+            None => 0,
+            Some(Held::One(_)) => 1,
+            Some(Held::Many(q)) => q.capacity(),
+        }
     }
 
+    /// Room is made as messages come: one needs no queue.
     fn reserve_exact(&mut self, additional: usize) {
-        self.0
-            .get_or_insert_with(|| Box::new(VecDeque::with_capacity(additional)))
-            .reserve_exact(additional);
+        if let Some(Held::Many(q)) = self.0.as_deref_mut() {
+            q.reserve_exact(additional);
+        }
     }
 
     fn push_back(&mut self, message: Received) {
-        self.0.get_or_insert_default().push_back(message);
+        match self.0.take().map(|held| *held) {
+            None => self.0 = Some(Box::new(Held::One(message))),
+            Some(Held::One(first)) => {
+                self.0 = Some(Box::new(Held::Many(VecDeque::from([first, message]))));
+            }
+            Some(Held::Many(mut q)) => {
+                q.push_back(message);
+                self.0 = Some(Box::new(Held::Many(q)));
+            }
+        }
     }
 
     fn pop_front(&mut self) -> Option<Received> {
-        self.0.as_mut()?.pop_front()
+        match self.0.as_deref_mut()? {
+            Held::Many(q) => q.pop_front(),
+            Held::One(_) => match self.0.take().map(|held| *held) {
+                Some(Held::One(message)) => Some(message),
+                _ => None,
+            },
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.0.as_ref().is_none_or(|q| q.is_empty())
+        self.len() == 0
     }
 
     fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |q| q.len())
+        match self.0.as_deref() {
+            None => 0,
+            Some(Held::One(_)) => 1,
+            Some(Held::Many(q)) => q.len(),
+        }
     }
 
     /// The messages, oldest first, without their slots.
     fn into_messages(self) -> VecDeque<Vec<u8>> {
-        self.0
-            .map(|q| q.into_iter().map(|(_, data)| data).collect())
-            .unwrap_or_default()
+        match self.0.map(|held| *held) {
+            None => VecDeque::new(),
+            Some(Held::One((_, data))) => VecDeque::from([data]),
+            Some(Held::Many(q)) => q.into_iter().map(|(_, data)| data).collect(),
+        }
     }
 }
 
@@ -1144,6 +1176,17 @@ mod tests {
         assert_eq!(inbox.len(), 2);
         assert_eq!(inbox.pop_front(), Some((3, vec![1])));
         assert_eq!(inbox.into_messages(), [vec![2]]);
+        let mut inbox = Inbox::default();
+        for slot in 0..3 {
+            inbox.push_back((slot, vec![slot as u8]));
+        }
+        assert_eq!((inbox.len(), inbox.pop_front()), (3, Some((0, vec![0]))));
+        inbox.push_back((3, vec![3]));
+        assert_eq!(inbox.into_messages(), [vec![1], vec![2], vec![3]]);
+        let mut one = Inbox::default();
+        one.push_back((5, vec![5]));
+        assert_eq!((one.capacity(), one.pop_front()), (1, Some((5, vec![5]))));
+        assert!(one.is_empty() && one.pop_front().is_none());
         let mut private = Private::new(PrivateData::from(&b"hi"[..]));
         assert_eq!(private.get().as_bytes(), b"hi");
         assert_eq!(private.take().as_bytes(), b"hi");
