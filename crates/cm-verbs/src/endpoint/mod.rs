@@ -430,7 +430,8 @@ pub struct Endpoint<T: Transport> {
     by_id: FxHashMap<usize, Owner>,
     /// Each QP's connection, by slot: an entry goes with its connection, so the slot's
     /// generation completes the handle (half the size of keeping handles).
-    by_qp: FxHashMap<QpNum, u32>,
+    /// Indexed directly by QP number, as the pump's table.
+    by_qp: crate::qp_table::QpTable<u32>,
     /// Connections (each at most once) and endpoint-wide events with something to
     /// report, oldest first.
     ready: VecDeque<Ready>,
@@ -520,7 +521,7 @@ impl<T: Transport> Endpoint<T> {
             slots: slots::Slots::new(),
             free_slots: Vec::new(),
             by_id: FxHashMap::default(),
-            by_qp: FxHashMap::default(),
+            by_qp: crate::qp_table::QpTable::with_capacity(0),
             ready: VecDeque::new(),
             endpoint_events: VecDeque::new(),
             listener_closed_pending: 0,

@@ -220,11 +220,10 @@ impl<T: Transport> Endpoint<T> {
             self.device_unuse(key);
         }
         if let Some(qp) = entry.qp {
-            self.by_qp.remove(&qp);
+            self.by_qp.remove(qp);
             drop(self.pump.unregister(qp));
         }
         shrink(&mut self.by_id);
-        shrink(&mut self.by_qp);
         Some(entry)
     }
 
@@ -255,7 +254,7 @@ impl<T: Transport> Endpoint<T> {
 
     /// The connection that owns `qp`.
     pub(super) fn conn_of_qp(&self, qp: QpNum) -> Option<ConnectionId> {
-        let index = *self.by_qp.get(&qp)?;
+        let index = *self.by_qp.get(qp)?;
         let slot = self.slots.get(index as usize)?;
         Some(ConnectionId::new(index, slot.generation))
     }
