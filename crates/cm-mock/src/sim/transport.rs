@@ -265,6 +265,9 @@ pub struct SimTransport {
     tokens: VecDeque<u64>,
     qp_hint: Option<QpHint>,
     on_step: Option<Box<dyn FnMut() + Send>>,
+    /// The device's arrival counter when its completions were last collected
+    /// (`u64::MAX`: never): while it stays there, none came since.
+    collected_at: u64,
 }
 
 impl fmt::Debug for SimTransport {
@@ -298,6 +301,7 @@ impl SimTransport {
             tokens: VecDeque::new(),
             qp_hint: None,
             on_step: None,
+            collected_at: u64::MAX,
         }
     }
 
@@ -584,7 +588,11 @@ impl Transport for SimTransport {
     }
 
     fn next_cq_event(&mut self, _device: &mut SimDeviceReader) -> Result<Option<u64>, CmError> {
-        self.collect_completions(|_| ());
+        let mark = self.device.arrivals();
+        if mark != self.collected_at {
+            self.collect_completions(|_| ());
+            self.collected_at = mark;
+        }
         Ok(self.tokens.pop_front())
     }
 

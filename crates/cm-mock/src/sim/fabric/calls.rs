@@ -65,6 +65,7 @@ impl Fabric {
     pub(crate) fn raise_async_event(&mut self, node: NodeId, event: AsyncEvent) {
         if let Some(n) = self.nodes.get_mut(node.0 as usize) {
             n.async_events.push_back(event);
+            self.arrivals.bump_node(node);
             self.record(|| TraceEvent::AsyncEvent { node, event });
         }
     }
@@ -409,6 +410,7 @@ impl Fabric {
         }
         let closed = &mut self.channels[channel];
         closed.closed = true;
+        self.arrivals.bump_channel(channel);
         self.stats.events_discarded += closed.queue.len() as u64;
         closed.queue.clear();
         Ok(())
@@ -438,6 +440,7 @@ impl Fabric {
                 queue.into_iter().partition(|e| e.id == key);
             self.channels[old].queue = staying;
             self.channels[channel].queue.extend(moving);
+            self.arrivals.bump_channel(channel);
         }
         Ok(())
     }

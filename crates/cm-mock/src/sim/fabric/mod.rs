@@ -10,6 +10,8 @@
 //! inspection).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cm_core::kernel_model::LapState;
@@ -350,9 +352,53 @@ struct ConnRecord {
     sent: [u32; 8],
 }
 
+/// Arrival counters: each counts what came to a channel (CM events, its close) or to
+/// a node's device (asynchronous events, receive completions), bumped under the lock and
+/// read without it, so that a reader that found its queue empty looks again only once
+/// something came. Channels and nodes share the counters by index (modulo their half):
+/// two that share one only look more often.
+#[derive(Debug)]
+pub(crate) struct Arrivals([AtomicU64; 2 * Arrivals::HALF]);
+
+impl Default for Arrivals {
+    fn default() -> Self {
+        Arrivals(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Arrivals {
+    const HALF: usize = 32;
+
+    /// The counter of `channel`.
+    pub(crate) fn channel(&self, channel: usize) -> u64 {
+        self.0[channel % Self::HALF].load(Ordering::Acquire)
+    }
+
+    /// The counter of `node`'s device.
+    pub(crate) fn node(&self, node: NodeId) -> u64 {
+        self.0[Self::HALF + node.0 as usize % Self::HALF].load(Ordering::Acquire)
+    }
+
+    /// Called under the fabric's lock (no two bumps race).
+    fn bump(&self, index: usize) {
+        let counter = &self.0[index];
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
+    fn bump_channel(&self, channel: usize) {
+        self.bump(channel % Self::HALF);
+    }
+
+    fn bump_node(&self, node: NodeId) {
+        self.bump(Self::HALF + node.0 as usize % Self::HALF);
+    }
+}
+
 /// The whole simulated fabric.
 #[derive(Debug)]
 pub(crate) struct Fabric {
+    /// Shared with the handles, which read it without the lock.
+    pub(crate) arrivals: Arc<Arrivals>,
     pub(crate) config: SimConfig,
     now: u64,
     queue: Schedule<Action>,
@@ -401,6 +447,7 @@ impl Fabric {
     pub(crate) fn new(config: SimConfig, seed: u64) -> Self {
         let trace = config.trace.then(Trace::default);
         Fabric {
+            arrivals: Arc::default(),
             config,
             now: 0,
             queue: Schedule::default(),
@@ -658,6 +705,7 @@ impl Fabric {
     ) {
         let Some(id) = self.id(key) else { return };
         let (channel, conn) = (id.channel as usize, id.conn.get());
+        self.arrivals.bump_channel(channel);
         self.channels[channel].queue.push_back(QueuedEvent {
             id: key,
             listen_id,

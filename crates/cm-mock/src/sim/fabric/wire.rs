@@ -471,6 +471,7 @@ impl Fabric {
         self.nodes[node.0 as usize]
             .completions
             .push_back((completion, msg.private));
+        self.arrivals.bump_node(node);
         self.stats.recv_completions += 1;
         let qpn = msg.qp;
         self.record(|| TraceEvent::RecvCompletion { node, qp: qpn });
@@ -481,6 +482,7 @@ impl Fabric {
         if first && cm_waiting && self.config.comm_est {
             let event = AsyncEvent::qp(AsyncEventType::CommEst, msg.qp);
             self.nodes[node.0 as usize].async_events.push_back(event);
+            self.arrivals.bump_node(node);
             self.stats.comm_est_raised += 1;
             self.record(|| TraceEvent::AsyncEvent { node, event });
         }
