@@ -149,7 +149,7 @@ impl Nanos {
 
 /// A connection's received messages, with the receive slot each used: nothing at all
 /// (eight bytes) while there is none, which is nearly always, and one allocation for
-/// the usual one message.
+/// the usual one message. The box is there only while it holds a message.
 #[derive(Debug, Default)]
 struct Inbox(Option<Box<Held>>);
 
@@ -193,17 +193,22 @@ impl Inbox {
     }
 
     fn pop_front(&mut self) -> Option<Received> {
-        match self.0.as_deref_mut()? {
+        let message = match self.0.as_deref_mut()? {
             Held::Many(q) => q.pop_front(),
             Held::One(_) => match self.0.take().map(|held| *held) {
                 Some(Held::One(message)) => Some(message),
                 _ => None,
             },
+        };
+        if matches!(self.0.as_deref(), Some(Held::Many(q)) if q.is_empty()) {
+            self.0 = None;
         }
+        message
     }
 
+    /// Without reading the box: it is there only while it holds a message.
     fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.is_none()
     }
 
     fn len(&self) -> usize {

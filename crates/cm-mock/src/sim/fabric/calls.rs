@@ -50,7 +50,12 @@ impl Fabric {
             .completions
             .pop_front()?;
         if let Some(bytes) = self.take_payload(payload) {
-            out.extend_from_slice(&bytes);
+            if out.is_empty() {
+                // The payload's own memory, not a copy of it.
+                *out = bytes.into_vec();
+            } else {
+                out.extend_from_slice(&bytes);
+            }
         }
         Some(completion)
     }
