@@ -58,8 +58,8 @@ impl Step {
 }
 
 /// When one step of one connection started and ended, on the endpoint's clock (time
-/// since the transport was created). Compact (two nanosecond counts): a run keeps one
-/// per step of every connection, a million connections included.
+/// since the transport was created). Compact (two nanosecond counts). A run sums each
+/// step up over its connections ([`StepTotals`]) and keeps the spans of its first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     start: u64,

@@ -432,6 +432,8 @@ pub struct Endpoint<T: Transport> {
     listener_generations: Vec<u32>,
     slots: slots::Slots<Slot<T>>,
     free_slots: Vec<u32>,
+    /// Listeners by id key, and connections too on a transport that keeps no id context
+    /// (elsewhere a connection's id carries its slot).
     by_id: FxHashMap<usize, Owner>,
     /// Each QP's connection, by slot: an entry goes with its connection, so the slot's
     /// generation completes the handle (half the size of keeping handles).
