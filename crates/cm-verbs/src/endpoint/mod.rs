@@ -139,7 +139,8 @@ impl Nanos {
     const NONE: Nanos = Nanos(u64::MAX);
 
     fn new(at: Option<Duration>) -> Self {
-        at.map_or(Nanos::NONE, |at| Nanos(nanos(at)))
+        // A time is never taken for none, however far.
+        at.map_or(Nanos::NONE, |at| Nanos(nanos(at).min(u64::MAX - 1)))
     }
 
     fn get(self) -> Option<Duration> {
@@ -1176,6 +1177,7 @@ mod tests {
         assert_eq!(Nanos::new(None).get(), None);
         let at = Some(Duration::new(5, 17));
         assert_eq!(Nanos::new(at).get(), at);
+        assert!(Nanos::new(Some(Duration::MAX)).get().is_some());
         let mut inbox = Inbox::default();
         assert!(inbox.is_empty() && inbox.capacity() == 0);
         inbox.reserve_exact(1);
