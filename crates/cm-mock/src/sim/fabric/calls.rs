@@ -11,8 +11,8 @@ use cm_core::{
 };
 
 use super::{
-    gone, nanos, os, Action, ConnRecord, Fabric, MaybeConn, MaybeKey, Message, Private, Qp,
-    QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED,
+    gone, nanos, os, Action, ConnRecord, Fabric, MaybeConn, MaybeKey, MaybeQp, Message, Private,
+    Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED,
     REJ_TIMEOUT,
 };
 use crate::sim::types::{ConnId, DeviceKind, MsgKind, NodeId, RecvCompletion, SimIdKey};
@@ -82,7 +82,7 @@ impl Fabric {
         if !id.device {
             return Err(os(OP, errno::EINVAL));
         }
-        if id.qp.is_some() {
+        if id.qp.get().is_some() {
             return Err(os(OP, errno::EBUSY));
         }
         let node = id.node;
@@ -93,12 +93,12 @@ impl Fabric {
             *budget -= 1;
         }
         let id = self.live(key, OP)?;
-        id.qp = Some(qpn);
+        id.qp = MaybeQp::new(Some(qpn));
         self.qps.push(Qp {
             node,
             owner: key,
             state: QpState::Init,
-            peer: None,
+            peer: MaybeQp::NONE,
             got_first_packet: false,
             alive: true,
         });
@@ -131,12 +131,12 @@ impl Fabric {
         const OP: &str = "ibv_post_send";
         let id = self.live(key, OP)?;
         let (conn, node) = (id.conn.get(), id.node);
-        let qpn = id.qp.ok_or(os(OP, errno::EINVAL))?;
+        let qpn = id.qp.get().ok_or(os(OP, errno::EINVAL))?;
         let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
         if !qp.alive || qp.state != QpState::Rts {
             return Err(os(OP, errno::EINVAL));
         }
-        let peer = qp.peer.ok_or(os(OP, errno::EINVAL))?;
+        let peer = qp.peer.get().ok_or(os(OP, errno::EINVAL))?;
         let to = self.qp(peer).map_or(node, |q| q.node);
         let mut msg = Message::new(MsgKind::Data, conn, node, to);
         msg.qp = peer;
@@ -147,7 +147,7 @@ impl Fabric {
     }
 
     pub(crate) fn qp_state(&self, key: SimIdKey) -> Option<QpState> {
-        let qp = self.id(key)?.qp?;
+        let qp = self.id(key)?.qp.get()?;
         self.qp(qp).filter(|q| q.alive).map(|q| q.state)
     }
 
@@ -227,7 +227,7 @@ impl Fabric {
         if id.cm_state != CmIdState::RouteResolved {
             return Err(os(OP, errno::EINVAL));
         }
-        if id.qp.is_none() {
+        if id.qp.get().is_none() {
             return Err(CmError::InvalidArgument {
                 op: OP,
                 reason: "the simulated fabric needs a QP before connect (rdma_create_qp)",
@@ -250,15 +250,15 @@ impl Fabric {
         if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
             return Err(os(OP, errno::EINVAL));
         }
-        let qp = id.qp.ok_or(CmError::InvalidArgument {
+        let qp = id.qp.get().ok_or(CmError::InvalidArgument {
             op: OP,
             reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
         })?;
         id.private = private;
-        let peer = id.remote_qp;
+        let peer = id.remote_qp.get();
         // librdmacm moves the QP to RTR and RTS before it sends the REP.
         if let Some(q) = self.qp_mut(qp) {
-            q.peer = peer;
+            q.peer = MaybeQp::new(peer);
             q.state = QpState::Rts;
         }
         self.set_ib(key, IbCmState::RepSent);
@@ -286,7 +286,7 @@ impl Fabric {
     pub(crate) fn disconnect(&mut self, key: SimIdKey) -> Result<(), CmError> {
         const OP: &str = "rdma_disconnect";
         let id = self.live(key, OP)?;
-        let (ib, qp) = (id.ib, id.qp);
+        let (ib, qp) = (id.ib, id.qp.get());
         if ib.is_none() {
             return Err(os(OP, errno::EINVAL));
         }
@@ -318,7 +318,7 @@ impl Fabric {
                 unacked: id.unacked as usize,
             });
         }
-        let (ib, qp, node, port) = (id.ib, id.qp, id.node, id.port);
+        let (ib, qp, node, port) = (id.ib, id.qp.get(), id.node, id.port);
         let from_req = id.remote.filter(|_| id.from_req);
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;
@@ -526,7 +526,7 @@ impl Fabric {
             };
             let id = self.id_mut(queued.id)?;
             id.unacked += 1;
-            let qp = id.qp;
+            let qp = id.qp.get();
             let context = (id.context != u32::MAX).then_some(id.context);
             self.stats.events_delivered += 1;
             return Some(ReadEvent {
@@ -563,9 +563,9 @@ impl Fabric {
             );
         }
         let private = std::mem::take(&mut id.peer_private);
-        let (qp, peer) = (id.qp, id.remote_qp);
+        let (qp, peer) = (id.qp.get(), id.remote_qp.get());
         if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
-            q.peer = peer;
+            q.peer = MaybeQp::new(peer);
             q.state = QpState::Rts;
         }
         self.send_to_peer(key, MsgKind::Rtu, 0);
@@ -621,7 +621,7 @@ impl Fabric {
     }
 
     pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {
-        self.id(key)?.qp
+        self.id(key)?.qp.get()
     }
 
     /// How many ids were destroyed so far: an id's QP number stays what it was read as

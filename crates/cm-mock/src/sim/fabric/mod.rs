@@ -147,7 +147,7 @@ pub(crate) struct Message {
 // A message in flight is one cache line; an id slot (two per connection) stays well
 // under two: checked when compiling.
 const _: () = assert!(std::mem::size_of::<Message>() == 64);
-const _: () = assert!(std::mem::size_of::<IdSlot>() <= 112);
+const _: () = assert!(std::mem::size_of::<IdSlot>() <= 100);
 
 impl Message {
     fn new(kind: MsgKind, conn: Option<ConnId>, from: NodeId, to: NodeId) -> Self {
@@ -255,7 +255,7 @@ struct Qp {
     node: NodeId,
     owner: SimIdKey,
     state: QpState,
-    peer: Option<QpNum>,
+    peer: MaybeQp,
     got_first_packet: bool,
     alive: bool,
 }
@@ -275,7 +275,7 @@ struct IdData {
     /// What the id's owner keeps with it (rdma_cm's `id->context`; `u32::MAX`: none).
     context: u32,
     conn: MaybeConn,
-    qp: Option<QpNum>,
+    qp: MaybeQp,
     /// The peer id, once known.
     remote: Option<(NodeId, SimIdKey)>,
     cm_state: CmIdState,
@@ -296,7 +296,7 @@ struct IdData {
     port: u16,
     /// Where `resolve_addr` points.
     dst: Option<(NodeId, u16)>,
-    remote_qp: Option<QpNum>,
+    remote_qp: MaybeQp,
     /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
     /// active side once the REP arrived.
     private: Private,
@@ -317,6 +317,23 @@ impl MaybeConn {
 
     fn get(self) -> Option<ConnId> {
         (self != MaybeConn::NONE).then_some(ConnId(self.0))
+    }
+}
+
+/// An optional QP number in four bytes (`u32::MAX`, never handed out, is none): half
+/// an `Option<QpNum>`, and every id and QP has one or two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MaybeQp(u32);
+
+impl MaybeQp {
+    pub(crate) const NONE: MaybeQp = MaybeQp(u32::MAX);
+
+    pub(crate) fn new(qp: Option<QpNum>) -> Self {
+        qp.map_or(MaybeQp::NONE, |q| MaybeQp(q.0))
+    }
+
+    pub(crate) fn get(self) -> Option<QpNum> {
+        (self != MaybeQp::NONE).then_some(QpNum(self.0))
     }
 }
 
@@ -628,12 +645,12 @@ impl Fabric {
             device: false,
             cm_state: CmIdState::Idle,
             ib: None,
-            qp: None,
+            qp: MaybeQp::NONE,
             conn: MaybeConn::NONE,
             port: 0,
             dst: None,
             remote: None,
-            remote_qp: None,
+            remote_qp: MaybeQp::NONE,
             timer_gen: 0,
             context: u32::MAX,
             retrying: None,

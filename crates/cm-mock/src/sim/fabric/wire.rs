@@ -9,8 +9,8 @@ use cm_core::kernel_model::LapState;
 use cm_core::{errno, AsyncEvent, AsyncEventType, CmEventType, CmIdState, IbCmState, QpNum};
 
 use super::{
-    nanos, Action, Fabric, MaybeConn, MaybeKey, Message, Private, QpState, QueuedKind, TraceEvent,
-    REJ_INVALID_SERVICE_ID, REJ_STALE_CONN,
+    nanos, Action, Fabric, MaybeConn, MaybeKey, MaybeQp, Message, Private, QpState, QueuedKind,
+    TraceEvent, REJ_INVALID_SERVICE_ID, REJ_STALE_CONN,
 };
 use crate::sim::types::{FaultAction, MsgKind, RecvCompletion, SimIdKey};
 
@@ -135,7 +135,7 @@ impl Fabric {
         let Some((to, port)) = id.dst else { return };
         let mut msg = Message::new(MsgKind::Req, id.conn.get(), id.node, to);
         msg.src = MaybeKey(key);
-        msg.qp = id.qp.unwrap_or(QpNum(0));
+        msg.qp = id.qp.get().unwrap_or(QpNum(0));
         msg.port = port;
         msg.private = id.private;
         msg.retransmit = retransmit;
@@ -147,7 +147,7 @@ impl Fabric {
             return;
         };
         let Some(id) = self.id(key) else { return };
-        msg.qp = id.qp.unwrap_or(QpNum(0));
+        msg.qp = id.qp.get().unwrap_or(QpNum(0));
         msg.private = id.private;
         msg.retransmit = retransmit;
         self.send(msg);
@@ -379,7 +379,7 @@ impl Fabric {
         } else {
             self.set_ib(key, S::Idle);
         }
-        let qp = self.id(key).and_then(|id| id.qp);
+        let qp = self.id(key).and_then(|id| id.qp.get());
         self.set_qp_state(qp, QpState::Error);
         let ev = QueuedKind::Event(CmEventType::Rejected);
         self.queue_cm_event(key, ev, msg.value, msg.private);
@@ -421,7 +421,7 @@ impl Fabric {
             id.conn = MaybeConn::new(msg.conn);
             id.port = msg.port;
             id.remote = Some((msg.from, src));
-            id.remote_qp = Some(msg.qp);
+            id.remote_qp = MaybeQp::new(Some(msg.qp));
             id.from_req = true;
         }
         self.remote_reqs.insert(msg.from, src, key);
@@ -437,7 +437,7 @@ impl Fabric {
         self.cancel_timer(key);
         if let Some(id) = self.id_mut(key) {
             id.remote = Some((msg.from, msg.src.get().unwrap_or(key)));
-            id.remote_qp = Some(msg.qp);
+            id.remote_qp = MaybeQp::new(Some(msg.qp));
             id.peer_private = msg.private;
         }
         self.set_ib(key, IbCmState::RepRcvd);
