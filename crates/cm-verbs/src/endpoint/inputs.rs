@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 
 use super::{
     failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, PASS_BATCH,
+    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, Via, PASS_BATCH,
     POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
@@ -71,8 +71,8 @@ impl<T: Transport> Endpoint<T> {
         };
         if let Some(conn) = self.conn_of_qp(qp) {
             if let Some(entry) = self.live_mut(conn) {
-                if entry.established.is_none() && entry.via.is_none() {
-                    entry.via = Some(via);
+                if entry.via == Via::None {
+                    entry.via = Via::Pending(via);
                 }
             }
         }
@@ -103,7 +103,9 @@ impl<T: Transport> Endpoint<T> {
                 break;
             };
             let id = match self.live(conn) {
-                Some(c) if c.state == ConnState::Accepted && c.via.is_none() => c.id.clone(),
+                Some(c) if c.state == ConnState::Accepted && !matches!(c.via, Via::Pending(_)) => {
+                    c.id.clone()
+                }
                 _ => continue,
             };
             self.awaiting.push_back(conn);
@@ -508,11 +510,14 @@ impl<T: Transport> Endpoint<T> {
         let Some(entry) = self.live_mut(conn) else {
             return;
         };
-        if entry.established.is_some() {
+        if entry.via.established().is_some() {
             return; // exactly once, whatever the CM says twice
         }
-        let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
-        entry.established = Some(via);
+        let via = match entry.via {
+            Via::Pending(via) => via,
+            _ => EstablishedVia::Handshake,
+        };
+        entry.via = Via::Established(via);
         entry.times.mark(Step::Established, now);
         entry.state = ConnState::Established;
         entry.deadline = Nanos::NONE;

@@ -112,9 +112,9 @@ struct Conn<T: Transport> {
     /// Sends posted and not yet completed.
     sends_in_flight: u32,
     deadline: Nanos,
-    /// What the notify path did before ESTABLISHED arrived.
-    via: Option<EstablishedVia>,
-    established: Option<EstablishedVia>,
+    /// What the notify path did before ESTABLISHED arrived, then how it was
+    /// established.
+    via: Via,
     /// Messages received and not yet taken, with the receive slot each one used. A
     /// slot's receive is posted again only when its message is taken, so this never
     /// holds more than the receive depth: a peer that sends faster than the
@@ -128,6 +128,27 @@ struct Conn<T: Transport> {
     /// (the REQ's on a passive side, the REP's on an active side) until reported.
     private: Private,
     times: Times,
+}
+
+/// How a connection is getting or got established, in one field (the size of one
+/// `Option<EstablishedVia>`): the second follows the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Nothing yet.
+    None,
+    /// The notify path's doing, before ESTABLISHED arrived.
+    Pending(EstablishedVia),
+    /// Established, and how.
+    Established(EstablishedVia),
+}
+
+impl Via {
+    fn established(self) -> Option<EstablishedVia> {
+        match self {
+            Via::Established(via) => Some(via),
+            _ => None,
+        }
+    }
 }
 
 /// An optional time or duration in eight bytes (nanoseconds; `u64::MAX` is none, later
@@ -265,8 +286,7 @@ impl<T: Transport> Conn<T> {
             send_next: 0,
             sends_in_flight: 0,
             deadline: Nanos::NONE,
-            via: None,
-            established: None,
+            via: Via::None,
             inbox: Inbox::default(),
             pending: Pending::default(),
             resolve_timeout: Nanos(0),
@@ -812,7 +832,7 @@ impl<T: Transport> Endpoint<T> {
             role: entry.role,
             state: entry.state,
             qp: entry.qp,
-            established: entry.established,
+            established: entry.via.established(),
             listener: entry.listener,
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),

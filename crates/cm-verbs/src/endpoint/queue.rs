@@ -244,7 +244,7 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Established {
                 conn,
                 role: entry.role,
-                via: entry.established.unwrap_or(EstablishedVia::Handshake),
+                via: entry.via.established().unwrap_or(EstablishedVia::Handshake),
                 private_data: entry.private.take(),
             });
         }
@@ -327,7 +327,7 @@ impl<T: Transport> Endpoint<T> {
         conn: ConnectionId,
     ) -> Option<Result<EstablishedVia, ConnError>> {
         if let Some(entry) = self.live_mut(conn) {
-            let via = entry.established?;
+            let via = entry.via.established()?;
             entry.pending.established = false;
             return Some(Ok(via));
         }

@@ -156,7 +156,7 @@ impl<T: Transport> Endpoint<T> {
             id,
             role,
             state,
-            established,
+            via,
             mut private,
             inbox,
             pending,
@@ -187,7 +187,7 @@ impl<T: Transport> Endpoint<T> {
         self.slots[conn.index()].entry = Some(Entry::Closed(ClosedConn {
             reason,
             role,
-            established,
+            established: via.established(),
             peer_private: private.take(),
             inbox,
             pending: Pending {
