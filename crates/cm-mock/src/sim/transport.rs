@@ -710,7 +710,14 @@ impl Transport for SimTransport {
             .and_then(|busy| busy.landed.remove(&u64::from(slot)))
             .unwrap_or_default();
         queues.settle(pool);
-        out.extend_from_slice(&data[..len.min(data.len())]);
+        if out.is_empty() {
+            // The landed payload's own memory, not a copy of it.
+            let mut data = data;
+            data.truncate(len);
+            *out = data;
+        } else {
+            out.extend_from_slice(&data[..len.min(data.len())]);
+        }
         // A length-only send carries no bytes: the receiver sees zeroes, as in a fresh
         // buffer.
         out.resize(len, 0);
