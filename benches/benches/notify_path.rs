@@ -5,7 +5,7 @@
 //! - `pump/*`: one asynchronous event through `NotifyPump` (route, lookup, notify,
 //!   counters) and one receive completion; allocations per event are counted apart.
 //! - `lookup/*`: one QP-number lookup with std's SipHash and with FxHash, the pump's
-//!   hasher: what the choice saves on the one lookup every pumped event pays.
+//!   hasher before its table was indexed by QP number: what the choice of hash saves.
 //! - `scale/*`: whole simulated server/client runs of 1k, 10k and 100k connections at 10%
 //!   RTU loss, both sides on the connection API (`cm_verbs::Endpoint` over the simulated
 //!   transport); peak heap and page faults per connection are measured in separate,
@@ -84,7 +84,8 @@ fn notify_through_the_trait(c: &mut Criterion) {
 }
 
 /// One QP-number lookup in a table of [`PUMP_CONNECTIONS`]: std's default SipHash
-/// against FxHash, the pump's hasher (QP numbers are chosen by the kernel, not peers).
+/// against FxHash, the pump's hasher before its table was indexed by QP number (QP
+/// numbers are chosen by the kernel, not peers).
 fn qp_lookup(c: &mut Criterion) {
     use std::collections::HashMap;
     let mut group = c.benchmark_group("lookup");

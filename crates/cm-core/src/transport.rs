@@ -141,6 +141,20 @@ pub trait Transport {
     fn next_cm_event(&mut self) -> Result<Option<Self::Event>, CmError>;
     /// The id an event is about (for CONNECT_REQUEST: the new id).
     fn event_id(&self, event: &Self::Event) -> Option<Self::Id>;
+    /// Keeps `context` with `id` (rdma_cm's `id->context`), for
+    /// [`Transport::event_context`] to give back with the id's events; whether it is
+    /// kept. A transport that keeps none (the default) leaves the caller to find an
+    /// event's id by [`Transport::id_key`].
+    fn set_id_context(&mut self, id: &Self::Id, context: u32) -> bool {
+        let _ = (id, context);
+        false
+    }
+    /// The context last kept with the id an event is about ([`Transport::set_id_context`];
+    /// `None`: none, or the transport keeps none). For CONNECT_REQUEST, the new id's.
+    fn event_context(&self, event: &Self::Event) -> Option<u32> {
+        let _ = event;
+        None
+    }
     /// For CONNECT_REQUEST: the listening id the request came to.
     fn event_listener(&self, event: &Self::Event) -> Option<Self::Id>;
     /// `rdma_bind_addr`.

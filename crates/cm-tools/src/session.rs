@@ -17,7 +17,7 @@
 //!   An address resolution that fails is retried on a new connection.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use cm_core::{AsyncEventType, CmError, QpNum, QueueCaps, Transport};
@@ -26,7 +26,7 @@ use cm_verbs::{
     Event, ListenOptions, PrivateData,
 };
 
-use crate::steps::{Span, Step};
+use crate::steps::{Span, Step, StepTotals};
 
 /// How long an established connection may go without progress (a message, a send
 /// completing, its end) before [`Session::drive`] gives it up and disconnects; also how
@@ -87,95 +87,159 @@ pub struct Plan<A> {
 }
 
 /// One connection as the run sees it (a retried address resolution keeps its slot).
+/// Compact, a run may hold a million: the steps' timings are summed up on the session
+/// ([`Session::step_totals`]) rather than kept here, and what is rare (a failure, a
+/// close for another reason than the usual two, echoes waiting for a buffer) is boxed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConnRecord {
     /// The endpoint's handle of the current attempt (`None`: connect failed at once).
     pub handle: Option<ConnectionId>,
-    /// When each [`Step`] began and ended.
-    pub spans: [Span; Step::ALL.len()],
-    /// Address resolution attempts so far.
-    pub attempts: u32,
+    /// Its QP, once known.
+    pub qp: Option<QpNum>,
     /// How it became established (the first report).
     pub established: Option<EstablishedVia>,
+    /// Address resolution attempts so far.
+    pub attempts: u32,
     /// [`Event::Established`] reports received (exactly one for an established
     /// connection).
     pub established_reports: u32,
-    /// Its QP, once known.
-    pub qp: Option<QpNum>,
     /// Messages posted.
     pub sends_posted: u32,
     /// Sends reported complete ([`Event::Sent`]'s counts).
     pub sends_done: u32,
     /// Messages received.
     pub received: u32,
-    /// How it ended, once it did (for a connection this side closed: the reason it
-    /// closed it with).
-    pub closed: Option<CloseReason>,
-    /// Why it failed, one line.
-    pub failure: Option<String>,
-    /// Echoes waiting for a free send buffer.
-    pending: VecDeque<Vec<u8>>,
-    /// When it is given up if nothing happens (set once established).
-    idle_deadline: Option<Duration>,
+    /// What the caller of [`Session::handle_ready`] tagged it with (`u32::MAX`: nothing).
+    tag: u32,
+    /// How long its [`Step::Established`] took, in nanoseconds (`u64::MAX`: not timed).
+    established_in: u64,
+    /// When its exchange began, in nanoseconds (`u64::MAX`: not yet).
+    exchange_start: u64,
+    /// When it is given up if nothing happens (set once established), in nanoseconds
+    /// (`u64::MAX`: not set).
+    idle_deadline: u64,
+    /// How it ended: the two usual reasons here, any other in `rare`.
+    closed: Closed,
+    /// What few connections have: a failure, an unusual close, echoes waiting.
+    rare: Option<Box<Rare>>,
+    /// Whether its exchange completed.
+    exchanged: bool,
     /// Whether it has its entry in the session's idle heap.
     idle_queued: bool,
     disconnect_called: bool,
+}
+
+/// How a connection ended, in a byte: nearly all end disconnected or timed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    Open,
+    Disconnected,
+    TimedOut,
+    /// The reason is in [`Rare::closed`].
+    Other,
+}
+
+/// The part of a [`ConnRecord`] few connections need.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Rare {
+    /// Why it failed, one line.
+    failure: Option<String>,
+    /// How it ended, for a reason other than the usual two.
+    closed: Option<CloseReason>,
+    /// Echoes waiting for a free send buffer.
+    pending: VecDeque<Vec<u8>>,
+}
+
+/// An unset instant or duration of a [`ConnRecord`].
+const UNSET: u64 = u64::MAX;
+
+/// `at` in nanoseconds, short of [`UNSET`].
+fn nanos(at: Duration) -> u64 {
+    u64::try_from(at.as_nanos()).map_or(UNSET - 1, |n| n.min(UNSET - 1))
 }
 
 impl ConnRecord {
     fn new(handle: Option<ConnectionId>, attempts: u32) -> Self {
         ConnRecord {
             handle,
-            spans: [Span::default(); Step::ALL.len()],
-            attempts,
-            established: None,
-            established_reports: 0,
             qp: None,
+            established: None,
+            attempts,
+            established_reports: 0,
             sends_posted: 0,
             sends_done: 0,
             received: 0,
-            closed: None,
-            failure: None,
-            pending: VecDeque::new(),
-            idle_deadline: None,
+            tag: u32::MAX,
+            established_in: UNSET,
+            exchange_start: UNSET,
+            idle_deadline: UNSET,
+            closed: Closed::Open,
+            rare: None,
+            exchanged: false,
             idle_queued: false,
             disconnect_called: false,
         }
     }
 
-    /// The span of `step`.
-    pub fn span(&self, step: Step) -> Span {
-        self.spans[step.index()]
-    }
-
-    fn span_mut(&mut self, step: Step) -> &mut Span {
-        &mut self.spans[step.index()]
-    }
-
     /// Whether it ended.
     pub fn is_done(&self) -> bool {
-        self.closed.is_some()
+        self.closed != Closed::Open
     }
 
-    /// The setup steps the endpoint timed.
-    fn take_times(&mut self, times: &ConnTimes) {
-        let spans = [
-            (Step::ResolveAddr, Some(times.started), times.addr_resolved),
-            (
-                Step::ResolveRoute,
-                times.addr_resolved,
-                times.route_resolved,
-            ),
-            (Step::CreateQp, times.create_qp_called, times.qp_created),
-            (Step::Connect, times.connect_called, times.connect_returned),
-            (Step::Established, times.connect_returned, times.established),
-        ];
-        for (step, start, end) in spans {
-            if start.is_some() && end.is_some() {
-                self.spans[step.index()] = Span::between(start, end);
-            }
+    /// How it ended, once it did (for a connection this side closed: the reason it
+    /// closed it with).
+    pub fn closed(&self) -> Option<CloseReason> {
+        match self.closed {
+            Closed::Open => None,
+            Closed::Disconnected => Some(CloseReason::Disconnected),
+            Closed::TimedOut => Some(CloseReason::TimedOut),
+            Closed::Other => self.rare.as_ref().and_then(|r| r.closed.clone()),
         }
     }
+
+    /// Why it failed, one line.
+    pub fn failure(&self) -> Option<&str> {
+        self.rare.as_ref()?.failure.as_deref()
+    }
+
+    /// How long its [`Step::Established`] took (from the return of the connect or
+    /// accept call to established), once it is.
+    pub fn established_in(&self) -> Option<Duration> {
+        (self.established_in != UNSET).then(|| Duration::from_nanos(self.established_in))
+    }
+
+    /// What [`Session::handle_ready`]'s caller tagged it with.
+    pub fn tag(&self) -> Option<u32> {
+        (self.tag != u32::MAX).then_some(self.tag)
+    }
+
+    fn set_failure(&mut self, why: String) {
+        self.rare.get_or_insert_default().failure = Some(why);
+    }
+
+    fn pending_is_empty(&self) -> bool {
+        self.rare.as_ref().is_none_or(|r| r.pending.is_empty())
+    }
+
+    fn queue_echo(&mut self, data: Vec<u8>) {
+        self.rare.get_or_insert_default().pending.push_back(data);
+    }
+}
+
+/// The steps of one connection's setup as the endpoint timed them: each step's span,
+/// when both ends are known.
+fn setup_spans(times: &ConnTimes) -> [(Step, Option<Duration>, Option<Duration>); 5] {
+    [
+        (Step::ResolveAddr, Some(times.started), times.addr_resolved),
+        (
+            Step::ResolveRoute,
+            times.addr_resolved,
+            times.route_resolved,
+        ),
+        (Step::CreateQp, times.create_qp_called, times.qp_created),
+        (Step::Connect, times.connect_called, times.connect_returned),
+        (Step::Established, times.connect_returned, times.established),
+    ]
 }
 
 /// One side of a run: the endpoint and what the application knows of its connections.
@@ -183,7 +247,14 @@ pub struct Session<T: Transport> {
     plan: Plan<T::Addr>,
     endpoint: Endpoint<T>,
     conns: Vec<ConnRecord>,
-    by_handle: HashMap<ConnectionId, usize>,
+    /// Per handle slot ([`ConnectionId::slot`]), the record of the connection holding
+    /// it, plus one (0: none): a dense table, as slots are reused and stay below the
+    /// most connections held at once. The record's handle confirms a hit.
+    by_handle: Vec<u32>,
+    /// Each step summed over every connection that passed it.
+    steps: [StepTotals; Step::ALL.len()],
+    /// The first connection's steps, each as it began and ended (for its timeline).
+    first: [Span; Step::ALL.len()],
     resolve_retries: u32,
     local: Option<T::Addr>,
     remote: Option<T::Addr>,
@@ -200,7 +271,11 @@ pub struct Session<T: Transport> {
     /// Idle deadlines, at most one entry per open connection: an entry earlier than
     /// its connection's deadline is put back with the later one when it comes up, so
     /// the earliest deadline is found without walking the connections.
-    idle: BinaryHeap<Reverse<(Duration, usize)>>,
+    /// Deadlines and indexes compact (nanoseconds, `u32`): an entry per connection.
+    /// Filled only once [`Session::drive`] runs: nothing else reads it.
+    idle: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Whether `idle` is kept (since [`Session::drive`] first ran).
+    idle_kept: bool,
 }
 
 impl<T: Transport> std::fmt::Debug for Session<T> {
@@ -222,7 +297,9 @@ impl<T: Transport> Session<T> {
             conns: Vec::with_capacity(usize::try_from(plan.connections).unwrap_or(0)),
             plan,
             endpoint,
-            by_handle: HashMap::new(),
+            by_handle: Vec::new(),
+            steps: [StepTotals::default(); Step::ALL.len()],
+            first: [Span::default(); Step::ALL.len()],
             resolve_retries: 0,
             local: None,
             remote: None,
@@ -232,6 +309,7 @@ impl<T: Transport> Session<T> {
             settled: 0,
             closed: 0,
             idle: BinaryHeap::new(),
+            idle_kept: false,
         }
     }
 
@@ -261,6 +339,16 @@ impl<T: Transport> Session<T> {
     /// Every connection, in the order they were started (client) or requested (server).
     pub fn conns(&self) -> &[ConnRecord] {
         &self.conns
+    }
+
+    /// `step` summed over every connection that passed it.
+    pub fn step_totals(&self, step: Step) -> StepTotals {
+        self.steps[step.index()]
+    }
+
+    /// When the first connection ([`Session::conns`]' first) began and ended `step`.
+    pub fn first_span(&self, step: Step) -> Span {
+        self.first[step.index()]
     }
 
     /// Connections established or ended without being established so far.
@@ -331,19 +419,22 @@ impl<T: Transport> Session<T> {
         };
         let conn = match self.endpoint.connect(self.plan.addr, options) {
             Ok(handle) => {
-                self.by_handle.insert(handle, index);
+                self.map_handle(handle, index);
                 ConnRecord::new(Some(handle), attempt)
             }
             Err(error) => {
                 // No handle: nothing will be reported for it.
                 let mut conn = ConnRecord::new(None, attempt);
-                conn.failure = Some(format!("connection {index}: connect: {error}"));
-                conn.closed = Some(CloseReason::Disconnected);
+                conn.set_failure(format!("connection {index}: connect: {error}"));
+                conn.closed = Closed::Disconnected;
                 self.settled += 1;
                 self.closed += 1;
                 conn
             }
         };
+        if index == 0 {
+            self.first = [Span::default(); Step::ALL.len()];
+        }
         if index < self.conns.len() {
             self.conns[index] = conn;
         } else {
@@ -372,13 +463,15 @@ impl<T: Transport> Session<T> {
     /// way (amortised O(log n)).
     fn next_idle(&mut self) -> Option<Duration> {
         while let Some(&Reverse((at, index))) = self.idle.peek() {
-            let conn = &mut self.conns[index];
+            let conn = &mut self.conns[index as usize];
             match conn.idle_deadline {
-                Some(deadline) if !conn.is_done() && deadline > at => {
+                deadline if deadline != UNSET && !conn.is_done() && deadline > at => {
                     self.idle.pop();
                     self.idle.push(Reverse((deadline, index)));
                 }
-                Some(_) if !conn.is_done() => return Some(at),
+                deadline if deadline != UNSET && !conn.is_done() => {
+                    return Some(Duration::from_nanos(at))
+                }
                 _ => {
                     conn.idle_queued = false;
                     self.idle.pop();
@@ -391,6 +484,7 @@ impl<T: Transport> Session<T> {
     /// Runs to the end, waiting in the endpoint for each event (and giving up on what
     /// makes no progress for [`IDLE_TIMEOUT`]).
     pub fn drive(&mut self) -> Result<(), ConnError> {
+        self.keep_idle();
         while !self.finished() {
             let timeout = self
                 .next_deadline()
@@ -409,15 +503,22 @@ impl<T: Transport> Session<T> {
 
     /// Handles every event ready now, without waiting, showing each to `inspect` (with
     /// the endpoint, while the connection it names is still live) before answering it.
-    /// Returns how many there were.
+    /// A tag `inspect` returns for an event naming a connection is kept on its record
+    /// once the event is answered ([`ConnRecord::tag`]; the latest counts). Returns how
+    /// many events there were.
     pub fn handle_ready(
         &mut self,
-        inspect: &mut dyn FnMut(&Endpoint<T>, &Event),
+        inspect: &mut dyn FnMut(&Endpoint<T>, &Event) -> Option<u32>,
     ) -> Result<usize, ConnError> {
         let mut handled = 0;
         while let Some(event) = self.endpoint.poll()? {
-            inspect(&self.endpoint, &event);
+            let tagged = inspect(&self.endpoint, &event).zip(event_conn(&event));
             self.on_event(event);
+            if let Some((tag, index)) =
+                tagged.and_then(|(tag, conn)| Some((tag, self.index(conn)?)))
+            {
+                self.conns[index].tag = tag;
+            }
             handled += 1;
         }
         Ok(handled)
@@ -432,7 +533,7 @@ impl<T: Transport> Session<T> {
                 continue;
             }
             if conn.established.is_none() {
-                conn.failure = Some(format!(
+                conn.set_failure(format!(
                     "connection {index}: still not established when the run ended"
                 ));
             }
@@ -497,7 +598,32 @@ impl<T: Transport> Session<T> {
     }
 
     fn index(&self, conn: ConnectionId) -> Option<usize> {
-        self.by_handle.get(&conn).copied()
+        let index = (*self.by_handle.get(conn.slot())?).checked_sub(1)? as usize;
+        (self.conns.get(index)?.handle == Some(conn)).then_some(index)
+    }
+
+    /// Events for `handle` go to record `index` from now on.
+    fn map_handle(&mut self, handle: ConnectionId, index: usize) {
+        let slot = handle.slot();
+        if slot >= self.by_handle.len() {
+            self.by_handle.resize(slot + 1, 0);
+        }
+        self.by_handle[slot] = u32::try_from(index + 1).expect("fewer than 2^32 connections");
+    }
+
+    /// Events for `handle` are ignored from now on; its record, if any.
+    fn unmap_handle(&mut self, handle: ConnectionId) -> Option<usize> {
+        let index = self.index(handle)?;
+        self.by_handle[handle.slot()] = 0;
+        Some(index)
+    }
+
+    /// Counts `step` of connection `index`, from `start` to `end`.
+    fn step_done(&mut self, index: usize, step: Step, start: Duration, end: Duration) {
+        self.steps[step.index()].add(start, end);
+        if index == 0 {
+            self.first[step.index()] = Span::between(Some(start), Some(end));
+        }
     }
 
     fn on_request(&mut self, handle: ConnectionId) {
@@ -510,7 +636,7 @@ impl<T: Transport> Session<T> {
         }
         let index = self.conns.len();
         self.conns.push(ConnRecord::new(Some(handle), 1));
-        self.by_handle.insert(handle, index);
+        self.map_handle(handle, index);
         if self.remote.is_none() {
             self.remote = self
                 .endpoint
@@ -522,7 +648,7 @@ impl<T: Transport> Session<T> {
             Ok(()) => self.conns[index].qp = self.endpoint.info(handle).ok().and_then(|i| i.qp),
             // Its Closed (SetupFailed) follows.
             Err(error) => {
-                self.conns[index].failure = Some(format!("connection {index}: accept: {error}"));
+                self.conns[index].set_failure(format!("connection {index}: accept: {error}"));
             }
         }
     }
@@ -545,12 +671,22 @@ impl<T: Transport> Session<T> {
         conn.established = Some(via);
         self.settled += 1;
         if let Some(info) = &info {
-            conn.take_times(&info.times);
             conn.qp = conn.qp.or(info.qp);
+            for (step, start, end) in setup_spans(&info.times) {
+                if let (Some(start), Some(end)) = (start, end) {
+                    if step == Step::Established {
+                        self.conns[index].established_in = nanos(end.saturating_sub(start));
+                    }
+                    self.step_done(index, step, start, end);
+                }
+            }
         }
         let messages = self.plan.messages;
         if messages > 0 {
-            conn.span_mut(Step::Exchange).begin(now);
+            self.conns[index].exchange_start = nanos(now);
+            if index == 0 {
+                self.first[Step::Exchange.index()].begin(now);
+            }
             let size = self.plan.message_size;
             for seq in 0..messages {
                 let mut payload =
@@ -578,11 +714,11 @@ impl<T: Transport> Session<T> {
         // Also retried here: a send buffer freed without its own Sent event.
         self.flush_echoes(index);
         if self.plan.server && self.plan.messages == 0 {
-            if self.conns[index].pending.is_empty() {
+            if self.conns[index].pending_is_empty() {
                 // The usual case: a free buffer, nothing queued (a queue allocates).
                 self.echo(index, data);
             } else {
-                self.conns[index].pending.push_back(data);
+                self.conns[index].queue_echo(data);
             }
         }
         self.check_exchange_done(index);
@@ -595,7 +731,7 @@ impl<T: Transport> Session<T> {
         };
         match self.endpoint.send(handle, &data) {
             Ok(()) => self.conns[index].sends_posted += 1,
-            Err(ConnError::SendQueueFull(_)) => self.conns[index].pending.push_back(data),
+            Err(ConnError::SendQueueFull(_)) => self.conns[index].queue_echo(data),
             // A connection closed meanwhile has its Closed queued.
             Err(ConnError::UnknownConnection(_)) => {}
             Err(error) => self.give_up(index, format!("echo: {error}")),
@@ -608,11 +744,16 @@ impl<T: Transport> Session<T> {
         let Some(handle) = self.conns[index].handle else {
             return;
         };
-        while let Some(data) = self.conns[index].pending.front() {
+        while let Some(data) = self.conns[index]
+            .rare
+            .as_ref()
+            .and_then(|r| r.pending.front())
+        {
             match self.endpoint.send(handle, data) {
                 Ok(()) => {
-                    self.conns[index].pending.pop_front();
-                    self.conns[index].sends_posted += 1;
+                    let conn = &mut self.conns[index];
+                    conn.rare.as_mut().and_then(|r| r.pending.pop_front());
+                    conn.sends_posted += 1;
                 }
                 // A later Sent frees a buffer; a connection closed meanwhile has its
                 // Closed queued.
@@ -621,8 +762,11 @@ impl<T: Transport> Session<T> {
             }
         }
         // Drained: its memory goes too (a run may hold a million records).
-        if self.conns[index].pending.capacity() > 0 {
-            self.conns[index].pending = VecDeque::new();
+        if let Some(rare) = &mut self.conns[index].rare {
+            rare.pending = VecDeque::new();
+            if rare.failure.is_none() && rare.closed.is_none() {
+                self.conns[index].rare = None;
+            }
         }
     }
 
@@ -638,9 +782,12 @@ impl<T: Transport> Session<T> {
         if conn.established.is_none() || conn.sends_done < messages || conn.received < messages {
             return;
         }
-        if messages > 0 {
-            conn.span_mut(Step::Exchange).finish(now);
+        if messages > 0 && !conn.exchanged && conn.exchange_start != UNSET {
+            conn.exchanged = true;
+            let start = Duration::from_nanos(conn.exchange_start);
+            self.step_done(index, Step::Exchange, start, now);
         }
+        let conn = &self.conns[index];
         if initiates && self.plan.disconnect_when_done && !conn.disconnect_called {
             self.disconnect(index);
         }
@@ -662,26 +809,25 @@ impl<T: Transport> Session<T> {
             // The peer disconnected first, in the same batch: its Closed follows.
             Err(ConnError::UnknownConnection(_)) => return,
             Err(error) => {
-                self.conns[index].failure =
-                    Some(format!("connection {index}: disconnect: {error}"));
+                self.conns[index].set_failure(format!("connection {index}: disconnect: {error}"));
                 return;
             }
         }
-        let conn = &mut self.conns[index];
-        conn.disconnect_called = true;
-        conn.span_mut(Step::Disconnect).begin(began);
-        self.by_handle.remove(&handle);
+        self.conns[index].disconnect_called = true;
+        self.unmap_handle(handle);
         let now = self.now();
-        self.close(index, CloseReason::Disconnected, now);
+        // Closed right after the call: the step is the call itself.
+        self.step_done(index, Step::Disconnect, began, now);
+        self.close(index, CloseReason::Disconnected);
     }
 
     /// Whether the connection's exchange is complete (always, with no messages).
     fn exchanged(&self, conn: &ConnRecord) -> bool {
-        self.plan.messages == 0 || conn.span(Step::Exchange).end().is_some()
+        self.plan.messages == 0 || conn.exchanged
     }
 
     fn on_closed(&mut self, handle: ConnectionId, reason: CloseReason) {
-        let Some(index) = self.by_handle.remove(&handle) else {
+        let Some(index) = self.unmap_handle(handle) else {
             return;
         };
         // An address resolution that failed is retried on a new connection.
@@ -712,53 +858,72 @@ impl<T: Transport> Session<T> {
             self.abort(format!("the RDMA device under {addr} {what}"));
         }
         let conn = &mut self.conns[index];
-        if conn.failure.is_none() {
-            conn.failure = match &reason {
+        if conn.failure().is_none() {
+            let why = match &reason {
                 CloseReason::Disconnected if conn.established.is_none() => {
                     Some("disconnected before it was established".into())
                 }
                 CloseReason::Disconnected => None,
                 other => Some(describe(other)),
+            };
+            if let Some(why) = why {
+                conn.set_failure(format!("connection {index}: {why}"));
             }
-            .map(|why| format!("connection {index}: {why}"));
         }
-        let now = self.now();
-        self.close(index, reason, now);
+        self.close(index, reason);
         let conn = &self.conns[index];
-        if conn.established.is_some() && conn.failure.is_none() && !self.exchanged(conn) {
+        if conn.established.is_some() && conn.failure().is_none() && !self.exchanged(conn) {
             let messages = self.plan.messages;
             let why = format!(
                 "connection {index}: disconnected before the exchange completed (sent {}/{messages}, received {}/{messages})",
                 conn.sends_done, conn.received
             );
-            self.conns[index].failure = Some(why);
+            self.conns[index].set_failure(why);
         }
     }
 
     /// Records the end of connection `index` (the first one counts).
-    fn close(&mut self, index: usize, reason: CloseReason, now: Duration) {
+    fn close(&mut self, index: usize, reason: CloseReason) {
         let conn = &mut self.conns[index];
-        if conn.closed.is_some() {
+        if conn.is_done() {
             return;
-        }
-        if conn.disconnect_called {
-            conn.span_mut(Step::Disconnect).finish(now);
         }
         if conn.established.is_none() {
             self.settled += 1;
         }
-        conn.closed = Some(reason);
+        conn.closed = match reason {
+            CloseReason::Disconnected => Closed::Disconnected,
+            CloseReason::TimedOut => Closed::TimedOut,
+            other => {
+                conn.rare.get_or_insert_default().closed = Some(other);
+                Closed::Other
+            }
+        };
         self.closed += 1;
     }
 
     /// Something happened on an established connection: its idle deadline moves.
     fn progress(&mut self, index: usize) {
-        let deadline = self.now().saturating_add(IDLE_TIMEOUT);
+        let deadline = nanos(self.now().saturating_add(IDLE_TIMEOUT));
         let conn = &mut self.conns[index];
-        conn.idle_deadline = Some(deadline);
-        if !conn.idle_queued {
+        conn.idle_deadline = deadline;
+        if self.idle_kept && !conn.idle_queued {
             conn.idle_queued = true;
-            self.idle.push(Reverse((deadline, index)));
+            self.idle.push(Reverse((deadline, index as u32)));
+        }
+    }
+
+    /// Starts keeping the idle heap: every open connection with a deadline joins it.
+    fn keep_idle(&mut self) {
+        if self.idle_kept {
+            return;
+        }
+        self.idle_kept = true;
+        for (index, conn) in self.conns.iter_mut().enumerate() {
+            if conn.idle_deadline != UNSET && !conn.is_done() && !conn.idle_queued {
+                conn.idle_queued = true;
+                self.idle.push(Reverse((conn.idle_deadline, index as u32)));
+            }
         }
     }
 
@@ -769,6 +934,7 @@ impl<T: Transport> Session<T> {
             let Some(Reverse((_, index))) = self.idle.pop() else {
                 break;
             };
+            let index = index as usize;
             self.conns[index].idle_queued = false;
             let conn = &self.conns[index];
             let messages = self.plan.messages;
@@ -804,23 +970,36 @@ impl<T: Transport> Session<T> {
 
     /// Fails the connection and closes it (its Closed event is then ignored).
     fn give_up(&mut self, index: usize, why: String) {
-        let now = self.now();
         let conn = &mut self.conns[index];
-        conn.failure
-            .get_or_insert_with(|| format!("connection {index}: {why}"));
+        if conn.failure().is_none() {
+            conn.set_failure(format!("connection {index}: {why}"));
+        }
         if conn.is_done() {
             return;
         }
         if let Some(handle) = conn.handle {
-            self.by_handle.remove(&handle);
+            self.unmap_handle(handle);
             let _ = self.endpoint.disconnect(handle);
         }
-        self.close(index, CloseReason::TimedOut, now);
+        self.close(index, CloseReason::TimedOut);
     }
 
     /// Stops the run; the caller reports the reason.
     fn abort(&mut self, why: String) {
         self.aborted = Some(why);
+    }
+}
+
+/// The connection an event names, if any.
+fn event_conn(event: &Event) -> Option<ConnectionId> {
+    match event {
+        Event::Request { conn, .. }
+        | Event::Established { conn, .. }
+        | Event::Sent { conn, .. }
+        | Event::Received { conn, .. }
+        | Event::Closed { conn, .. }
+        | Event::NotifyFailed { conn, .. } => Some(*conn),
+        _ => None,
     }
 }
 
@@ -895,19 +1074,17 @@ mod tests {
         let mut client = Session::new(Endpoint::new(SimTransport::on_side(client)), plan(false));
         server.start().unwrap();
         client.start().unwrap();
-        let ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| {}).unwrap();
+        let ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| None).unwrap();
         while ready(&mut client) + ready(&mut server) > 0 || fabric.step() {}
         assert!(client.finished() && server.finished());
         for conn in client.conns().iter().chain(server.conns()) {
             assert_eq!(conn.established_reports, 1, "{conn:?}");
             assert_eq!((conn.sends_posted, conn.received), (2, 2), "{conn:?}");
-            assert_eq!(conn.closed, Some(CloseReason::Disconnected), "{conn:?}");
-            assert_eq!(conn.failure, None);
+            assert_eq!(conn.closed(), Some(CloseReason::Disconnected), "{conn:?}");
+            assert_eq!(conn.failure(), None);
         }
-        assert!(client
-            .conns()
-            .iter()
-            .all(|c| c.span(Step::Exchange).duration().is_some()));
+        assert_eq!(client.step_totals(Step::Exchange).count(), 5);
+        assert!(client.first_span(Step::Exchange).duration().is_some());
         assert_eq!(client.endpoint().connection_count(), 0);
         assert_eq!(server.endpoint().connection_count(), 0);
     }

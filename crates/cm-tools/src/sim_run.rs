@@ -8,7 +8,6 @@
 //! side, how each got there, why each closed); the fabric contributes its counters and,
 //! for a traced connection, its trace.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use cm_core::QpNum;
@@ -20,7 +19,6 @@ use cm_verbs::{CloseReason, ConnectionId, Endpoint, EstablishedVia, Event, PumpC
 
 use crate::session::{queue_caps, ConnRecord, Plan, Session};
 use crate::stats::LatencySummary;
-use crate::steps::Step;
 
 /// The port the simulated server listens on.
 const PORT: u16 = 7471;
@@ -269,8 +267,6 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
             Endpoint::new(SimTransport::on_side(client)),
             plan(config, false, addr),
         ),
-        server_numbers: HashMap::with_capacity(config.connections as usize),
-        client_numbers: HashMap::with_capacity(config.connections as usize),
         trace: config.trace_conn.map(|conn| TraceKeeper {
             conn: ConnId(conn),
             handle: None,
@@ -319,12 +315,6 @@ struct World {
     client: Session<SimTransport>,
     server_inputs: Inputs,
     client_inputs: Inputs,
-    /// The fabric's connection number of each server connection.
-    server_numbers: HashMap<ConnectionId, u32>,
-    /// The same of each client connection that was established (one that never was
-    /// keeps the number of its place in the order of connects, as the fabric numbers
-    /// them).
-    client_numbers: HashMap<ConnectionId, u32>,
     trace: Option<TraceKeeper>,
 }
 
@@ -356,11 +346,14 @@ impl World {
     fn handle_ready(&mut self, sweep: bool) -> usize {
         let mut client = 0;
         if sweep || self.client_inputs.ready() {
-            let numbers = &mut self.client_numbers;
+            // Each record is tagged with the fabric's number of its connection: on the
+            // server side when requested, on the client side once established (one
+            // that never was keeps the number of its place in the order of connects,
+            // as the fabric numbers them).
             client = self
                 .client
                 .handle_ready(&mut |endpoint, event| {
-                    numbers.extend(fabric_number(endpoint, event));
+                    fabric_number(endpoint, event).map(|(_, number)| number)
                 })
                 .expect("the simulated transport does not fail");
             self.client_inputs.busy = client > 0;
@@ -368,17 +361,15 @@ impl World {
         if !(sweep || self.server_inputs.ready()) {
             return client;
         }
-        let (numbers, trace) = (&mut self.server_numbers, &mut self.trace);
+        let trace = &mut self.trace;
         let server = self
             .server
             .handle_ready(&mut |endpoint, event| {
-                let Some((conn, number)) = fabric_number(endpoint, event) else {
-                    return;
-                };
-                numbers.insert(conn, number);
+                let (conn, number) = fabric_number(endpoint, event)?;
                 if let Some(keeper) = trace.as_mut().filter(|k| k.conn.0 == number) {
                     keeper.handle.get_or_insert(conn);
                 }
+                Some(number)
             })
             .expect("the simulated transport does not fail");
         self.server_inputs.busy = server > 0;
@@ -401,10 +392,7 @@ impl World {
     fn report(mut self, config: &SimRun, teardown_failures: u64) -> SimReport {
         let mut outcomes = vec![ConnOutcome::default(); config.connections as usize];
         for (index, record) in self.client.conns().iter().enumerate() {
-            let number = record
-                .handle
-                .and_then(|h| self.client_numbers.get(&h).copied())
-                .map_or(index, |n| n as usize);
+            let number = record.tag().map_or(index, |n| n as usize);
             if let Some(outcome) = outcomes.get_mut(number) {
                 outcome.active_established = record.established_reports;
                 outcome.active_failure = failure(record);
@@ -412,9 +400,7 @@ impl World {
         }
         let mut latencies = Vec::new();
         for record in self.server.conns() {
-            let number = record
-                .handle
-                .and_then(|h| self.server_numbers.get(&h).copied());
+            let number = record.tag();
             let Some(outcome) = number.and_then(|n| outcomes.get_mut(n as usize)) else {
                 continue;
             };
@@ -423,7 +409,7 @@ impl World {
             outcome.forced = matches!(record.established, Some(EstablishedVia::Notify(_)));
             outcome.raced = matches!(record.established, Some(EstablishedVia::RtuWonRace(_)));
             if outcome.forced {
-                latencies.extend(record.span(Step::Established).duration());
+                latencies.extend(record.established_in());
             }
         }
         let counters = self.server.endpoint().counters();
@@ -487,9 +473,9 @@ impl Inputs {
 /// Why one side failed: how it closed, unless it was established and then
 /// disconnected (by either side).
 fn failure(record: &ConnRecord) -> Option<CloseReason> {
-    match &record.closed {
+    match record.closed() {
         Some(CloseReason::Disconnected) if record.established.is_some() => None,
-        other => other.clone(),
+        other => other,
     }
 }
 

@@ -58,8 +58,8 @@ impl Step {
 }
 
 /// When one step of one connection started and ended, on the endpoint's clock (time
-/// since the transport was created). Compact (two nanosecond counts): a run keeps one
-/// per step of every connection, a million connections included.
+/// since the transport was created). Compact (two nanosecond counts). A run sums each
+/// step up over its connections ([`StepTotals`]) and keeps the spans of its first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     start: u64,
@@ -151,34 +151,76 @@ impl StepStats {
     /// Summarises `spans` (one per connection that took part) over a run of
     /// `connections`.
     pub fn from_spans(step: &'static str, spans: &[Span], connections: u32) -> Self {
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let done: Vec<(Duration, Duration)> = spans
-            .iter()
-            .filter_map(|s| Some((s.start()?, s.end()?)))
-            .collect();
-        let mut stats = StepStats {
-            step,
-            count: done.len(),
-            ..StepStats::default()
-        };
-        if done.is_empty() {
-            return stats;
+        let mut totals = StepTotals::default();
+        for span in spans {
+            if let (Some(start), Some(end)) = (span.start(), span.end()) {
+                totals.add(start, end);
+            }
         }
-        let first = done.iter().map(|d| d.0).min().expect("non-empty");
-        let last = done.iter().map(|d| d.1).max().expect("non-empty");
-        let per_conn: Vec<u64> = done
-            .iter()
-            .map(|(start, end)| micros(end.saturating_sub(*start)))
-            .collect();
-        let connections = u64::from(connections.max(1));
-        stats.total_us = micros(last.saturating_sub(first));
-        stats.avg_per_conn_us = stats.total_us / connections;
-        stats.sum_us = per_conn.iter().sum();
-        stats.us_per_conn = stats.sum_us / connections;
-        stats.max_us = per_conn.iter().copied().max().unwrap_or(0);
-        stats.min_us = per_conn.iter().copied().min().unwrap_or(0);
-        stats
+        totals.stats(step, connections)
     }
+}
+
+/// One step over every connection, summed up as the connections pass it: what
+/// [`StepStats`] needs (count, first start, last end, sum, shortest, longest), so that a
+/// run keeps a few numbers per step instead of a span per connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepTotals {
+    count: usize,
+    first_start: Option<Duration>,
+    last_end: Option<Duration>,
+    sum_us: u64,
+    min_us: u64,
+    max_us: u64,
+}
+
+impl StepTotals {
+    /// Counts one connection that began the step at `start` and ended it at `end`.
+    pub fn add(&mut self, start: Duration, end: Duration) {
+        // Rounded per connection, as cmtime sums them.
+        let us = micros(end.saturating_sub(start));
+        self.min_us = if self.count == 0 {
+            us
+        } else {
+            self.min_us.min(us)
+        };
+        self.max_us = self.max_us.max(us);
+        self.sum_us = self.sum_us.saturating_add(us);
+        self.count += 1;
+        self.first_start = Some(self.first_start.map_or(start, |s| s.min(start)));
+        self.last_end = Some(self.last_end.map_or(end, |e| e.max(end)));
+    }
+
+    /// Connections that completed the step.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The summary over a run of `connections`, named `step`.
+    pub fn stats(&self, step: &'static str, connections: u32) -> StepStats {
+        let (Some(first), Some(last)) = (self.first_start, self.last_end) else {
+            return StepStats {
+                step,
+                ..StepStats::default()
+            };
+        };
+        let connections = u64::from(connections.max(1));
+        let total_us = micros(last.saturating_sub(first));
+        StepStats {
+            step,
+            count: self.count,
+            total_us,
+            avg_per_conn_us: total_us / connections,
+            sum_us: self.sum_us,
+            us_per_conn: self.sum_us / connections,
+            max_us: self.max_us,
+            min_us: self.min_us,
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

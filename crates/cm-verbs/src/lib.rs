@@ -85,6 +85,7 @@ mod endpoint;
 mod event_loop;
 pub mod handle;
 mod pump;
+mod qp_table;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 #[cfg(feature = "rdma")]

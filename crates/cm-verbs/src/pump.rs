@@ -1,9 +1,7 @@
 //! The notify pump: verbs asynchronous events (and receive completions) in, `rdma_notify`
 //! calls and typed pump events out.
 
-use std::collections::hash_map::Entry as Slot;
-
-use rustc_hash::FxHashMap;
+use crate::qp_table::QpTable;
 
 use cm_core::{
     errno, AsyncEvent, AsyncEventSource, AsyncEventType, CmError, CmEventType, CmId, NotifyError,
@@ -14,10 +12,6 @@ use cm_core::{
 /// registered) the pump keeps of each kind, for replay at [`NotifyPump::register`]. The
 /// oldest is evicted (and counted) when a newer one does not fit.
 pub const EARLY_TRIGGERS: usize = 64;
-
-/// The table is not shrunk below this many slots (a small table is not worth the
-/// reallocations of shrinking it).
-const SHRINK_FLOOR: usize = 64;
 
 /// Which side of the connection an id is: only the passive side is ever forced to
 /// ESTABLISHED by a receive completion (the active side sends the RTU itself).
@@ -282,11 +276,9 @@ impl EarlyTriggers {
 /// assert_eq!(pump.counters().forced, 1);
 /// ```
 pub struct NotifyPump<I> {
-    // QP numbers come from the kernel, not from peers: a fast non-keyed hash is safe here
-    // and halves the cost of the lookup every event pays.
-    entries: FxHashMap<QpNum, Entry<I>>,
-    /// The capacity asked for at construction: the table never shrinks below it.
-    reserved: usize,
+    // QP numbers come from the kernel, close together: indexed directly, one load per
+    // event, about one slot per number in use.
+    entries: QpTable<Entry<I>>,
     early_comm_est: EarlyTriggers,
     early_receive: EarlyTriggers,
     early_seq: u64,
@@ -311,8 +303,7 @@ impl<I: CmId> NotifyPump<I> {
     /// `capacity` as connections are unregistered).
     pub fn with_policy(policy: RoutingPolicy, capacity: usize) -> Self {
         NotifyPump {
-            entries: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
-            reserved: capacity,
+            entries: QpTable::with_capacity(capacity),
             early_comm_est: EarlyTriggers::new(),
             early_receive: EarlyTriggers::new(),
             early_seq: 0,
@@ -341,16 +332,12 @@ impl<I: CmId> NotifyPump<I> {
             role,
             progress: Progress::Pending,
         };
-        let (entry, replaced) = match self.entries.entry(qp) {
-            Slot::Occupied(slot) => {
-                self.counters.stale_replaced += 1;
-                log::debug!("{qp}: registered again; the stale entry is replaced");
-                let slot = slot.into_mut();
-                let stale = std::mem::replace(slot, fresh);
-                (slot, Some(stale.id))
-            }
-            Slot::Vacant(slot) => (slot.insert(fresh), None),
-        };
+        let replaced = self.entries.insert(qp, fresh).map(|stale| {
+            self.counters.stale_replaced += 1;
+            log::debug!("{qp}: registered again; the stale entry is replaced");
+            stale.id
+        });
+        let entry = self.entries.get_mut(qp).expect("inserted above");
         let comm_est = self.early_comm_est.take(qp);
         let receive = self.early_receive.take(qp);
         let receive = receive.filter(|_| role == Role::Passive);
@@ -405,11 +392,7 @@ impl<I: CmId> NotifyPump<I> {
     /// requests included): it would be kept as an early trigger of the next QP to get
     /// that number.
     pub fn unregister(&mut self, qp: QpNum) -> Option<I> {
-        let removed = self.entries.remove(&qp).map(|e| e.id);
-        if removed.is_some() {
-            self.shrink_if_sparse();
-        }
-        removed
+        self.entries.remove(qp).map(|e| e.id)
     }
 
     /// How many connections are registered.
@@ -419,13 +402,15 @@ impl<I: CmId> NotifyPump<I> {
 
     /// Whether no connection is registered.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.len() == 0
     }
 
-    /// How many connections the table holds without growing. It grows with
-    /// registrations and shrinks back (never below the capacity asked for at
-    /// construction) once at most a quarter of it is used, so it stays within a small
-    /// multiple of the largest of [`NotifyPump::len`] and that capacity.
+    /// How many connections the table holds without growing. The table is indexed by
+    /// QP number in pages of 512 numbers: it grows by a page when a registration needs
+    /// one and gives a page back when its last connection goes (keeping the capacity
+    /// asked for at construction), so for the close numbers a device hands out it stays
+    /// within a small multiple of the largest of [`NotifyPump::len`] and that capacity;
+    /// scattered numbers cost up to a page each.
     pub fn capacity(&self) -> usize {
         self.entries.capacity()
     }
@@ -437,7 +422,7 @@ impl<I: CmId> NotifyPump<I> {
 
     /// What the pump knows of the connection on `qp`.
     pub fn progress(&self, qp: QpNum) -> Option<Progress> {
-        self.entries.get(&qp).map(|e| e.progress)
+        self.entries.get(qp).map(|e| e.progress)
     }
 
     /// The counters so far.
@@ -456,7 +441,7 @@ impl<I: CmId> NotifyPump<I> {
                 if kind == AsyncEventType::CommEst {
                     self.counters.comm_est += 1;
                 }
-                match self.entries.get_mut(&qp) {
+                match self.entries.get_mut(qp) {
                     Some(entry) if entry.id.qp_num() == Some(qp) => {
                         return Self::notify(
                             &mut self.counters,
@@ -491,7 +476,7 @@ impl<I: CmId> NotifyPump<I> {
     /// recent [`EARLY_TRIGGERS`]) and replayed at registration; otherwise this costs one
     /// table lookup and returns `None`.
     pub fn on_receive_completion(&mut self, qp: QpNum) -> Option<PumpEvent> {
-        let entry = match self.entries.get_mut(&qp) {
+        let entry = match self.entries.get_mut(qp) {
             Some(entry) if entry.id.qp_num() == Some(qp) => entry,
             stale_or_none => {
                 if stale_or_none.is_some() {
@@ -525,7 +510,7 @@ impl<I: CmId> NotifyPump<I> {
         let qp = qp?;
         match event_type {
             CmEventType::Established => {
-                if let Some(entry) = self.entries.get_mut(&qp) {
+                if let Some(entry) = self.entries.get_mut(qp) {
                     entry.progress = Progress::Established;
                 }
                 None
@@ -566,16 +551,6 @@ impl<I: CmId> NotifyPump<I> {
     fn next_seq(&mut self) -> u64 {
         self.early_seq += 1;
         self.early_seq
-    }
-
-    /// Gives memory back once at most a quarter of the table is used (amortised: each
-    /// shrink halves the room at least, and follows as many unregistrations).
-    fn shrink_if_sparse(&mut self) {
-        let capacity = self.entries.capacity();
-        let len = self.entries.len();
-        if capacity > SHRINK_FLOOR.max(self.reserved) && len * 4 <= capacity {
-            self.entries.shrink_to((len * 2).max(self.reserved));
-        }
     }
 
     /// Calls notify on `entry` and records the outcome (one lookup per event: the caller

@@ -102,6 +102,34 @@ struct Shared {
     /// How many ids the fabric destroyed, as of the last unlock: a transport's hint of
     /// an id's QP number holds while this does not change.
     ids_destroyed: AtomicU64,
+    /// The fabric's arrival counters, read without the lock.
+    arrivals: Arc<fabric::Arrivals>,
+}
+
+/// The arrival counter a reader saw when it last found its queue empty (`u64::MAX`:
+/// never): while the counter stays there, the queue is still empty and the reader
+/// answers without taking the lock.
+#[derive(Debug)]
+struct EmptyAt(AtomicU64);
+
+impl EmptyAt {
+    fn new() -> Self {
+        EmptyAt(AtomicU64::new(u64::MAX))
+    }
+
+    fn is(&self, mark: u64) -> bool {
+        self.0.load(Ordering::Relaxed) == mark
+    }
+
+    fn set(&self, mark: u64) {
+        self.0.store(mark, Ordering::Relaxed);
+    }
+}
+
+impl Clone for EmptyAt {
+    fn clone(&self) -> Self {
+        EmptyAt(AtomicU64::new(self.0.load(Ordering::Relaxed)))
+    }
 }
 
 /// The fabric, locked for one call. Publishes the clock and the count of destroyed
@@ -187,6 +215,7 @@ impl SimFabric {
         let fabric = Fabric::new(config, seed);
         SimFabric {
             inner: Arc::new(Shared {
+                arrivals: Arc::clone(&fabric.arrivals),
                 now: AtomicU64::new(fabric.now_nanos()),
                 ids_destroyed: AtomicU64::new(fabric.ids_destroyed()),
                 fabric: Mutex::new(fabric),
@@ -337,6 +366,8 @@ impl SimNode {
         SimChannel {
             fabric: self.fabric.clone(),
             index,
+            empty_at: EmptyAt::new(),
+            idle_at: (EmptyAt::new(), EmptyAt::new()),
         }
     }
 
@@ -345,6 +376,7 @@ impl SimNode {
         SimDevice {
             fabric: self.fabric.clone(),
             node: self.id,
+            async_empty_at: EmptyAt::new(),
         }
     }
 
@@ -374,6 +406,7 @@ impl SimNode {
 pub struct SimDevice {
     fabric: SimFabric,
     node: NodeId,
+    async_empty_at: EmptyAt,
 }
 
 impl SimDevice {
@@ -393,6 +426,11 @@ impl SimDevice {
         self.fabric.lock().poll_cq_data(self.node, out)
     }
 
+    /// The device's arrival counter (no lock taken).
+    pub(crate) fn arrivals(&self) -> u64 {
+        self.fabric.inner.arrivals.node(self.node)
+    }
+
     /// Whether asynchronous events or receive completions are waiting.
     pub fn has_pending(&self) -> bool {
         self.fabric.lock().device_pending(self.node)
@@ -406,7 +444,15 @@ impl SimDevice {
 
 impl AsyncEventSource for SimDevice {
     fn try_next_async_event(&mut self) -> Result<Option<AsyncEvent>, CmError> {
-        Ok(self.fabric.lock().next_async_event(self.node))
+        let mark = self.fabric.inner.arrivals.node(self.node);
+        if self.async_empty_at.is(mark) {
+            return Ok(None);
+        }
+        let event = self.fabric.lock().next_async_event(self.node);
+        if event.is_none() {
+            self.async_empty_at.set(mark);
+        }
+        Ok(event)
     }
 }
 
@@ -415,6 +461,11 @@ impl AsyncEventSource for SimDevice {
 pub struct SimChannel {
     fabric: SimFabric,
     index: usize,
+    /// For `try_next_event`.
+    empty_at: EmptyAt,
+    /// For `queued_or_pending`: the channel's and the device's counters when both were
+    /// last found empty.
+    idle_at: (EmptyAt, EmptyAt),
 }
 
 impl SimChannel {
@@ -461,13 +512,35 @@ impl SimChannel {
     /// `queued() > 0`, or (with `device`) `device.has_pending()`: one lock when both
     /// are of one fabric.
     fn queued_or_pending(&self, device: Option<&SimDevice>) -> bool {
+        let arrivals = &self.fabric.inner.arrivals;
+        let marks = (
+            arrivals.channel(self.index),
+            device
+                .filter(|d| d.fabric.same(&self.fabric))
+                .map_or(u64::MAX, |d| arrivals.node(d.node)),
+        );
+        let cached = device.is_none_or(|d| d.fabric.same(&self.fabric));
+        if cached && self.idle_at.0.is(marks.0) && self.idle_at.1.is(marks.1) {
+            return false;
+        }
         let fabric = self.fabric.lock();
         if fabric.channel_len(self.index) > 0 {
             return true;
         }
         match device {
-            None => false,
-            Some(device) if device.fabric.same(&self.fabric) => fabric.device_pending(device.node),
+            None => {
+                self.idle_at.0.set(marks.0);
+                self.idle_at.1.set(marks.1);
+                false
+            }
+            Some(device) if device.fabric.same(&self.fabric) => {
+                let pending = fabric.device_pending(device.node);
+                if !pending {
+                    self.idle_at.0.set(marks.0);
+                    self.idle_at.1.set(marks.1);
+                }
+                pending
+            }
             Some(device) => {
                 drop(fabric);
                 device.has_pending()
@@ -482,6 +555,10 @@ impl CmEventSource for SimChannel {
     fn try_next_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
         // One lock for the check and the read: the connection API calls this on every
         // pass.
+        let mark = self.fabric.inner.arrivals.channel(self.index);
+        if self.empty_at.is(mark) {
+            return Ok(None);
+        }
         let read = {
             let mut fabric = self.fabric.lock();
             if fabric.channel_closed(self.index) {
@@ -492,6 +569,9 @@ impl CmEventSource for SimChannel {
             }
             fabric.next_event(self.index)
         };
+        if read.is_none() {
+            self.empty_at.set(mark);
+        }
         Ok(read.map(|read| SimCmEvent {
             fabric: self.fabric.clone(),
             read,
@@ -532,6 +612,12 @@ impl SimCmEvent {
             fabric: self.fabric.clone(),
             key,
         })
+    }
+
+    /// The context its id's owner kept with it ([`SimCmId::set_context`]) when the
+    /// event was read.
+    pub fn context(&self) -> Option<u32> {
+        self.read.context
     }
 
     /// The connection the event's id belongs to.
@@ -709,6 +795,13 @@ impl SimCmId {
     /// Posts one SEND of `len` bytes on the id's QP (must be in RTS).
     pub fn post_send(&self, len: u32) -> Result<(), CmError> {
         self.with(|f| f.post_send(self.key, len))
+    }
+
+    /// Keeps `context` with the id (rdma_cm's `id->context`; `u32::MAX` is refused),
+    /// given back with each of its events ([`SimCmEvent::context`]); whether it was kept
+    /// (the id is alive).
+    pub fn set_context(&self, context: u32) -> bool {
+        self.fabric.lock().set_context(self.key, context)
     }
 
     /// Posts one SEND carrying `data` on the id's QP (must be in RTS); the receiver's

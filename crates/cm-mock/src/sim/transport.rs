@@ -265,6 +265,9 @@ pub struct SimTransport {
     tokens: VecDeque<u64>,
     qp_hint: Option<QpHint>,
     on_step: Option<Box<dyn FnMut() + Send>>,
+    /// The device's arrival counter when its completions were last collected
+    /// (`u64::MAX`: never): while it stays there, none came since.
+    collected_at: u64,
 }
 
 impl fmt::Debug for SimTransport {
@@ -298,6 +301,7 @@ impl SimTransport {
             tokens: VecDeque::new(),
             qp_hint: None,
             on_step: None,
+            collected_at: u64::MAX,
         }
     }
 
@@ -496,6 +500,14 @@ impl Transport for SimTransport {
         event.listen_id()
     }
 
+    fn set_id_context(&mut self, id: &SimCmId, context: u32) -> bool {
+        id.set_context(context)
+    }
+
+    fn event_context(&self, event: &SimCmEvent) -> Option<u32> {
+        event.context()
+    }
+
     fn bind(&mut self, id: &SimCmId, addr: SimAddr) -> Result<(), CmError> {
         if addr.node != self.node.id() {
             return Err(CmError::Os {
@@ -576,7 +588,11 @@ impl Transport for SimTransport {
     }
 
     fn next_cq_event(&mut self, _device: &mut SimDeviceReader) -> Result<Option<u64>, CmError> {
-        self.collect_completions(|_| ());
+        let mark = self.device.arrivals();
+        if mark != self.collected_at {
+            self.collect_completions(|_| ());
+            self.collected_at = mark;
+        }
         Ok(self.tokens.pop_front())
     }
 
@@ -694,7 +710,14 @@ impl Transport for SimTransport {
             .and_then(|busy| busy.landed.remove(&u64::from(slot)))
             .unwrap_or_default();
         queues.settle(pool);
-        out.extend_from_slice(&data[..len.min(data.len())]);
+        if out.is_empty() {
+            // The landed payload's own memory, not a copy of it.
+            let mut data = data;
+            data.truncate(len);
+            *out = data;
+        } else {
+            out.extend_from_slice(&data[..len.min(data.len())]);
+        }
         // A length-only send carries no bytes: the receiver sees zeroes, as in a fresh
         // buffer.
         out.resize(len, 0);

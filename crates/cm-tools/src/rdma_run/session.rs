@@ -11,7 +11,7 @@ use cm_verbs::{CloseReason, Endpoint, EstablishedVia, Trigger};
 use super::report::RealReport;
 use super::{RealRun, ESTABLISH_TIMEOUT, RESOLVE_ATTEMPTS, RESOLVE_TIMEOUT};
 use crate::session::{cm_error, queue_caps, Plan, Session};
-use crate::steps::{Span, Step, StepStats};
+use crate::steps::{Span, Step};
 
 /// Runs the server or the client to the end and reports. Errors are what stops the run
 /// before it starts (no device, the listen address unusable) or a failure of the
@@ -51,7 +51,13 @@ fn write_timeline(
 ) -> Result<(), CmError> {
     let mono = cm_sys::monotonic_now();
     let origin = mono.saturating_sub(session.now());
-    let timeline = timeline(config.server, session.conns().first(), origin);
+    let first = session.conns().first().map(|conn| {
+        (
+            conn.established,
+            Step::ALL.map(|step| session.first_span(step)),
+        )
+    });
+    let timeline = timeline(config.server, first, origin);
     std::fs::write(path, timeline.render()).map_err(|e| CmError::InvalidArgument {
         op: "cmnotify --timeline",
         reason: if e.kind() == std::io::ErrorKind::NotFound {
@@ -62,14 +68,16 @@ fn write_timeline(
     })
 }
 
-/// What the endpoint saw of `conn`, moved by `origin` onto CLOCK_MONOTONIC.
+/// What the endpoint saw of a connection (how it was established, and its steps in
+/// [`Step::ALL`]'s order), moved by `origin` onto CLOCK_MONOTONIC.
 fn timeline(
     server: bool,
-    conn: Option<&crate::session::ConnRecord>,
+    conn: Option<(Option<EstablishedVia>, [Span; Step::ALL.len()])>,
     origin: Duration,
 ) -> crate::ladder::kernel::Timeline {
     let mut entries = Vec::new();
-    if let Some(conn) = conn {
+    if let Some((established, spans)) = conn {
+        let span = |step: Step| spans[step.index()];
         let mut add = |at: Option<Duration>, what: String| {
             if let Some(at) = at {
                 entries.push((origin + at, what));
@@ -80,24 +88,18 @@ fn timeline(
         } else {
             "rdma_connect"
         };
-        add(conn.span(Step::Connect).start(), call.to_string());
-        let via = match conn.established {
+        add(span(Step::Connect).start(), call.to_string());
+        let via = match established {
             Some(EstablishedVia::Handshake) | None => "handshake".to_string(),
             Some(EstablishedVia::Notify(trigger)) => format!("notify {}", trigger_name(trigger)),
             Some(EstablishedVia::RtuWonRace(trigger)) => {
                 format!("rtu-won-race {}", trigger_name(trigger))
             }
         };
-        add(
-            conn.span(Step::Established).end(),
-            format!("established {via}"),
-        );
-        add(conn.span(Step::Exchange).start(), "send".to_string());
-        add(conn.span(Step::Exchange).end(), "exchange-done".to_string());
-        add(
-            conn.span(Step::Disconnect).start(),
-            "disconnect".to_string(),
-        );
+        add(span(Step::Established).end(), format!("established {via}"));
+        add(span(Step::Exchange).start(), "send".to_string());
+        add(span(Step::Exchange).end(), "exchange-done".to_string());
+        add(span(Step::Disconnect).start(), "disconnect".to_string());
     }
     entries.sort_by_key(|(at, _)| *at);
     crate::ladder::kernel::Timeline {
@@ -166,8 +168,9 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
             _ => true,
         })
         .map(|&step| {
-            let spans: Vec<Span> = conns.iter().map(|c| c.span(step)).collect();
-            StepStats::from_spans(step.name(server), &spans, config.connections)
+            session
+                .step_totals(step)
+                .stats(step.name(server), config.connections)
         })
         .collect();
     let count = |pick: fn(EstablishedVia) -> bool| {
@@ -203,14 +206,14 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
         via_comm_est,
         via_receive,
         already_established_races: count(|via| matches!(via, EstablishedVia::RtuWonRace(_))),
-        failed: conns.iter().filter(|c| c.failure.is_some()).count() + unstarted,
+        failed: conns.iter().filter(|c| c.failure().is_some()).count() + unstarted,
         disconnected: conns
             .iter()
-            .filter(|c| c.closed == Some(CloseReason::Disconnected) && c.failure.is_none())
+            .filter(|c| c.closed() == Some(CloseReason::Disconnected) && c.failure().is_none())
             .count(),
         timed_out: conns
             .iter()
-            .filter(|c| c.closed == Some(CloseReason::TimedOut))
+            .filter(|c| c.closed() == Some(CloseReason::TimedOut))
             .count(),
         aborted: session.aborted().map(str::to_owned),
         resolve_retries: session.resolve_retries(),
@@ -218,7 +221,10 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
         messages_received: conns.iter().map(|c| u64::from(c.received)).sum(),
         pump_counters: session.endpoint().counters().into(),
         steps,
-        failures: conns.iter().filter_map(|c| c.failure.clone()).collect(),
+        failures: conns
+            .iter()
+            .filter_map(|c| c.failure().map(str::to_owned))
+            .collect(),
         seconds: took.as_secs_f64(),
     }
 }

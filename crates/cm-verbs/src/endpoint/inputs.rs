@@ -9,7 +9,8 @@ use std::cmp::Reverse;
 
 use super::{
     failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Owner, PrivateData, QpErrorDetail, Step, PASS_BATCH, POLL_BATCH,
+    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, Via, PASS_BATCH,
+    POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
 
@@ -29,7 +30,7 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn on_device_event(&mut self, device: usize, event: AsyncEvent) {
         match event.event_type {
             AsyncEventType::QpFatal | AsyncEventType::QpReqErr | AsyncEventType::QpAccessErr => {
-                if let Some(&conn) = event.qp_num().and_then(|qp| self.by_qp.get(&qp)) {
+                if let Some(conn) = event.qp_num().and_then(|qp| self.conn_of_qp(qp)) {
                     let detail = QpErrorDetail::AsyncEvent(event);
                     self.close(conn, CloseReason::QpError { detail }, true);
                     return;
@@ -54,7 +55,7 @@ impl<T: Transport> Endpoint<T> {
                 (qp, EstablishedVia::RtuWonRace(trigger))
             }
             PumpEvent::NotifyFailed { qp, error, .. } => {
-                if let Some(&conn) = self.by_qp.get(&qp) {
+                if let Some(conn) = self.conn_of_qp(qp) {
                     if let Some(entry) = self.live_mut(conn) {
                         // The latest failure stands for the earlier ones (the
                         // counters count them all).
@@ -68,10 +69,10 @@ impl<T: Transport> Endpoint<T> {
                 return
             }
         };
-        if let Some(&conn) = self.by_qp.get(&qp) {
+        if let Some(conn) = self.conn_of_qp(qp) {
             if let Some(entry) = self.live_mut(conn) {
-                if entry.established.is_none() && entry.via.is_none() {
-                    entry.via = Some(via);
+                if entry.via == Via::None {
+                    entry.via = Via::Pending(via);
                 }
             }
         }
@@ -102,7 +103,9 @@ impl<T: Transport> Endpoint<T> {
                 break;
             };
             let id = match self.live(conn) {
-                Some(c) if c.state == ConnState::Accepted && c.via.is_none() => c.id.clone(),
+                Some(c) if c.state == ConnState::Accepted && !matches!(c.via, Via::Pending(_)) => {
+                    c.id.clone()
+                }
                 _ => continue,
             };
             self.awaiting.push_back(conn);
@@ -257,7 +260,12 @@ impl<T: Transport> Endpoint<T> {
         let Some(id) = self.transport.event_id(&event) else {
             return;
         };
-        let owner = self.by_id.get(&self.transport.id_key(&id)).copied();
+        // A connection's id carries its slot where the transport keeps a context;
+        // listeners, and connections on a transport that keeps none, are indexed.
+        let owner = match self.transport.event_context(&event) {
+            Some(index) => self.conn_with_id(index, &id).map(Owner::Conn),
+            None => self.by_id.get(&self.transport.id_key(&id)).copied(),
+        };
         match owner {
             Some(Owner::Listener(listener)) => self.on_listener_event(listener, kind),
             Some(Owner::Conn(conn)) => self.on_conn_event(conn, &event),
@@ -324,12 +332,12 @@ impl<T: Transport> Endpoint<T> {
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
         entry.listener = Some(listener);
-        entry.private = PrivateData::from(event.private_data());
+        entry.private = Private::new(PrivateData::from(event.private_data()));
         if !options.auto_accept {
-            entry.deadline = options.request_timeout.map(|t| now.saturating_add(t));
+            entry.deadline = Nanos::new(options.request_timeout.map(|t| now.saturating_add(t)));
         }
         let conn = self.insert(entry);
-        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
+        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
         }
         if options.auto_accept {
@@ -369,8 +377,8 @@ impl<T: Transport> Endpoint<T> {
             entry.times.mark(Step::ConnectCalled, called);
             entry.times.mark(Step::ConnectReturned, now);
             entry.state = ConnState::Accepted;
-            entry.deadline = timeout.map(|t| now.saturating_add(t));
-            if let Some(deadline) = entry.deadline {
+            entry.deadline = Nanos::new(timeout.map(|t| now.saturating_add(t)));
+            if let Some(deadline) = entry.deadline.get() {
                 self.deadlines.push(Reverse((deadline, conn)));
             }
             if self.notify {
@@ -414,7 +422,7 @@ impl<T: Transport> Endpoint<T> {
             self.transport
                 .post_recv(&id, &buffers, slot, u64::from(slot))?;
         }
-        self.by_qp.insert(qp, conn);
+        self.by_qp.insert(qp, conn.index() as u32);
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = Some(qp);
         entry.buffers = Some(buffers);
@@ -444,7 +452,7 @@ impl<T: Transport> Endpoint<T> {
                 let (id, timeout) = match self.live_mut(conn) {
                     Some(c) => {
                         c.times.mark(Step::AddrResolved, now);
-                        (c.id.clone(), c.resolve_timeout)
+                        (c.id.clone(), c.resolve_timeout.get().unwrap_or_default())
                     }
                     None => return,
                 };
@@ -505,7 +513,7 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
         self.setup_qp(conn, Role::Active)?;
         let entry = self.live_mut(conn).expect("set up above");
-        let request = std::mem::take(&mut entry.private);
+        let request = entry.private.take();
         let id = entry.id.clone();
         let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
@@ -523,17 +531,20 @@ impl<T: Transport> Endpoint<T> {
         let Some(entry) = self.live_mut(conn) else {
             return;
         };
-        if entry.established.is_some() {
+        if entry.via.established().is_some() {
             return; // exactly once, whatever the CM says twice
         }
-        let via = entry.via.take().unwrap_or(EstablishedVia::Handshake);
-        entry.established = Some(via);
+        let via = match entry.via {
+            Via::Pending(via) => via,
+            _ => EstablishedVia::Handshake,
+        };
+        entry.via = Via::Established(via);
         entry.times.mark(Step::Established, now);
         entry.state = ConnState::Established;
-        entry.deadline = None;
+        entry.deadline = Nanos::NONE;
         entry.pending.established = true;
         if entry.role == Role::Active {
-            entry.private = PrivateData::from(private_data);
+            entry.private = Private::new(PrivateData::from(private_data));
         }
         let passive = entry.role == Role::Passive;
         let listener = entry.listener;
@@ -565,9 +576,9 @@ impl<T: Transport> Endpoint<T> {
                 return true;
             }
             self.deadlines.pop();
-            let applies = self
-                .live(conn)
-                .is_some_and(|c| c.state != ConnState::Established && c.deadline == Some(due));
+            let applies = self.live(conn).is_some_and(|c| {
+                c.state != ConnState::Established && c.deadline.get() == Some(due)
+            });
             if applies {
                 let unanswered = self
                     .live(conn)
@@ -597,7 +608,7 @@ impl<T: Transport> Endpoint<T> {
         self.deadlines.retain(|Reverse((due, conn))| {
             slots.get(conn.index()).is_some_and(|s| {
                 s.generation == conn.generation()
-                    && matches!(&s.entry, Some(Entry::Live(c)) if c.deadline == Some(*due) && c.state != ConnState::Established)
+                    && matches!(&s.entry, Some(Entry::Live(c)) if c.deadline.get() == Some(*due) && c.state != ConnState::Established)
             })
         });
     }

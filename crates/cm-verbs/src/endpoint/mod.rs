@@ -118,23 +118,163 @@ struct Conn<T: Transport> {
     send_next: u32,
     /// Sends posted and not yet completed.
     sends_in_flight: u32,
-    deadline: Option<Duration>,
-    /// What the notify path did before ESTABLISHED arrived.
-    via: Option<EstablishedVia>,
-    established: Option<EstablishedVia>,
+    deadline: Nanos,
+    /// What the notify path did before ESTABLISHED arrived, then how it was
+    /// established.
+    via: Via,
     /// Messages received and not yet taken, with the receive slot each one used. A
     /// slot's receive is posted again only when its message is taken, so this never
     /// holds more than the receive depth: a peer that sends faster than the
     /// application reads (or before the connection is established) meets RNR.
-    inbox: VecDeque<(u32, Vec<u8>)>,
+    inbox: Inbox,
     /// What it has to report.
     pending: Pending,
     /// Active side: the resolution timeout, until connect.
-    resolve_timeout: Duration,
+    resolve_timeout: Nanos,
     /// Private data: the REQ's to send (active side, until connect), then the peer's
     /// (the REQ's on a passive side, the REP's on an active side) until reported.
-    private: PrivateData,
+    private: Private,
     times: Times,
+}
+
+/// How a connection is getting or got established, in one field (the size of one
+/// `Option<EstablishedVia>`): the second follows the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Nothing yet.
+    None,
+    /// The notify path's doing, before ESTABLISHED arrived.
+    Pending(EstablishedVia),
+    /// Established, and how.
+    Established(EstablishedVia),
+}
+
+impl Via {
+    fn established(self) -> Option<EstablishedVia> {
+        match self {
+            Via::Established(via) => Some(via),
+            _ => None,
+        }
+    }
+}
+
+/// An optional time or duration in eight bytes (nanoseconds; `u64::MAX` is none, later
+/// saturates just below): half an `Option<Duration>`, on every connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Nanos(u64);
+
+impl Nanos {
+    const NONE: Nanos = Nanos(u64::MAX);
+
+    fn new(at: Option<Duration>) -> Self {
+        // A time is never taken for none, however far.
+        at.map_or(Nanos::NONE, |at| Nanos(nanos(at).min(u64::MAX - 1)))
+    }
+
+    fn get(self) -> Option<Duration> {
+        (self != Nanos::NONE).then(|| Duration::from_nanos(self.0))
+    }
+}
+
+/// A connection's received messages, with the receive slot each used: nothing at all
+/// (eight bytes) while there is none, which is nearly always, and one allocation for
+/// the usual one message. The box is there only while it holds a message.
+#[derive(Debug, Default)]
+struct Inbox(Option<Box<Held>>);
+
+/// A received message and the receive slot it used.
+type Received = (u32, Vec<u8>);
+
+/// What an [`Inbox`] holds.
+#[derive(Debug)]
+enum Held {
+    One(Received),
+    Many(VecDeque<Received>),
+}
+
+impl Inbox {
+    fn capacity(&self) -> usize {
+        match self.0.as_deref() {
+            None => 0,
+            Some(Held::One(_)) => 1,
+            Some(Held::Many(q)) => q.capacity(),
+        }
+    }
+
+    /// Room is made as messages come: one needs no queue.
+    fn reserve_exact(&mut self, additional: usize) {
+        if let Some(Held::Many(q)) = self.0.as_deref_mut() {
+            q.reserve_exact(additional);
+        }
+    }
+
+    fn push_back(&mut self, message: Received) {
+        match self.0.take().map(|held| *held) {
+            None => self.0 = Some(Box::new(Held::One(message))),
+            Some(Held::One(first)) => {
+                self.0 = Some(Box::new(Held::Many(VecDeque::from([first, message]))));
+            }
+            Some(Held::Many(mut q)) => {
+                q.push_back(message);
+                self.0 = Some(Box::new(Held::Many(q)));
+            }
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Received> {
+        let message = match self.0.as_deref_mut()? {
+            Held::Many(q) => q.pop_front(),
+            Held::One(_) => match self.0.take().map(|held| *held) {
+                Some(Held::One(message)) => Some(message),
+                _ => None,
+            },
+        };
+        if matches!(self.0.as_deref(), Some(Held::Many(q)) if q.is_empty()) {
+            self.0 = None;
+        }
+        message
+    }
+
+    /// Without reading the box: it is there only while it holds a message.
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn len(&self) -> usize {
+        match self.0.as_deref() {
+            None => 0,
+            Some(Held::One(_)) => 1,
+            Some(Held::Many(q)) => q.len(),
+        }
+    }
+
+    /// The messages, oldest first, without their slots.
+    fn into_messages(self) -> VecDeque<Vec<u8>> {
+        match self.0.map(|held| *held) {
+            None => VecDeque::new(),
+            Some(Held::One((_, data))) => VecDeque::from([data]),
+            Some(Held::Many(q)) => q.into_iter().map(|(_, data)| data).collect(),
+        }
+    }
+}
+
+/// Private data kept on a connection: nothing at all (eight bytes) when empty, which
+/// it nearly always is.
+#[derive(Debug, Default)]
+struct Private(Option<Box<PrivateData>>);
+
+impl Private {
+    fn new(data: PrivateData) -> Self {
+        Private((!data.as_bytes().is_empty()).then(|| Box::new(data)))
+    }
+
+    fn get(&self) -> PrivateData {
+        self.0.as_deref().cloned().unwrap_or_default()
+    }
+
+    fn take(&mut self) -> PrivateData {
+        self.0.take().map(|data| *data).unwrap_or_default()
+    }
 }
 
 impl<T: Transport> Conn<T> {
@@ -152,24 +292,26 @@ impl<T: Transport> Conn<T> {
             buffers: None,
             send_next: 0,
             sends_in_flight: 0,
-            deadline: None,
-            via: None,
-            established: None,
-            inbox: VecDeque::new(),
+            deadline: Nanos::NONE,
+            via: Via::None,
+            inbox: Inbox::default(),
             pending: Pending::default(),
-            resolve_timeout: Duration::ZERO,
-            private: PrivateData::empty(),
+            resolve_timeout: Nanos(0),
+            private: Private::default(),
         }
     }
 }
 
-/// When a connection passed each step of its setup, compactly (nanoseconds on the
-/// transport's clock, [`Times::NONE`] for a step not passed): [`ConnTimes`] per
-/// connection would double the size of its entry.
-#[derive(Debug, Clone, Copy)]
+/// When a connection passed each step of its setup, compactly: the start in
+/// nanoseconds on the transport's clock, each step as nanoseconds after it
+/// ([`Times::NONE`] for a step not passed); a step more than four seconds after the
+/// start (or before it) moves every step to `far`, exact. [`ConnTimes`] per connection
+/// would double the size of its entry.
+#[derive(Debug, Clone)]
 struct Times {
     started: u64,
-    steps: [u64; Step::COUNT],
+    steps: [u32; Step::COUNT],
+    far: Option<Box<[u64; Step::COUNT]>>,
 }
 
 /// The steps [`Times`] records, in [`ConnTimes`]' order.
@@ -190,21 +332,56 @@ impl Step {
 
 impl Times {
     const NONE: u64 = u64::MAX;
+    /// A step not passed, in `steps`.
+    const NOT_YET: u32 = u32::MAX;
 
     fn new(started: Duration) -> Self {
         Times {
             started: nanos(started),
-            steps: [Self::NONE; Step::COUNT],
+            steps: [Self::NOT_YET; Step::COUNT],
+            far: None,
         }
     }
 
     fn mark(&mut self, step: Step, at: Duration) {
-        self.steps[step as usize] = nanos(at);
+        let at = nanos(at);
+        if let Some(far) = &mut self.far {
+            far[step as usize] = at;
+            return;
+        }
+        match at
+            .checked_sub(self.started)
+            .and_then(|after| u32::try_from(after).ok())
+            .filter(|&after| after != Self::NOT_YET)
+        {
+            Some(after) => self.steps[step as usize] = after,
+            None => {
+                let mut far = [Self::NONE; Step::COUNT];
+                for (slot, (&after, exact)) in self.steps.iter().zip(&mut far).enumerate() {
+                    if after != Self::NOT_YET {
+                        *exact = self.started + u64::from(after);
+                    }
+                    if slot == step as usize {
+                        *exact = at;
+                    }
+                }
+                self.far = Some(Box::new(far));
+            }
+        }
+    }
+
+    /// The time of `step`, in nanoseconds ([`Times::NONE`]: not passed).
+    fn at(&self, step: Step) -> u64 {
+        match (&self.far, self.steps[step as usize]) {
+            (Some(far), _) => far[step as usize],
+            (None, Self::NOT_YET) => Self::NONE,
+            (None, after) => self.started + u64::from(after),
+        }
     }
 
     fn public(&self) -> ConnTimes {
         let step = |s: Step| {
-            let at = self.steps[s as usize];
+            let at = self.at(s);
             (at != Self::NONE).then(|| Duration::from_nanos(at))
         };
         ConnTimes {
@@ -283,8 +460,13 @@ pub struct Endpoint<T: Transport> {
     listener_generations: Vec<u32>,
     slots: slots::Slots<Slot<T>>,
     free_slots: Vec<u32>,
+    /// Listeners by id key, and connections too on a transport that keeps no id context
+    /// (elsewhere a connection's id carries its slot).
     by_id: FxHashMap<usize, Owner>,
-    by_qp: FxHashMap<QpNum, ConnectionId>,
+    /// Each QP's connection, by slot: an entry goes with its connection, so the slot's
+    /// generation completes the handle (half the size of keeping handles).
+    /// Indexed directly by QP number, as the pump's table.
+    by_qp: crate::qp_table::QpTable<u32>,
     /// Connections (each at most once) and endpoint-wide events with something to
     /// report, oldest first.
     ready: VecDeque<Ready>,
@@ -377,7 +559,7 @@ impl<T: Transport> Endpoint<T> {
             slots: slots::Slots::new(),
             free_slots: Vec::new(),
             by_id: FxHashMap::default(),
-            by_qp: FxHashMap::default(),
+            by_qp: crate::qp_table::QpTable::with_capacity(0),
             ready: VecDeque::new(),
             endpoint_events: VecDeque::new(),
             listener_closed_pending: 0,
@@ -549,11 +731,11 @@ impl<T: Transport> Endpoint<T> {
             .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
-        entry.deadline = options.timeout.map(|t| now.saturating_add(t));
-        entry.private = options.private_data;
-        entry.resolve_timeout = options.resolve_timeout;
+        entry.deadline = Nanos::new(options.timeout.map(|t| now.saturating_add(t)));
+        entry.private = Private::new(options.private_data);
+        entry.resolve_timeout = Nanos::new(Some(options.resolve_timeout));
         let conn = self.insert(entry);
-        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline) {
+        if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
         }
         Ok(conn)
@@ -661,7 +843,7 @@ impl<T: Transport> Endpoint<T> {
             role: entry.role,
             state: entry.state,
             qp: entry.qp,
-            established: entry.established,
+            established: entry.via.established(),
             listener: entry.listener,
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),
@@ -1014,5 +1196,65 @@ fn failure_reason(kind: CmEventType, status: i32, private_data: &[u8]) -> CloseR
             private_data: PrivateData::from(private_data),
         },
         _ => CloseReason::ConnectError { status },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_stay_exact_near_and_far_from_the_start() {
+        let start = Duration::from_secs(3);
+        let mut times = Times::new(start);
+        times.mark(Step::AddrResolved, start + Duration::from_nanos(7));
+        assert!(times.far.is_none());
+        // More than four seconds later: every step moves to the exact table.
+        times.mark(Step::Established, start + Duration::from_secs(9));
+        times.mark(Step::ConnectCalled, start + Duration::from_millis(1));
+        let public = times.public();
+        assert_eq!(public.started, start);
+        assert_eq!(public.addr_resolved, Some(start + Duration::from_nanos(7)));
+        assert_eq!(
+            public.connect_called,
+            Some(start + Duration::from_millis(1))
+        );
+        assert_eq!(public.established, Some(start + Duration::from_secs(9)));
+        assert_eq!(public.route_resolved, None);
+        let mut early = Times::new(start);
+        early.mark(Step::QpCreated, Duration::from_secs(1));
+        assert_eq!(early.public().qp_created, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn compact_fields_answer_as_the_plain_ones() {
+        assert_eq!(Nanos::new(None).get(), None);
+        let at = Some(Duration::new(5, 17));
+        assert_eq!(Nanos::new(at).get(), at);
+        assert!(Nanos::new(Some(Duration::MAX)).get().is_some());
+        let mut inbox = Inbox::default();
+        assert!(inbox.is_empty() && inbox.capacity() == 0);
+        inbox.reserve_exact(1);
+        inbox.push_back((3, vec![1]));
+        inbox.push_back((4, vec![2]));
+        assert_eq!(inbox.len(), 2);
+        assert_eq!(inbox.pop_front(), Some((3, vec![1])));
+        assert_eq!(inbox.into_messages(), [vec![2]]);
+        let mut inbox = Inbox::default();
+        for slot in 0..3 {
+            inbox.push_back((slot, vec![slot as u8]));
+        }
+        assert_eq!((inbox.len(), inbox.pop_front()), (3, Some((0, vec![0]))));
+        inbox.push_back((3, vec![3]));
+        assert_eq!(inbox.into_messages(), [vec![1], vec![2], vec![3]]);
+        let mut one = Inbox::default();
+        one.push_back((5, vec![5]));
+        assert_eq!((one.capacity(), one.pop_front()), (1, Some((5, vec![5]))));
+        assert!(one.is_empty() && one.pop_front().is_none());
+        let mut private = Private::new(PrivateData::from(&b"hi"[..]));
+        assert_eq!(private.get().as_bytes(), b"hi");
+        assert_eq!(private.take().as_bytes(), b"hi");
+        assert!(private.0.is_none());
+        assert!(Private::new(PrivateData::empty()).0.is_none());
     }
 }

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use cm_core::{QpNum, Transport};
 
 use super::{
-    CloseReason, ConnError, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia, Event,
+    CloseReason, ConnError, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia, Event, Inbox,
     PrivateData,
 };
 use crate::Role;
@@ -236,7 +236,7 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Request {
                 listener,
                 conn,
-                private_data: entry.private.clone(),
+                private_data: entry.private.get(),
             });
         }
         if entry.pending.established {
@@ -244,8 +244,8 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Established {
                 conn,
                 role: entry.role,
-                via: entry.established.unwrap_or(EstablishedVia::Handshake),
-                private_data: std::mem::take(&mut entry.private),
+                via: entry.via.established().unwrap_or(EstablishedVia::Handshake),
+                private_data: entry.private.take(),
             });
         }
         if let Some(data) = self.take_message(conn) {
@@ -285,7 +285,7 @@ impl<T: Transport> Endpoint<T> {
         let (slot, data) = entry.inbox.pop_front()?;
         if entry.inbox.is_empty() {
             // An idle connection keeps no message memory (a server may hold a million).
-            entry.inbox = VecDeque::new();
+            entry.inbox = Inbox::default();
         }
         let posted = match entry.buffers.as_ref() {
             Some(buffers) => transport.post_recv(&entry.id, buffers, slot, u64::from(slot)),
@@ -327,7 +327,7 @@ impl<T: Transport> Endpoint<T> {
         conn: ConnectionId,
     ) -> Option<Result<EstablishedVia, ConnError>> {
         if let Some(entry) = self.live_mut(conn) {
-            let via = entry.established?;
+            let via = entry.via.established()?;
             entry.pending.established = false;
             return Some(Ok(via));
         }

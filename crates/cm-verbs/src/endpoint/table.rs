@@ -1,7 +1,7 @@
 //! The endpoint's tables: device readers, connection slots (generation-checked
 //! handles), the id and QP indexes, and teardown.
 
-use cm_core::Transport;
+use cm_core::{QpNum, Transport};
 
 use std::collections::VecDeque;
 
@@ -158,8 +158,8 @@ impl<T: Transport> Endpoint<T> {
             id,
             role,
             state,
-            established,
-            private,
+            via,
+            mut private,
             inbox,
             pending,
             ..
@@ -180,7 +180,7 @@ impl<T: Transport> Endpoint<T> {
         };
         // Messages are deliverable only on a connection that got established.
         let inbox: VecDeque<Vec<u8>> = if state == ConnState::Established {
-            inbox.into_iter().map(|(_, data)| data).collect()
+            inbox.into_messages()
         } else {
             self.held_messages -= inbox.len();
             VecDeque::new()
@@ -189,8 +189,8 @@ impl<T: Transport> Endpoint<T> {
         self.slots[conn.index()].entry = Some(Entry::Closed(ClosedConn {
             reason,
             role,
-            established,
-            peer_private: private,
+            established: via.established(),
+            peer_private: private.take(),
             inbox,
             pending: Pending {
                 established: pending.established,
@@ -222,11 +222,10 @@ impl<T: Transport> Endpoint<T> {
             self.device_unuse(key);
         }
         if let Some(qp) = entry.qp {
-            self.by_qp.remove(&qp);
+            self.by_qp.remove(qp);
             drop(self.pump.unregister(qp));
         }
         shrink(&mut self.by_id);
-        shrink(&mut self.by_qp);
         Some(entry)
     }
 
@@ -255,6 +254,13 @@ impl<T: Transport> Endpoint<T> {
         self.compact_awaiting();
     }
 
+    /// The connection that owns `qp`.
+    pub(super) fn conn_of_qp(&self, qp: QpNum) -> Option<ConnectionId> {
+        let index = *self.by_qp.get(qp)?;
+        let slot = self.slots.get(index as usize)?;
+        Some(ConnectionId::new(index, slot.generation))
+    }
+
     pub(super) fn insert(&mut self, conn: Conn<T>) -> ConnectionId {
         let key = self.transport.id_key(&conn.id);
         let index = match self.free_slots.pop() {
@@ -267,9 +273,27 @@ impl<T: Transport> Endpoint<T> {
         let slot = &mut self.slots[index];
         slot.entry = Some(Entry::Live(conn));
         self.live_conns += 1;
-        let id = ConnectionId::new(index as u32, slot.generation);
-        self.by_id.insert(key, Owner::Conn(id));
-        id
+        let conn = ConnectionId::new(index as u32, slot.generation);
+        let kept = match &slot.entry {
+            Some(Entry::Live(c)) => self.transport.set_id_context(&c.id, index as u32),
+            _ => false,
+        };
+        if !kept {
+            self.by_id.insert(key, Owner::Conn(conn));
+        }
+        conn
+    }
+
+    /// The live connection in slot `index`, if its id is `id` (the id's context named
+    /// the slot: the connection may have gone since).
+    pub(super) fn conn_with_id(&self, index: u32, id: &T::Id) -> Option<ConnectionId> {
+        let slot = self.slots.get(index as usize)?;
+        match &slot.entry {
+            Some(Entry::Live(c)) if self.transport.id_key(&c.id) == self.transport.id_key(id) => {
+                Some(ConnectionId::new(index, slot.generation))
+            }
+            _ => None,
+        }
     }
 
     fn entry(&self, conn: ConnectionId) -> Option<&Entry<T>> {

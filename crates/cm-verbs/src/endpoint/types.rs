@@ -21,6 +21,15 @@ impl ConnectionId {
         (self.0 & u64::from(u32::MAX)) as usize
     }
 
+    /// The handle's slot in its endpoint: connections held at the same time have
+    /// distinct slots, and a slot is reused once its connection is gone, so slots stay
+    /// below the most connections the endpoint held at once. An application can key a
+    /// dense table by it (checking the full handle, as a reused slot names another
+    /// connection).
+    pub fn slot(self) -> usize {
+        self.index()
+    }
+
     pub(crate) fn generation(self) -> u32 {
         (self.0 >> 32) as u32
     }
@@ -50,6 +59,15 @@ impl ListenerId {
 
     pub(crate) fn index(self) -> usize {
         (self.0 & u64::from(u32::MAX)) as usize
+    }
+
+    /// The handle's slot in its endpoint: connections held at the same time have
+    /// distinct slots, and a slot is reused once its connection is gone, so slots stay
+    /// below the most connections the endpoint held at once. An application can key a
+    /// dense table by it (checking the full handle, as a reused slot names another
+    /// connection).
+    pub fn slot(self) -> usize {
+        self.index()
     }
 
     pub(crate) fn generation(self) -> u32 {

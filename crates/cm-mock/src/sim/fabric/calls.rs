@@ -11,8 +11,8 @@ use cm_core::{
 };
 
 use super::{
-    gone, nanos, os, Action, ConnRecord, Fabric, MaybeConn, MaybeKey, Message, Private, Qp,
-    QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED,
+    gone, nanos, os, Action, ConnRecord, Fabric, MaybeConn, MaybeKey, MaybeQp, Message, Private,
+    Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED,
     REJ_TIMEOUT,
 };
 use crate::sim::types::{ConnId, DeviceKind, MsgKind, NodeId, RecvCompletion, SimIdKey};
@@ -32,7 +32,10 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()
-            .map(|(completion, _)| completion)
+            .map(|(completion, payload)| {
+                self.take_payload(payload);
+                completion
+            })
     }
 
     /// The next receive completion and its payload, appended to `out`.
@@ -46,7 +49,14 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()?;
-        out.extend_from_slice(self.privates.get(payload));
+        if let Some(bytes) = self.take_payload(payload) {
+            if out.is_empty() {
+                // The payload's own memory, not a copy of it.
+                *out = bytes.into_vec();
+            } else {
+                out.extend_from_slice(&bytes);
+            }
+        }
         Some(completion)
     }
 
@@ -60,6 +70,7 @@ impl Fabric {
     pub(crate) fn raise_async_event(&mut self, node: NodeId, event: AsyncEvent) {
         if let Some(n) = self.nodes.get_mut(node.0 as usize) {
             n.async_events.push_back(event);
+            self.arrivals.bump_node(node);
             self.record(|| TraceEvent::AsyncEvent { node, event });
         }
     }
@@ -71,7 +82,7 @@ impl Fabric {
         if !id.device {
             return Err(os(OP, errno::EINVAL));
         }
-        if id.qp.is_some() {
+        if id.qp.get().is_some() {
             return Err(os(OP, errno::EBUSY));
         }
         let node = id.node;
@@ -82,12 +93,12 @@ impl Fabric {
             *budget -= 1;
         }
         let id = self.live(key, OP)?;
-        id.qp = Some(qpn);
+        id.qp = MaybeQp::new(Some(qpn));
         self.qps.push(Qp {
             node,
             owner: key,
             state: QpState::Init,
-            peer: None,
+            peer: MaybeQp::NONE,
             got_first_packet: false,
             alive: true,
         });
@@ -103,8 +114,12 @@ impl Fabric {
     pub(crate) fn post_send_data(&mut self, key: SimIdKey, data: &[u8]) -> Result<(), CmError> {
         let len = u32::try_from(data.len()).map_err(|_| os("ibv_post_send", errno::EINVAL))?;
         self.live(key, "ibv_post_send")?;
-        let payload = self.privates.store(data);
-        self.post_send_payload(key, len, payload)
+        let payload = self.store_payload(data);
+        let sent = self.post_send_payload(key, len, payload);
+        if sent.is_err() {
+            self.take_payload(payload);
+        }
+        sent
     }
 
     pub(super) fn post_send_payload(
@@ -116,12 +131,12 @@ impl Fabric {
         const OP: &str = "ibv_post_send";
         let id = self.live(key, OP)?;
         let (conn, node) = (id.conn.get(), id.node);
-        let qpn = id.qp.ok_or(os(OP, errno::EINVAL))?;
+        let qpn = id.qp.get().ok_or(os(OP, errno::EINVAL))?;
         let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
         if !qp.alive || qp.state != QpState::Rts {
             return Err(os(OP, errno::EINVAL));
         }
-        let peer = qp.peer.ok_or(os(OP, errno::EINVAL))?;
+        let peer = qp.peer.get().ok_or(os(OP, errno::EINVAL))?;
         let to = self.qp(peer).map_or(node, |q| q.node);
         let mut msg = Message::new(MsgKind::Data, conn, node, to);
         msg.qp = peer;
@@ -132,7 +147,7 @@ impl Fabric {
     }
 
     pub(crate) fn qp_state(&self, key: SimIdKey) -> Option<QpState> {
-        let qp = self.id(key)?.qp?;
+        let qp = self.id(key)?.qp.get()?;
         self.qp(qp).filter(|q| q.alive).map(|q| q.state)
     }
 
@@ -212,7 +227,7 @@ impl Fabric {
         if id.cm_state != CmIdState::RouteResolved {
             return Err(os(OP, errno::EINVAL));
         }
-        if id.qp.is_none() {
+        if id.qp.get().is_none() {
             return Err(CmError::InvalidArgument {
                 op: OP,
                 reason: "the simulated fabric needs a QP before connect (rdma_create_qp)",
@@ -235,15 +250,15 @@ impl Fabric {
         if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
             return Err(os(OP, errno::EINVAL));
         }
-        let qp = id.qp.ok_or(CmError::InvalidArgument {
+        let qp = id.qp.get().ok_or(CmError::InvalidArgument {
             op: OP,
             reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
         })?;
         id.private = private;
-        let peer = id.remote_qp;
+        let peer = id.remote_qp.get();
         // librdmacm moves the QP to RTR and RTS before it sends the REP.
         if let Some(q) = self.qp_mut(qp) {
-            q.peer = peer;
+            q.peer = MaybeQp::new(peer);
             q.state = QpState::Rts;
         }
         self.set_ib(key, IbCmState::RepSent);
@@ -271,7 +286,7 @@ impl Fabric {
     pub(crate) fn disconnect(&mut self, key: SimIdKey) -> Result<(), CmError> {
         const OP: &str = "rdma_disconnect";
         let id = self.live(key, OP)?;
-        let (ib, qp) = (id.ib, id.qp);
+        let (ib, qp) = (id.ib, id.qp.get());
         if ib.is_none() {
             return Err(os(OP, errno::EINVAL));
         }
@@ -303,7 +318,7 @@ impl Fabric {
                 unacked: id.unacked as usize,
             });
         }
-        let (ib, qp, node, port) = (id.ib, id.qp, id.node, id.port);
+        let (ib, qp, node, port) = (id.ib, id.qp.get(), id.node, id.port);
         let from_req = id.remote.filter(|_| id.from_req);
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;
@@ -400,6 +415,7 @@ impl Fabric {
         }
         let closed = &mut self.channels[channel];
         closed.closed = true;
+        self.arrivals.bump_channel(channel);
         self.stats.events_discarded += closed.queue.len() as u64;
         closed.queue.clear();
         Ok(())
@@ -429,6 +445,7 @@ impl Fabric {
                 queue.into_iter().partition(|e| e.id == key);
             self.channels[old].queue = staying;
             self.channels[channel].queue.extend(moving);
+            self.arrivals.bump_channel(channel);
         }
         Ok(())
     }
@@ -483,6 +500,17 @@ impl Fabric {
         result
     }
 
+    /// Keeps `context` with id `key` (never `u32::MAX`); whether the id is alive.
+    pub(crate) fn set_context(&mut self, key: SimIdKey, context: u32) -> bool {
+        match self.id_mut(key) {
+            Some(id) if context != u32::MAX => {
+                id.context = context;
+                true
+            }
+            _ => false,
+        }
+    }
+
     // ----- event channels ----------------------------------------------------------
 
     pub(crate) fn next_event(&mut self, channel: usize) -> Option<ReadEvent> {
@@ -498,7 +526,8 @@ impl Fabric {
             };
             let id = self.id_mut(queued.id)?;
             id.unacked += 1;
-            let qp = id.qp;
+            let qp = id.qp.get();
+            let context = (id.context != u32::MAX).then_some(id.context);
             self.stats.events_delivered += 1;
             return Some(ReadEvent {
                 id: queued.id,
@@ -507,6 +536,7 @@ impl Fabric {
                 status,
                 qp,
                 private: self.privates.get(private).into(),
+                context,
             });
         }
     }
@@ -533,9 +563,9 @@ impl Fabric {
             );
         }
         let private = std::mem::take(&mut id.peer_private);
-        let (qp, peer) = (id.qp, id.remote_qp);
+        let (qp, peer) = (id.qp.get(), id.remote_qp.get());
         if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
-            q.peer = peer;
+            q.peer = MaybeQp::new(peer);
             q.state = QpState::Rts;
         }
         self.send_to_peer(key, MsgKind::Rtu, 0);
@@ -591,7 +621,7 @@ impl Fabric {
     }
 
     pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {
-        self.id(key)?.qp
+        self.id(key)?.qp.get()
     }
 
     /// How many ids were destroyed so far: an id's QP number stays what it was read as

@@ -10,6 +10,8 @@
 //! inspection).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cm_core::kernel_model::LapState;
@@ -42,11 +44,12 @@ const EADDRINUSE: i32 = 98;
 
 /// Private data of a CM message, queued event or id: a handle into the fabric's
 /// [`PrivateBytes`]. Copying it is free and it owns no heap memory, so sending a REQ
-/// allocates nothing and the id and message tables need no drop pass.
+/// allocates nothing and the id and message tables need no drop pass. Eight bytes: an
+/// id holds two.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Private {
-    start: usize,
-    len: usize,
+    start: u32,
+    len: u32,
 }
 
 /// The bytes of every private data the fabric was handed (`connect`, `accept`,
@@ -66,16 +69,49 @@ impl PrivateBytes {
         if self.get(self.last) == data {
             return self.last;
         }
+        // Only distinct CM private data is kept (at most 196 bytes a call).
         self.last = Private {
-            start: self.bytes.len(),
-            len: data.len(),
+            start: u32::try_from(self.bytes.len()).expect("less than 4 GiB of private data"),
+            len: data.len() as u32,
         };
         self.bytes.extend_from_slice(data);
         self.last
     }
 
     fn get(&self, private: Private) -> &[u8] {
-        &self.bytes[private.start..private.start + private.len]
+        let start = private.start as usize;
+        &self.bytes[start..start + private.len as usize]
+    }
+}
+
+impl Fabric {
+    /// Keeps a data message's payload until it is read; its handle.
+    fn store_payload(&mut self, data: &[u8]) -> Private {
+        if data.is_empty() {
+            return Private::default();
+        }
+        let slot = self.payloads.put(data.into());
+        Private {
+            start: slot,
+            // The caller checked that it fits.
+            len: data.len() as u32,
+        }
+    }
+
+    /// Frees the payload of data message `msg` when it goes without being delivered
+    /// (a duplicate shares the original's, and is never delivered).
+    fn discard_payload(&mut self, msg: &Message) {
+        if msg.kind == MsgKind::Data && !msg.copy {
+            self.take_payload(msg.private);
+        }
+    }
+
+    /// Takes a payload out of the store.
+    fn take_payload(&mut self, payload: Private) -> Option<Box<[u8]>> {
+        if payload.len == 0 {
+            return None;
+        }
+        self.payloads.take(payload.start)
     }
 }
 
@@ -108,9 +144,10 @@ pub(crate) struct Message {
     copy: bool,
 }
 
-// A message in flight is one cache line, an id slot two: checked when compiling.
+// A message in flight is one cache line; an id slot (two per connection) stays well
+// under two: checked when compiling.
 const _: () = assert!(std::mem::size_of::<Message>() == 64);
-const _: () = assert!(std::mem::size_of::<IdSlot>() == 128);
+const _: () = assert!(std::mem::size_of::<IdSlot>() <= 100);
 
 impl Message {
     fn new(kind: MsgKind, conn: Option<ConnId>, from: NodeId, to: NodeId) -> Self {
@@ -176,6 +213,8 @@ pub(crate) struct ReadEvent {
     pub(crate) status: i32,
     pub(crate) qp: Option<QpNum>,
     pub(crate) private: Box<[u8]>,
+    /// What the id's owner keeps with it (`set_context`), if anything.
+    pub(crate) context: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -216,19 +255,15 @@ struct Qp {
     node: NodeId,
     owner: SimIdKey,
     state: QpState,
-    peer: Option<QpNum>,
+    peer: MaybeQp,
     got_first_packet: bool,
     alive: bool,
 }
 
-/// One CM id: the rdma_cm id and its IB CM id together.
-///
-/// Laid out in order (`repr(C)`): the fields that nearly every event reads or writes
-/// come first and, with the slot's generation, fill the slot's first cache line; the
-/// ones only a few calls need (addresses, private data, retry count) follow on the
-/// second. A run that outgrows the caches then pulls in one line per id per event.
+/// One CM id: the rdma_cm id and its IB CM id together. Compact (a scale run holds two
+/// per connection): the fields are laid out by the compiler, and the slot is not
+/// padded to cache lines.
 #[derive(Debug)]
-#[repr(C)]
 struct IdData {
     node: NodeId,
     /// The channel's index (`u32`: ids are many, channels few).
@@ -237,8 +272,10 @@ struct IdData {
     unacked: u32,
     /// Bumped to cancel the pending timer.
     timer_gen: u32,
+    /// What the id's owner keeps with it (rdma_cm's `id->context`; `u32::MAX`: none).
+    context: u32,
     conn: MaybeConn,
-    qp: Option<QpNum>,
+    qp: MaybeQp,
     /// The peer id, once known.
     remote: Option<(NodeId, SimIdKey)>,
     cm_state: CmIdState,
@@ -251,7 +288,6 @@ struct IdData {
     /// The retransmission timeout is the MRA's service timeout (an MRA arrived), not the
     /// CM response timeout.
     mra_timeout: bool,
-    // The second cache line.
     /// Created by a connection request (passive ids): `remote` is the REQ's sender,
     /// whose duplicate-REQ entry goes when this id does.
     from_req: bool,
@@ -260,7 +296,7 @@ struct IdData {
     port: u16,
     /// Where `resolve_addr` points.
     dst: Option<(NodeId, u16)>,
-    remote_qp: Option<QpNum>,
+    remote_qp: MaybeQp,
     /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
     /// active side once the REP arrived.
     private: Private,
@@ -268,7 +304,7 @@ struct IdData {
 }
 
 /// An optional connection number in four bytes (`u32::MAX`, never handed out, is
-/// none): with it the hot half of [`IdData`] fits one cache line.
+/// none), half an `Option<ConnId>`: every id has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MaybeConn(u32);
 
@@ -281,6 +317,23 @@ impl MaybeConn {
 
     fn get(self) -> Option<ConnId> {
         (self != MaybeConn::NONE).then_some(ConnId(self.0))
+    }
+}
+
+/// An optional QP number in four bytes (`u32::MAX`, never handed out, is none): half
+/// an `Option<QpNum>`, and every id and QP has one or two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MaybeQp(u32);
+
+impl MaybeQp {
+    pub(crate) const NONE: MaybeQp = MaybeQp(u32::MAX);
+
+    pub(crate) fn new(qp: Option<QpNum>) -> Self {
+        qp.map_or(MaybeQp::NONE, |q| MaybeQp(q.0))
+    }
+
+    pub(crate) fn get(self) -> Option<QpNum> {
+        (self != MaybeQp::NONE).then_some(QpNum(self.0))
     }
 }
 
@@ -303,10 +356,8 @@ impl MaybeKey {
     }
 }
 
-/// A slot of the id table: two cache lines, aligned so the hot half of [`IdData`] is
-/// exactly one.
+/// A slot of the id table.
 #[derive(Debug, Default)]
-#[repr(C, align(64))]
 struct IdSlot {
     generation: u32,
     data: Option<IdData>,
@@ -318,9 +369,53 @@ struct ConnRecord {
     sent: [u32; 8],
 }
 
+/// Arrival counters: each counts what came to a channel (CM events, its close) or to
+/// a node's device (asynchronous events, receive completions), bumped under the lock and
+/// read without it, so that a reader that found its queue empty looks again only once
+/// something came. Channels and nodes share the counters by index (modulo their half):
+/// two that share one only look more often.
+#[derive(Debug)]
+pub(crate) struct Arrivals([AtomicU64; 2 * Arrivals::HALF]);
+
+impl Default for Arrivals {
+    fn default() -> Self {
+        Arrivals(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Arrivals {
+    const HALF: usize = 32;
+
+    /// The counter of `channel`.
+    pub(crate) fn channel(&self, channel: usize) -> u64 {
+        self.0[channel % Self::HALF].load(Ordering::Acquire)
+    }
+
+    /// The counter of `node`'s device.
+    pub(crate) fn node(&self, node: NodeId) -> u64 {
+        self.0[Self::HALF + node.0 as usize % Self::HALF].load(Ordering::Acquire)
+    }
+
+    /// Called under the fabric's lock (no two bumps race).
+    fn bump(&self, index: usize) {
+        let counter = &self.0[index];
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
+    fn bump_channel(&self, channel: usize) {
+        self.bump(channel % Self::HALF);
+    }
+
+    fn bump_node(&self, node: NodeId) {
+        self.bump(Self::HALF + node.0 as usize % Self::HALF);
+    }
+}
+
 /// The whole simulated fabric.
 #[derive(Debug)]
 pub(crate) struct Fabric {
+    /// Shared with the handles, which read it without the lock.
+    pub(crate) arrivals: Arc<Arrivals>,
     pub(crate) config: SimConfig,
     now: u64,
     queue: Schedule<Action>,
@@ -328,6 +423,11 @@ pub(crate) struct Fabric {
     wire: Slots<Message>,
     /// The private data the messages, events and ids refer to.
     privates: PrivateBytes,
+    /// The payloads of data messages on the wire or waiting in a completion queue (a
+    /// data message's `private` names its slot here when its length is not 0). Freed
+    /// once read, polled, or the message lost: unlike CM private data, every payload
+    /// differs, and a scale run sends millions.
+    payloads: Slots<Box<[u8]>>,
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
@@ -364,11 +464,13 @@ impl Fabric {
     pub(crate) fn new(config: SimConfig, seed: u64) -> Self {
         let trace = config.trace.then(Trace::default);
         Fabric {
+            arrivals: Arc::default(),
             config,
             now: 0,
             queue: Schedule::default(),
             wire: Slots::default(),
             privates: PrivateBytes::default(),
+            payloads: Slots::default(),
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),
@@ -543,13 +645,14 @@ impl Fabric {
             device: false,
             cm_state: CmIdState::Idle,
             ib: None,
-            qp: None,
+            qp: MaybeQp::NONE,
             conn: MaybeConn::NONE,
             port: 0,
             dst: None,
             remote: None,
-            remote_qp: None,
+            remote_qp: MaybeQp::NONE,
             timer_gen: 0,
+            context: u32::MAX,
             retrying: None,
             retries_left: 0,
             mra_timeout: false,
@@ -619,6 +722,7 @@ impl Fabric {
     ) {
         let Some(id) = self.id(key) else { return };
         let (channel, conn) = (id.channel as usize, id.conn.get());
+        self.arrivals.bump_channel(channel);
         self.channels[channel].queue.push_back(QueuedEvent {
             id: key,
             listen_id,

@@ -9,8 +9,8 @@ use cm_core::kernel_model::LapState;
 use cm_core::{errno, AsyncEvent, AsyncEventType, CmEventType, CmIdState, IbCmState, QpNum};
 
 use super::{
-    nanos, Action, Fabric, MaybeConn, MaybeKey, Message, Private, QpState, QueuedKind, TraceEvent,
-    REJ_INVALID_SERVICE_ID, REJ_STALE_CONN,
+    nanos, Action, Fabric, MaybeConn, MaybeKey, MaybeQp, Message, Private, QpState, QueuedKind,
+    TraceEvent, REJ_INVALID_SERVICE_ID, REJ_STALE_CONN,
 };
 use crate::sim::types::{FaultAction, MsgKind, RecvCompletion, SimIdKey};
 
@@ -60,7 +60,10 @@ impl Fabric {
             Some(action) => {
                 self.record(|| TraceEvent::Fault { kind, conn, action });
                 match action {
-                    FaultAction::Drop => self.stats.dropped += 1,
+                    FaultAction::Drop => {
+                        self.stats.dropped += 1;
+                        self.discard_payload(&msg);
+                    }
                     FaultAction::Duplicate => {
                         self.stats.duplicated += 1;
                         let mut copy = msg.clone();
@@ -132,7 +135,7 @@ impl Fabric {
         let Some((to, port)) = id.dst else { return };
         let mut msg = Message::new(MsgKind::Req, id.conn.get(), id.node, to);
         msg.src = MaybeKey(key);
-        msg.qp = id.qp.unwrap_or(QpNum(0));
+        msg.qp = id.qp.get().unwrap_or(QpNum(0));
         msg.port = port;
         msg.private = id.private;
         msg.retransmit = retransmit;
@@ -144,7 +147,7 @@ impl Fabric {
             return;
         };
         let Some(id) = self.id(key) else { return };
-        msg.qp = id.qp.unwrap_or(QpNum(0));
+        msg.qp = id.qp.get().unwrap_or(QpNum(0));
         msg.private = id.private;
         msg.retransmit = retransmit;
         self.send(msg);
@@ -292,6 +295,7 @@ impl Fabric {
 
     pub(super) fn ignore(&mut self, msg: &Message, reason: &'static str) {
         self.stats.ignored += 1;
+        self.discard_payload(msg);
         let (kind, conn) = (msg.kind, msg.conn);
         self.record(|| TraceEvent::Ignored { kind, conn, reason });
     }
@@ -375,7 +379,7 @@ impl Fabric {
         } else {
             self.set_ib(key, S::Idle);
         }
-        let qp = self.id(key).and_then(|id| id.qp);
+        let qp = self.id(key).and_then(|id| id.qp.get());
         self.set_qp_state(qp, QpState::Error);
         let ev = QueuedKind::Event(CmEventType::Rejected);
         self.queue_cm_event(key, ev, msg.value, msg.private);
@@ -417,7 +421,7 @@ impl Fabric {
             id.conn = MaybeConn::new(msg.conn);
             id.port = msg.port;
             id.remote = Some((msg.from, src));
-            id.remote_qp = Some(msg.qp);
+            id.remote_qp = MaybeQp::new(Some(msg.qp));
             id.from_req = true;
         }
         self.remote_reqs.insert(msg.from, src, key);
@@ -433,7 +437,7 @@ impl Fabric {
         self.cancel_timer(key);
         if let Some(id) = self.id_mut(key) {
             id.remote = Some((msg.from, msg.src.get().unwrap_or(key)));
-            id.remote_qp = Some(msg.qp);
+            id.remote_qp = MaybeQp::new(Some(msg.qp));
             id.peer_private = msg.private;
         }
         self.set_ib(key, IbCmState::RepRcvd);
@@ -467,6 +471,7 @@ impl Fabric {
         self.nodes[node.0 as usize]
             .completions
             .push_back((completion, msg.private));
+        self.arrivals.bump_node(node);
         self.stats.recv_completions += 1;
         let qpn = msg.qp;
         self.record(|| TraceEvent::RecvCompletion { node, qp: qpn });
@@ -477,6 +482,7 @@ impl Fabric {
         if first && cm_waiting && self.config.comm_est {
             let event = AsyncEvent::qp(AsyncEventType::CommEst, msg.qp);
             self.nodes[node.0 as usize].async_events.push_back(event);
+            self.arrivals.bump_node(node);
             self.stats.comm_est_raised += 1;
             self.record(|| TraceEvent::AsyncEvent { node, event });
         }
