@@ -488,19 +488,6 @@ impl World {
     }
 }
 
-/// The connection an event names, if any.
-fn conn_of(event: &Event) -> Option<ConnectionId> {
-    match event {
-        Event::Request { conn, .. }
-        | Event::Established { conn, .. }
-        | Event::Sent { conn, .. }
-        | Event::Received { conn, .. }
-        | Event::Closed { conn, .. }
-        | Event::NotifyFailed { conn, .. } => Some(*conn),
-        _ => None,
-    }
-}
-
 fn millis(ms: u8) -> Duration {
     Duration::from_millis(u64::from(ms))
 }
@@ -881,7 +868,7 @@ impl World {
     /// Checks one reported event against what the side saw before.
     fn observe(&mut self, who: Who, event: Event) {
         let at = self.at.clone();
-        if let Some(conn) = conn_of(&event) {
+        if let Some(conn) = event.conn() {
             assert!(
                 !self.sides[who as usize].gone.contains(&conn),
                 "{at}: {who:?} reported {event:?} of a closed handle"

@@ -512,7 +512,7 @@ impl<T: Transport> Session<T> {
     ) -> Result<usize, ConnError> {
         let mut handled = 0;
         while let Some(event) = self.endpoint.poll()? {
-            let tagged = inspect(&self.endpoint, &event).zip(event_conn(&event));
+            let tagged = inspect(&self.endpoint, &event).zip(event.conn());
             self.on_event(event);
             if let Some((tag, index)) =
                 tagged.and_then(|(tag, conn)| Some((tag, self.index(conn)?)))
@@ -987,19 +987,6 @@ impl<T: Transport> Session<T> {
     /// Stops the run; the caller reports the reason.
     fn abort(&mut self, why: String) {
         self.aborted = Some(why);
-    }
-}
-
-/// The connection an event names, if any.
-fn event_conn(event: &Event) -> Option<ConnectionId> {
-    match event {
-        Event::Request { conn, .. }
-        | Event::Established { conn, .. }
-        | Event::Sent { conn, .. }
-        | Event::Received { conn, .. }
-        | Event::Closed { conn, .. }
-        | Event::NotifyFailed { conn, .. } => Some(*conn),
-        _ => None,
     }
 }
 

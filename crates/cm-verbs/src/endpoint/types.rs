@@ -416,6 +416,21 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// The connection it is about; `None` for an endpoint-wide event.
+    pub fn conn(&self) -> Option<ConnectionId> {
+        match self {
+            Event::Request { conn, .. }
+            | Event::Established { conn, .. }
+            | Event::Sent { conn, .. }
+            | Event::Received { conn, .. }
+            | Event::Closed { conn, .. }
+            | Event::NotifyFailed { conn, .. } => Some(*conn),
+            _ => None,
+        }
+    }
+}
+
 /// What went wrong in a call of the connection API.
 ///
 /// Converts into [`std::io::Error`] for code written against `io::Result`: a backend
