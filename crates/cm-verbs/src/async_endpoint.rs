@@ -43,6 +43,7 @@ use std::time::Duration;
 use cm_core::{CmError, Transport};
 use tokio::io::unix::AsyncFd;
 
+use crate::endpoint::IDLE_TURNS;
 use crate::{ConnError, ConnectionId, Endpoint, EstablishedVia, Event};
 
 /// How an [`AsyncEndpoint`] waits on a transport without blocking the runtime.
@@ -115,10 +116,6 @@ fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, CmError> {
     AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
         .map_err(|e| CmError::from_io("tokio AsyncFd", &e))
 }
-
-/// Turns given to the runtime's other tasks before a wait in virtual time with nothing
-/// pending is refused.
-pub(crate) const IDLE_TURNS: u32 = 64;
 
 /// The first interval at which a wait with descriptors it could not watch wakes.
 const FALLBACK_FIRST: Duration = Duration::from_millis(10);

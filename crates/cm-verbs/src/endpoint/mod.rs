@@ -35,6 +35,12 @@ pub use types::{
     EndpointStats, EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
 };
 
+/// On a transport in virtual time, turns given to the other parties (the runtime's
+/// other tasks, the application's threads) in which nothing moves before a wait with
+/// nothing pending is refused, or time jumps to the next deadline: one number for the
+/// async endpoint and the handles' drivers.
+pub(crate) const IDLE_TURNS: u32 = 64;
+
 /// Completions read per `poll_cq` call.
 const POLL_BATCH: usize = 32;
 
@@ -605,6 +611,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// The device readers, for a caller that waits on their descriptors itself.
+    #[cfg(feature = "tokio")]
     pub(crate) fn devices(&self) -> &[T::Device] {
         &self.devices
     }

@@ -155,6 +155,7 @@ impl<T: Transport> Core<T> {
     }
 
     /// Parks the async driver until the next poke.
+    #[cfg(feature = "tokio")]
     pub(super) fn park_driver(&mut self, waker: &Waker) {
         self.driver = Some(waker.clone());
     }

@@ -15,6 +15,7 @@ use cm_core::{CmError, Transport};
 
 use super::core::Core;
 use super::Shared;
+use crate::endpoint::IDLE_TURNS;
 use crate::ConnError;
 
 /// Ends the waiting calls if a driver ends before the handles are gone (its runtime
@@ -32,9 +33,6 @@ impl<T: Transport> Drop for Ended<T> {
         }
     }
 }
-
-/// Turns without anything moving before time jumps (or the fabric is idle).
-const IDLE_TURNS: u32 = 64;
 
 /// The thread driver's turn on a simulation: how long it lets the application's
 /// threads act after a step of the fabric, unless one of their calls ends it first.
