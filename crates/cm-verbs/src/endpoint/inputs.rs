@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 
 use super::{
     failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, Via, PASS_BATCH,
+    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, PASS_BATCH,
     POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
@@ -59,7 +59,7 @@ impl<T: Transport> Endpoint<T> {
                     if let Some(entry) = self.live_mut(conn) {
                         // The latest failure stands for the earlier ones (the
                         // counters count them all).
-                        entry.pending.notify_failed = Some((qp, error));
+                        entry.notify_failed = Some(error);
                         self.mark_ready(conn);
                     }
                 }
@@ -71,8 +71,9 @@ impl<T: Transport> Endpoint<T> {
         };
         if let Some(conn) = self.conn_of_qp(qp) {
             if let Some(entry) = self.live_mut(conn) {
-                if entry.via == Via::None {
-                    entry.via = Via::Pending(via);
+                // Before ESTABLISHED; once established, `via` says how and stays.
+                if entry.via.is_none() {
+                    entry.via = Some(via);
                 }
             }
         }
@@ -103,9 +104,7 @@ impl<T: Transport> Endpoint<T> {
                 break;
             };
             let id = match self.live(conn) {
-                Some(c) if c.state == ConnState::Accepted && !matches!(c.via, Via::Pending(_)) => {
-                    c.id.clone()
-                }
+                Some(c) if c.state == ConnState::Accepted && c.via.is_none() => c.id.clone(),
                 _ => continue,
             };
             self.awaiting.push_back(conn);
@@ -422,9 +421,9 @@ impl<T: Transport> Endpoint<T> {
             self.transport
                 .post_recv(&id, &buffers, slot, u64::from(slot))?;
         }
-        self.by_qp.insert(qp, conn.index() as u32);
+        self.by_qp.insert(qp, super::SlotIndex::of(conn));
         let entry = self.live_mut(conn).expect("live connection");
-        entry.qp = Some(qp);
+        entry.qp = super::QpSlot::new(qp);
         entry.buffers = Some(buffers);
         entry.send_next = 0;
         entry.sends_in_flight = 0;
@@ -452,7 +451,7 @@ impl<T: Transport> Endpoint<T> {
                 let (id, timeout) = match self.live_mut(conn) {
                     Some(c) => {
                         c.times.mark(Step::AddrResolved, now);
-                        (c.id.clone(), c.resolve_timeout.get().unwrap_or_default())
+                        (c.id.clone(), c.resolve_timeout.get())
                     }
                     None => return,
                 };
@@ -466,7 +465,7 @@ impl<T: Transport> Endpoint<T> {
                 self.connect_resolved(conn)
             }
             CmEventType::Established => {
-                if let Some(qp) = self.live(conn).and_then(|c| c.qp) {
+                if let Some(qp) = self.live(conn).and_then(|c| c.qp.get()) {
                     self.pump.on_cm_event(CmEventType::Established, Some(qp));
                 }
                 self.on_established(conn, event.private_data());
@@ -531,14 +530,10 @@ impl<T: Transport> Endpoint<T> {
         let Some(entry) = self.live_mut(conn) else {
             return;
         };
-        if entry.via.established().is_some() {
+        if entry.state == ConnState::Established {
             return; // exactly once, whatever the CM says twice
         }
-        let via = match entry.via {
-            Via::Pending(via) => via,
-            _ => EstablishedVia::Handshake,
-        };
-        entry.via = Via::Established(via);
+        entry.via = Some(entry.via.unwrap_or(EstablishedVia::Handshake));
         entry.times.mark(Step::Established, now);
         entry.state = ConnState::Established;
         entry.deadline = Nanos::NONE;

@@ -116,7 +116,7 @@ struct Conn<T: Transport> {
     state: ConnState,
     listener: Option<ListenerId>,
     device: Option<T::DeviceKey>,
-    qp: Option<QpNum>,
+    qp: QpSlot,
     caps: QueueCaps,
     buffers: Option<T::Buffers>,
     /// The send buffer the next message goes in: RC completes a QP's sends in the
@@ -125,9 +125,10 @@ struct Conn<T: Transport> {
     /// Sends posted and not yet completed.
     sends_in_flight: u32,
     deadline: Nanos,
-    /// What the notify path did before ESTABLISHED arrived, then how it was
-    /// established.
-    via: Via,
+    /// What the notify path did before ESTABLISHED arrived, then (once `state` is
+    /// established) how it was established: one field for both, as the second follows
+    /// the first.
+    via: Option<EstablishedVia>,
     /// Messages received and not yet taken, with the receive slot each one used. A
     /// slot's receive is posted again only when its message is taken, so this never
     /// holds more than the receive depth: a peer that sends faster than the
@@ -135,33 +136,15 @@ struct Conn<T: Transport> {
     inbox: Inbox,
     /// What it has to report.
     pending: Pending,
+    /// The latest notify failure not yet reported ([`Event::NotifyFailed`], about its
+    /// QP); beside `pending` rather than in it, which a closed connection keeps too.
+    notify_failed: Option<cm_core::NotifyError>,
     /// Active side: the resolution timeout, until connect.
-    resolve_timeout: Nanos,
+    resolve_timeout: Micros,
     /// Private data: the REQ's to send (active side, until connect), then the peer's
     /// (the REQ's on a passive side, the REP's on an active side) until reported.
     private: Private,
     times: Times,
-}
-
-/// How a connection is getting or got established, in one field (the size of one
-/// `Option<EstablishedVia>`): the second follows the first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via {
-    /// Nothing yet.
-    None,
-    /// The notify path's doing, before ESTABLISHED arrived.
-    Pending(EstablishedVia),
-    /// Established, and how.
-    Established(EstablishedVia),
-}
-
-impl Via {
-    fn established(self) -> Option<EstablishedVia> {
-        match self {
-            Via::Established(via) => Some(via),
-            _ => None,
-        }
-    }
 }
 
 /// An optional time or duration in eight bytes (nanoseconds; `u64::MAX` is none, later
@@ -179,6 +162,40 @@ impl Nanos {
 
     fn get(self) -> Option<Duration> {
         (self != Nanos::NONE).then(|| Duration::from_nanos(self.0))
+    }
+}
+
+/// A connection's QP number in four bytes (IB QP numbers are 24-bit, so `u32::MAX`
+/// is free to stand for none): half an `Option<QpNum>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QpSlot(u32);
+
+impl QpSlot {
+    const NONE: QpSlot = QpSlot(u32::MAX);
+
+    fn new(qp: QpNum) -> Self {
+        debug_assert_ne!(qp.0, u32::MAX, "QP numbers are 24-bit");
+        QpSlot(qp.0)
+    }
+
+    fn get(self) -> Option<QpNum> {
+        (self != QpSlot::NONE).then_some(QpNum(self.0))
+    }
+}
+
+/// A duration in whole microseconds, rounded up, in four bytes (up to 71 minutes, then
+/// saturated): resolution timeouts, which librdmacm takes in milliseconds anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Micros(u32);
+
+impl Micros {
+    fn new(duration: Duration) -> Self {
+        let micros = duration.as_nanos().div_ceil(1000);
+        Micros(u32::try_from(micros).unwrap_or(u32::MAX))
+    }
+
+    fn get(self) -> Duration {
+        Duration::from_micros(u64::from(self.0))
     }
 }
 
@@ -284,6 +301,11 @@ impl Private {
 }
 
 impl<T: Transport> Conn<T> {
+    /// How it was established, once it is.
+    fn established_via(&self) -> Option<EstablishedVia> {
+        self.via.filter(|_| self.state == ConnState::Established)
+    }
+
     /// A connection that has just begun, on its id, with nothing set up yet.
     fn new(id: T::Id, role: Role, state: ConnState, caps: QueueCaps, now: Duration) -> Self {
         Conn {
@@ -293,31 +315,36 @@ impl<T: Transport> Conn<T> {
             state,
             listener: None,
             device: None,
-            qp: None,
+            qp: QpSlot::NONE,
             caps,
             buffers: None,
             send_next: 0,
             sends_in_flight: 0,
             deadline: Nanos::NONE,
-            via: Via::None,
+            via: None,
             inbox: Inbox::default(),
             pending: Pending::default(),
-            resolve_timeout: Nanos(0),
+            notify_failed: None,
+            resolve_timeout: Micros(0),
             private: Private::default(),
         }
     }
 }
 
 /// When a connection passed each step of its setup, compactly: the start in
-/// nanoseconds on the transport's clock, each step as nanoseconds after it
-/// ([`Times::NONE`] for a step not passed); a step more than four seconds after the
-/// start (or before it) moves every step to `far`, exact. [`ConnTimes`] per connection
-/// would double the size of its entry.
+/// nanoseconds on the transport's clock and each step as nanoseconds after it
+/// ([`Times::NOT_YET`] for a step not passed); a step more than four seconds after the
+/// start (or before it) moves every time to a boxed table, exact. [`ConnTimes`] per
+/// connection would double the size of its entry.
 #[derive(Debug, Clone)]
-struct Times {
-    started: u64,
-    steps: [u32; Step::COUNT],
-    far: Option<Box<[u64; Step::COUNT]>>,
+enum Times {
+    /// Every step passed so far within four seconds of the start.
+    Near {
+        started: u64,
+        steps: [u32; Step::COUNT],
+    },
+    /// The start, then each step ([`Times::NONE`]: not passed), in nanoseconds.
+    Far(Box<[u64; Step::COUNT + 1]>),
 }
 
 /// The steps [`Times`] records, in [`ConnTimes`]' order.
@@ -342,46 +369,54 @@ impl Times {
     const NOT_YET: u32 = u32::MAX;
 
     fn new(started: Duration) -> Self {
-        Times {
+        Times::Near {
             started: nanos(started),
             steps: [Self::NOT_YET; Step::COUNT],
-            far: None,
         }
     }
 
     fn mark(&mut self, step: Step, at: Duration) {
         let at = nanos(at);
-        if let Some(far) = &mut self.far {
-            far[step as usize] = at;
-            return;
-        }
+        let (started, steps) = match self {
+            Times::Far(exact) => {
+                exact[step as usize + 1] = at;
+                return;
+            }
+            Times::Near { started, steps } => (*started, steps),
+        };
         match at
-            .checked_sub(self.started)
+            .checked_sub(started)
             .and_then(|after| u32::try_from(after).ok())
             .filter(|&after| after != Self::NOT_YET)
         {
-            Some(after) => self.steps[step as usize] = after,
+            Some(after) => steps[step as usize] = after,
             None => {
-                let mut far = [Self::NONE; Step::COUNT];
-                for (slot, (&after, exact)) in self.steps.iter().zip(&mut far).enumerate() {
+                let mut exact = [Self::NONE; Step::COUNT + 1];
+                exact[0] = started;
+                for (slot, &after) in steps.iter().enumerate() {
                     if after != Self::NOT_YET {
-                        *exact = self.started + u64::from(after);
-                    }
-                    if slot == step as usize {
-                        *exact = at;
+                        exact[slot + 1] = started + u64::from(after);
                     }
                 }
-                self.far = Some(Box::new(far));
+                exact[step as usize + 1] = at;
+                *self = Times::Far(Box::new(exact));
             }
+        }
+    }
+
+    fn started(&self) -> u64 {
+        match self {
+            Times::Near { started, .. } => *started,
+            Times::Far(exact) => exact[0],
         }
     }
 
     /// The time of `step`, in nanoseconds ([`Times::NONE`]: not passed).
     fn at(&self, step: Step) -> u64 {
-        match (&self.far, self.steps[step as usize]) {
-            (Some(far), _) => far[step as usize],
-            (None, Self::NOT_YET) => Self::NONE,
-            (None, after) => self.started + u64::from(after),
+        match self {
+            Times::Far(exact) => exact[step as usize + 1],
+            Times::Near { steps, .. } if steps[step as usize] == Self::NOT_YET => Self::NONE,
+            Times::Near { started, steps } => started + u64::from(steps[step as usize]),
         }
     }
 
@@ -391,7 +426,7 @@ impl Times {
             (at != Self::NONE).then(|| Duration::from_nanos(at))
         };
         ConnTimes {
-            started: Duration::from_nanos(self.started),
+            started: Duration::from_nanos(self.started()),
             addr_resolved: step(Step::AddrResolved),
             route_resolved: step(Step::RouteResolved),
             create_qp_called: step(Step::CreateQpCalled),
@@ -415,6 +450,22 @@ fn nanos(at: Duration) -> u64 {
 enum Entry<T: Transport> {
     Live(Conn<T>),
     Closed(ClosedConn),
+}
+
+/// A connection's slot index, stored one above so that it is never zero: the QP
+/// table's empty entries then cost nothing beside it (four bytes per QP number).
+#[derive(Debug, Clone, Copy)]
+struct SlotIndex(std::num::NonZeroU32);
+
+impl SlotIndex {
+    fn of(conn: ConnectionId) -> Self {
+        let index = u32::try_from(conn.index()).expect("slot indexes are 32-bit");
+        SlotIndex(std::num::NonZeroU32::new(index.wrapping_add(1)).expect("below u32::MAX"))
+    }
+
+    fn get(self) -> u32 {
+        self.0.get() - 1
+    }
 }
 
 struct Slot<T: Transport> {
@@ -472,7 +523,7 @@ pub struct Endpoint<T: Transport> {
     /// Each QP's connection, by slot: an entry goes with its connection, so the slot's
     /// generation completes the handle (half the size of keeping handles).
     /// Indexed directly by QP number, as the pump's table.
-    by_qp: crate::qp_table::QpTable<u32>,
+    by_qp: crate::qp_table::QpTable<SlotIndex>,
     /// Connections (each at most once) and endpoint-wide events with something to
     /// report, oldest first.
     ready: VecDeque<Ready>,
@@ -740,7 +791,7 @@ impl<T: Transport> Endpoint<T> {
         let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
         entry.deadline = Nanos::new(options.timeout.map(|t| now.saturating_add(t)));
         entry.private = Private::new(options.private_data);
-        entry.resolve_timeout = Nanos::new(Some(options.resolve_timeout));
+        entry.resolve_timeout = Micros::new(options.resolve_timeout);
         let conn = self.insert(entry);
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
@@ -849,8 +900,8 @@ impl<T: Transport> Endpoint<T> {
         Ok(ConnectionInfo {
             role: entry.role,
             state: entry.state,
-            qp: entry.qp,
-            established: entry.via.established(),
+            qp: entry.qp.get(),
+            established: entry.established_via(),
             listener: entry.listener,
             local_addr: self.transport.local_addr(&entry.id),
             peer_addr: self.transport.peer_addr(&entry.id),
@@ -1069,7 +1120,9 @@ impl<T: Transport> Endpoint<T> {
         });
         more |= self.read_devices(&mut failed, |ep, index| {
             let token = ep.transport.next_cq_event(&mut ep.devices[index])?;
-            Ok(token.map(|token| ep.on_cq_event(ConnectionId(token))))
+            Ok(token
+                .and_then(ConnectionId::from_token)
+                .map(|conn| ep.on_cq_event(conn)))
         });
         // A trigger that forced an establish: its ESTABLISHED may be there already, and
         // reading it now saves the application a wait.
@@ -1215,9 +1268,10 @@ mod tests {
         let start = Duration::from_secs(3);
         let mut times = Times::new(start);
         times.mark(Step::AddrResolved, start + Duration::from_nanos(7));
-        assert!(times.far.is_none());
+        assert!(matches!(times, Times::Near { .. }));
         // More than four seconds later: every step moves to the exact table.
         times.mark(Step::Established, start + Duration::from_secs(9));
+        assert!(matches!(times, Times::Far(_)));
         times.mark(Step::ConnectCalled, start + Duration::from_millis(1));
         let public = times.public();
         assert_eq!(public.started, start);

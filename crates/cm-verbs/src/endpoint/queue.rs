@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use cm_core::{QpNum, Transport};
+use cm_core::Transport;
 
 use super::{
     CloseReason, ConnError, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia, Event, Inbox,
@@ -36,8 +36,6 @@ pub(super) struct Pending {
     pub(super) request: bool,
     /// [`Event::Established`] not yet taken.
     pub(super) established: bool,
-    /// The latest [`Event::NotifyFailed`] not yet taken.
-    pub(super) notify_failed: Option<(QpNum, cm_core::NotifyError)>,
     /// Sends completed since the last [`Event::Sent`] was taken.
     pub(super) sent: u32,
     /// Its place in the ready queue (0: not queued); an entry with another ticket is
@@ -244,7 +242,7 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Established {
                 conn,
                 role: entry.role,
-                via: entry.via.established().unwrap_or(EstablishedVia::Handshake),
+                via: entry.established_via().unwrap_or(EstablishedVia::Handshake),
                 private_data: entry.private.take(),
             });
         }
@@ -252,7 +250,8 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Received { conn, data });
         }
         let entry = self.live_mut(conn)?;
-        if let Some((qp, error)) = entry.pending.notify_failed.take() {
+        if let (Some(error), Some(qp)) = (entry.notify_failed, entry.qp.get()) {
+            entry.notify_failed = None;
             return Some(Event::NotifyFailed { conn, qp, error });
         }
         if entry.pending.sent > 0 {
@@ -268,7 +267,7 @@ impl<T: Transport> Endpoint<T> {
             let p = &entry.pending;
             return p.request
                 || p.established
-                || p.notify_failed.is_some()
+                || entry.notify_failed.is_some()
                 || p.sent > 0
                 || (entry.state == ConnState::Established && !entry.inbox.is_empty());
         }
@@ -327,7 +326,7 @@ impl<T: Transport> Endpoint<T> {
         conn: ConnectionId,
     ) -> Option<Result<EstablishedVia, ConnError>> {
         if let Some(entry) = self.live_mut(conn) {
-            let via = entry.via.established()?;
+            let via = entry.established_via()?;
             entry.pending.established = false;
             return Some(Ok(via));
         }

@@ -189,7 +189,7 @@ impl<T: Transport> Endpoint<T> {
         self.slots[conn.index()].entry = Some(Entry::Closed(ClosedConn {
             reason,
             role,
-            established: via.established(),
+            established: via.filter(|_| state == ConnState::Established),
             peer_private: private.take(),
             inbox,
             pending: Pending {
@@ -221,7 +221,7 @@ impl<T: Transport> Endpoint<T> {
         if let Some(key) = entry.device {
             self.device_unuse(key);
         }
-        if let Some(qp) = entry.qp {
+        if let Some(qp) = entry.qp.get() {
             self.by_qp.remove(qp);
             drop(self.pump.unregister(qp));
         }
@@ -256,7 +256,7 @@ impl<T: Transport> Endpoint<T> {
 
     /// The connection that owns `qp`.
     pub(super) fn conn_of_qp(&self, qp: QpNum) -> Option<ConnectionId> {
-        let index = *self.by_qp.get(qp)?;
+        let index = self.by_qp.get(qp)?.get();
         let slot = self.slots.get(index as usize)?;
         Some(ConnectionId::new(index, slot.generation))
     }

@@ -1,5 +1,6 @@
 //! The vocabulary of the connection API: handles, options, events and errors.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use cm_core::{AsyncEvent, CmError, NotifyError, QpNum, QueueCaps, RejectReason};
@@ -9,16 +10,30 @@ use crate::{Role, Trigger};
 /// Names one connection of an [`Endpoint`](crate::Endpoint). A handle of a connection
 /// that is gone names nothing (every call on it answers [`ConnError::UnknownConnection`]),
 /// even when its slot is reused.
+// Stored one above `generation << 32 | index`: never zero, so an `Option` of it is
+// eight bytes too (the order is the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnectionId(pub(crate) u64);
+pub struct ConnectionId(NonZeroU64);
+
+/// `generation << 32 | index`, stored one above so that it is never zero. The slot
+/// index never reaches `u32::MAX` (the slot table would hold four billion entries).
+fn packed(index: u32, generation: u32) -> NonZeroU64 {
+    NonZeroU64::new((u64::from(generation) << 32 | u64::from(index)).wrapping_add(1))
+        .expect("a slot index below u32::MAX")
+}
+
+fn unpacked(raw: NonZeroU64) -> (usize, u32) {
+    let value = raw.get() - 1;
+    ((value & u64::from(u32::MAX)) as usize, (value >> 32) as u32)
+}
 
 impl ConnectionId {
     pub(crate) fn new(index: u32, generation: u32) -> Self {
-        ConnectionId(u64::from(generation) << 32 | u64::from(index))
+        ConnectionId(packed(index, generation))
     }
 
     pub(crate) fn index(self) -> usize {
-        (self.0 & u64::from(u32::MAX)) as usize
+        unpacked(self.0).0
     }
 
     /// The handle's slot in its endpoint: connections held at the same time have
@@ -31,12 +46,18 @@ impl ConnectionId {
     }
 
     pub(crate) fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
+        unpacked(self.0).1
     }
 
-    /// The completion-queue token of this connection.
+    /// The completion-queue token of this connection (never 0).
     pub(crate) fn token(self) -> u64 {
-        self.0
+        self.0.get()
+    }
+
+    /// The connection a completion-queue token names (`None` for 0, which no
+    /// connection's token is).
+    pub(crate) fn from_token(token: u64) -> Option<Self> {
+        NonZeroU64::new(token).map(ConnectionId)
     }
 }
 
@@ -49,16 +70,18 @@ impl std::fmt::Display for ConnectionId {
 /// Names one listener of an [`Endpoint`](crate::Endpoint). A handle of a listener that
 /// is gone names nothing (every call on it answers [`ConnError::UnknownListener`]), even
 /// when a new listener takes its place.
+// Stored as a `ConnectionId` is: an `Option` of it is eight bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ListenerId(pub(crate) u64);
+pub struct ListenerId(NonZeroU64);
 
 impl ListenerId {
     pub(crate) fn new(index: usize, generation: u32) -> Self {
-        ListenerId(u64::from(generation) << 32 | index as u64)
+        let index = u32::try_from(index).expect("fewer than u32::MAX listeners");
+        ListenerId(packed(index, generation))
     }
 
     pub(crate) fn index(self) -> usize {
-        (self.0 & u64::from(u32::MAX)) as usize
+        unpacked(self.0).0
     }
 
     /// The handle's slot in its endpoint: connections held at the same time have
@@ -71,7 +94,7 @@ impl ListenerId {
     }
 
     pub(crate) fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
+        unpacked(self.0).1
     }
 }
 
