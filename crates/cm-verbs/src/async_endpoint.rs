@@ -53,12 +53,20 @@ pub trait AsyncWait: Transport {
     /// when the descriptor behind it does; `None` for a transport whose
     /// [`Transport::wait`] never blocks in real time (the simulation moves virtual
     /// time): the async endpoint then waits through it, yielding between passes.
-    fn watched<'a>(&'a self, devices: &'a [Self::Device]) -> Option<Vec<(BorrowedFd<'a>, u64)>>;
+    ///
+    /// Called before every wait: an iterator, so that a wait allocates nothing.
+    fn watched<'a>(
+        &'a self,
+        devices: &'a [Self::Device],
+    ) -> Option<impl Iterator<Item = (BorrowedFd<'a>, u64)> + 'a>;
 }
 
 #[cfg(feature = "rdma")]
 impl AsyncWait for crate::rdma::RdmaTransport {
-    fn watched<'a>(&'a self, devices: &'a [Self::Device]) -> Option<Vec<(BorrowedFd<'a>, u64)>> {
+    fn watched<'a>(
+        &'a self,
+        devices: &'a [Self::Device],
+    ) -> Option<impl Iterator<Item = (BorrowedFd<'a>, u64)> + 'a> {
         // The channel and the monitor live as long as the transport: serial 0.
         let fixed = std::iter::once(self.channel_fd()).chain(self.monitor_fd());
         Some(
@@ -69,16 +77,18 @@ impl AsyncWait for crate::rdma::RdmaTransport {
                         (device.async_fd(), device.serial()),
                         (device.completion_fd(), device.serial()),
                     ]
-                }))
-                .collect(),
+                })),
         )
     }
 }
 
 #[cfg(feature = "sim")]
 impl AsyncWait for cm_mock::sim::SimTransport {
-    fn watched<'a>(&'a self, _devices: &'a [Self::Device]) -> Option<Vec<(BorrowedFd<'a>, u64)>> {
-        None
+    fn watched<'a>(
+        &'a self,
+        _devices: &'a [Self::Device],
+    ) -> Option<impl Iterator<Item = (BorrowedFd<'a>, u64)> + 'a> {
+        None::<std::iter::Empty<_>>
     }
 }
 
@@ -134,14 +144,21 @@ impl WatchSet {
         let Some(current) = endpoint.transport().watched(endpoint.devices()) else {
             return false;
         };
-        let serials: Vec<u64> = current.iter().map(|&(_, serial)| serial).collect();
-        if self.serials.as_ref() == Some(&serials) {
+        // Compared as they come: the usual wait, nothing changed, allocates nothing.
+        let unchanged = self
+            .serials
+            .as_deref()
+            .is_some_and(|known| known.iter().copied().eq(current.map(|(_, serial)| serial)));
+        if unchanged {
             return true;
         }
         // The old duplicates go first: their descriptors make room for the new ones.
         self.watched.clear();
         let mut whole = true;
-        for (fd, _) in current {
+        let mut serials = Vec::new();
+        let current = endpoint.transport().watched(endpoint.devices());
+        for (fd, serial) in current.into_iter().flatten() {
+            serials.push(serial);
             let watched = fd
                 .as_fd()
                 .try_clone_to_owned()

@@ -270,14 +270,11 @@ impl<T: Transport> Endpoint<T> {
                 entry: None,
             }),
         };
+        let kept = self.transport.set_id_context(&conn.id, index as u32);
         let slot = &mut self.slots[index];
         slot.entry = Some(Entry::Live(conn));
         self.live_conns += 1;
         let conn = ConnectionId::new(index as u32, slot.generation);
-        let kept = match &slot.entry {
-            Some(Entry::Live(c)) => self.transport.set_id_context(&c.id, index as u32),
-            _ => false,
-        };
         if !kept {
             self.by_id.insert(key, Owner::Conn(conn));
         }
