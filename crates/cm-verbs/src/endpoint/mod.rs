@@ -1037,22 +1037,33 @@ impl<T: Transport> Endpoint<T> {
         let deadline = timeout.map(|t| start.saturating_add(t));
         let mut spin = Spin::new(self.options.busy_poll, start);
         let mut spinning = self.options.busy_poll.is_some();
+        let forced_at_start = self.pump.counters().forced;
+        let mut round: u32 = 0;
         loop {
             // Spinning, the receive queues of the accepted connections come first: a
             // receive there forces the establish without the completion event's reads
-            // (the event comes anyway and finds the queue empty), and the ESTABLISHED
-            // the kernel then delivers is read at once.
-            if spinning && self.poll_awaiting() {
-                let mut first_error = None;
-                self.read_cm_events(&mut first_error);
-                if let Some(found) = take(self) {
-                    return found;
-                }
-                if let Some(error) = first_error {
-                    return Err(ConnError::Endpoint(error));
-                }
-            }
-            let more = self.process_pass()?;
+            // (the event comes anyway and finds the queue empty).
+            let forced_now = spinning && self.poll_awaiting();
+            // Spinning, a look at every source (a zero-timeout wait: one poll(2) on a
+            // device) every few rounds says which to read, rather than a read of each
+            // on every round: the rounds between poll the receive queues alone.
+            let ready = if forced_now {
+                false
+            } else if spinning {
+                round = round.wrapping_add(1);
+                round % Spin::LOOK_EVERY == 1
+                    && self
+                        .transport
+                        .wait(&self.devices, Some(Duration::ZERO))
+                        .map_err(ConnError::Endpoint)?
+            } else {
+                true
+            };
+            let more = if ready {
+                self.process_pass()?
+            } else {
+                self.expire()
+            };
             if let Some(found) = take(self) {
                 return found;
             }
@@ -1062,6 +1073,13 @@ impl<T: Transport> Endpoint<T> {
             let now = self.transport.now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(ConnError::Timeout);
+            }
+            // Once a trigger forced an establish, only the kernel's ESTABLISHED is
+            // left to come, later (its worker delivers it): sleeping lets that worker
+            // run, where a spinning thread would compete with it for the CPU, and the
+            // wake-up comes with the event.
+            if self.pump.counters().forced != forced_at_start {
+                spin.stop();
             }
             spinning = spin.keep_spinning(now);
             if more || spinning {
@@ -1096,8 +1114,9 @@ impl<T: Transport> Endpoint<T> {
     /// Handles what is ready on every source, at most [`PASS_BATCH`] from each: CM
     /// events first (an RTU read now is not mistaken for a lost one), then asynchronous
     /// events (COMM_EST) and completions (a receive on a connection not yet
-    /// established is the other trigger), then the CM again if a trigger forced an
-    /// establish (its ESTABLISHED is read in the same pass), then deadlines. O(1) per event handled, whatever the number of
+    /// established is the other trigger), then deadlines. The ESTABLISHED a trigger
+    /// forced is read by a later pass: the kernel's worker delivers it after notify
+    /// returns, so reading at once would nearly always find nothing. O(1) per event handled, whatever the number of
     /// connections.
     pub fn process(&mut self) -> Result<(), ConnError> {
         self.process_pass().map(|_| ())
@@ -1109,7 +1128,6 @@ impl<T: Transport> Endpoint<T> {
         let mut first_error = None;
         // CM events first: an RTU read now is not mistaken for a lost one.
         more |= self.read_cm_events(&mut first_error);
-        let forced_before = self.pump.counters().forced;
         // A device whose reader fails is lost, once the pass has read the others.
         let mut failed = Vec::new();
         // Then the triggers, COMM_EST just before the completions: on a device that
@@ -1124,11 +1142,6 @@ impl<T: Transport> Endpoint<T> {
                 .and_then(ConnectionId::from_token)
                 .map(|conn| ep.on_cq_event(conn)))
         });
-        // A trigger that forced an establish: its ESTABLISHED may be there already, and
-        // reading it now saves the application a wait.
-        if self.pump.counters().forced != forced_before {
-            more |= self.read_cm_events(&mut first_error);
-        }
         for (key, error) in failed {
             if self.device_keys.contains(&key) {
                 log::warn!("reading device {key:?} failed, it is taken as lost: {error}");
@@ -1222,6 +1235,9 @@ struct Spin {
 impl Spin {
     /// Rounds without the clock moving before the spin gives up.
     const STILL_ROUNDS: u32 = 64;
+    /// Every how many rounds the spin looks at every source (the others poll the
+    /// receive queues of the accepted connections only).
+    const LOOK_EVERY: u32 = 8;
 
     fn new(budget: Option<Duration>, now: Duration) -> Self {
         Spin {
@@ -1229,6 +1245,11 @@ impl Spin {
             last: now,
             still: 0,
         }
+    }
+
+    /// No more spinning in this wait.
+    fn stop(&mut self) {
+        self.until = None;
     }
 
     fn keep_spinning(&mut self, now: Duration) -> bool {
