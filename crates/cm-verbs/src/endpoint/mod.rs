@@ -1026,8 +1026,9 @@ impl<T: Transport> Endpoint<T> {
         self.wait_for(timeout, |ep| ep.try_recv(conn))
     }
 
-    /// Handles everything ready, then asks `take` for what it looks for, waiting in
-    /// the transport in between (spinning first, when busy polling is on).
+    /// Asks `take` for what it looks for; until it has it, handles what the transport
+    /// says is ready and waits in the transport in between (spinning first, when busy
+    /// polling is on).
     pub(crate) fn wait_for<R>(
         &mut self,
         timeout: Option<Duration>,
@@ -1039,6 +1040,14 @@ impl<T: Transport> Endpoint<T> {
         let mut spinning = self.options.busy_poll.is_some();
         let forced_at_start = self.pump.counters().forced;
         let mut round: u32 = 0;
+        // What is already there is answered without reading anything.
+        if let Some(found) = take(self) {
+            return found;
+        }
+        // Whether a wait has said which sources to read (the transport then reads only
+        // those); until one has, a zero-timeout wait looks first: one poll(2) rather
+        // than a read of every source, most of them empty.
+        let mut looked = false;
         loop {
             // Spinning, the receive queues of the accepted connections come first: a
             // receive there forces the establish without the completion event's reads
@@ -1056,9 +1065,14 @@ impl<T: Transport> Endpoint<T> {
                         .transport
                         .wait(&self.devices, Some(Duration::ZERO))
                         .map_err(ConnError::Endpoint)?
+            } else if !looked {
+                self.transport
+                    .wait(&self.devices, Some(Duration::ZERO))
+                    .map_err(ConnError::Endpoint)?
             } else {
                 true
             };
+            looked = false;
             let more = if ready {
                 self.process_pass()?
             } else {
@@ -1091,7 +1105,7 @@ impl<T: Transport> Endpoint<T> {
                 .min()
                 .map(|d| d.saturating_sub(now));
             match self.transport.wait(&self.devices, wait) {
-                Ok(_) => {}
+                Ok(_) => looked = true,
                 // The simulation: nothing can ever happen. With a deadline that is a
                 // timeout; without one the wait would never end.
                 Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
