@@ -6,14 +6,84 @@
 //! delays (random fault delays) go to a binary heap. Popping compares the few lane
 //! heads and the heap top, so the cost no longer grows with the number pending, and
 //! the order is exactly that of one heap over (due time, sequence number).
+//!
+//! A scale run keeps several actions per connection pending (its timers, its messages
+//! in flight), so a lane stores them packed: each entry is its due time and sequence
+//! number as varint deltas from the entry before it, then the item's own [`Packed`]
+//! bytes. Most entries take a few bytes instead of a fixed struct's tens.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::marker::PhantomData;
 
-use super::tables::BlockQueue;
+use super::tables::ByteFifo;
 
 /// More distinct fixed delays than this go to the heap (still in order, only slower).
 const MAX_LANES: usize = 16;
+
+/// An item a lane keeps as bytes: written by [`Packed::pack`], read back equal by
+/// [`Packed::unpack`].
+pub(crate) trait Packed: Sized {
+    /// Appends the item's bytes.
+    fn pack(self, out: &mut Packer);
+    /// Reads back an item [`Packed::pack`] wrote.
+    fn unpack(input: &mut Unpacker<'_>) -> Self;
+}
+
+/// Where [`Packed::pack`] writes: a scratch buffer the lane then appends whole.
+#[derive(Debug, Default)]
+pub(crate) struct Packer(Vec<u8>);
+
+impl Packer {
+    /// One byte.
+    pub(crate) fn byte(&mut self, byte: u8) {
+        self.0.push(byte);
+    }
+
+    /// An unsigned number, seven bits a byte (small numbers take one).
+    pub(crate) fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.0.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        self.0.push(value as u8);
+    }
+
+    /// Raw bytes (the reader knows how many).
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// Where [`Packed::unpack`] reads: the lane's bytes, from the front.
+#[derive(Debug)]
+pub(crate) struct Unpacker<'a>(&'a mut ByteFifo);
+
+impl Unpacker<'_> {
+    /// One byte.
+    pub(crate) fn byte(&mut self) -> u8 {
+        self.0.read_byte()
+    }
+
+    /// A number [`Packer::varint`] wrote.
+    pub(crate) fn varint(&mut self) -> u64 {
+        let mut value = 0u64;
+        let mut shift = 0;
+        loop {
+            let byte = self.0.read_byte();
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+
+    /// Fills `out` with bytes [`Packer::bytes`] wrote.
+    pub(crate) fn bytes(&mut self, out: &mut [u8]) {
+        self.0.read(out);
+    }
+}
 
 /// One pending item with its position in the order.
 #[derive(Debug)]
@@ -50,13 +120,67 @@ impl<T> Ord for Earliest<T> {
     }
 }
 
-/// The items scheduled with one fixed delay, in (due time, sequence) order.
+/// The items scheduled with one fixed delay, in (due time, sequence) order, packed.
+///
+/// `bytes` holds the front entry's item, then each later entry as its key's deltas
+/// from the entry before it and its item: the front key is decoded as soon as its
+/// entry reaches the front, so peeking costs nothing.
 #[derive(Debug)]
 struct Lane<T> {
     delay: u64,
     /// Block-built: a lane that grows to a whole run's connections never copies, and the
     /// blocks it frees serve the lane that peaks next.
-    fifo: BlockQueue<Entry<T>>,
+    bytes: ByteFifo,
+    len: usize,
+    /// The front entry's key (while `len > 0`).
+    head: (u64, u64),
+    /// The last entry pushed (the base of the next one's deltas).
+    tail: (u64, u64),
+    item: PhantomData<T>,
+}
+
+impl<T: Packed> Lane<T> {
+    fn new(delay: u64) -> Self {
+        Lane {
+            delay,
+            bytes: ByteFifo::default(),
+            len: 0,
+            head: (0, 0),
+            tail: (0, 0),
+            item: PhantomData,
+        }
+    }
+
+    /// Appends an entry that sorts after the last one pushed (if any is left).
+    fn push(&mut self, entry: Entry<T>, scratch: &mut Packer) {
+        let key = entry.key();
+        scratch.0.clear();
+        if self.len == 0 {
+            self.head = key;
+        } else {
+            scratch.varint(key.0 - self.tail.0);
+            scratch.varint(key.1 - self.tail.1);
+        }
+        entry.item.pack(scratch);
+        self.bytes.write(&scratch.0);
+        self.tail = key;
+        self.len += 1;
+    }
+
+    /// Takes the front entry (the lane is not empty).
+    fn pop(&mut self) -> Entry<T> {
+        let mut input = Unpacker(&mut self.bytes);
+        let item = T::unpack(&mut input);
+        let (at, seq) = self.head;
+        self.len -= 1;
+        if self.len > 0 {
+            let at = input.varint();
+            let seq = input.varint();
+            self.head = (self.head.0 + at, self.head.1 + seq);
+        }
+        self.bytes.settle();
+        Entry { at, seq, item }
+    }
 }
 
 /// Where the next item to run sits.
@@ -75,6 +199,8 @@ pub(crate) struct Schedule<T> {
     lanes: Vec<Lane<T>>,
     heap: BinaryHeap<Earliest<T>>,
     len: usize,
+    /// Where a lane entry is packed before it is appended.
+    scratch: Packer,
 }
 
 impl<T> Default for Schedule<T> {
@@ -84,11 +210,12 @@ impl<T> Default for Schedule<T> {
             lanes: Vec::new(),
             heap: BinaryHeap::new(),
             len: 0,
+            scratch: Packer::default(),
         }
     }
 }
 
-impl<T> Schedule<T> {
+impl<T: Packed> Schedule<T> {
     /// Schedules `item` at `now + delay`, for a delay that recurs (a configured
     /// latency or timeout): it joins the FIFO lane of that delay.
     pub(crate) fn push_fixed(&mut self, now: u64, delay: u64, item: T) {
@@ -96,10 +223,7 @@ impl<T> Schedule<T> {
         let lane = match self.lanes.iter().position(|lane| lane.delay == delay) {
             Some(index) => Some(index),
             None if self.lanes.len() < MAX_LANES => {
-                self.lanes.push(Lane {
-                    delay,
-                    fifo: BlockQueue::default(),
-                });
+                self.lanes.push(Lane::new(delay));
                 Some(self.lanes.len() - 1)
             }
             None => None,
@@ -107,13 +231,8 @@ impl<T> Schedule<T> {
         match lane {
             // A lane only takes an entry that sorts after its tail, so each lane stays
             // sorted even if a caller's clock went back.
-            Some(index)
-                if self.lanes[index]
-                    .fifo
-                    .back()
-                    .is_none_or(|tail| tail.key() < entry.key()) =>
-            {
-                self.lanes[index].fifo.push_back(entry);
+            Some(index) if self.lanes[index].len == 0 || self.lanes[index].tail < entry.key() => {
+                self.lanes[index].push(entry, &mut self.scratch);
             }
             _ => self.heap.push(Earliest(entry)),
         }
@@ -149,9 +268,9 @@ impl<T> Schedule<T> {
     pub(crate) fn pop(&mut self) -> Option<(u64, T)> {
         let (_, source) = self.next()?;
         let entry = match source {
-            Source::Lane(index) => self.lanes[index].fifo.pop_front(),
-            Source::Heap => self.heap.pop().map(|earliest| earliest.0),
-        }?;
+            Source::Lane(index) => self.lanes[index].pop(),
+            Source::Heap => self.heap.pop()?.0,
+        };
         self.len -= 1;
         Some((entry.at, entry.item))
     }
@@ -160,10 +279,8 @@ impl<T> Schedule<T> {
     fn next(&self) -> Option<((u64, u64), Source)> {
         let mut best = self.heap.peek().map(|top| (top.0.key(), Source::Heap));
         for (index, lane) in self.lanes.iter().enumerate() {
-            if let Some(head) = lane.fifo.front() {
-                if best.is_none_or(|(key, _)| head.key() < key) {
-                    best = Some((head.key(), Source::Lane(index)));
-                }
+            if lane.len > 0 && best.is_none_or(|(key, _)| lane.head < key) {
+                best = Some((lane.head, Source::Lane(index)));
             }
         }
         best
@@ -174,6 +291,15 @@ impl<T> Schedule<T> {
 mod tests {
     use super::*;
     use crate::sim::SplitMix64;
+
+    impl Packed for u64 {
+        fn pack(self, out: &mut Packer) {
+            out.varint(self);
+        }
+        fn unpack(input: &mut Unpacker<'_>) -> Self {
+            input.varint()
+        }
+    }
 
     /// Runs a random mix of fixed-delay and irregular pushes and pops against a sorted
     /// reference, with the clock moving forward as items run.
@@ -230,18 +356,18 @@ mod tests {
     #[test]
     fn equal_due_times_keep_scheduling_order() {
         let mut schedule = Schedule::default();
-        schedule.push_fixed(0, 20, "a");
-        schedule.push_at(20, "b");
-        schedule.push_fixed(10, 10, "c");
-        schedule.push_fixed(0, 20, "d");
+        schedule.push_fixed(0, 20, 1);
+        schedule.push_at(20, 2);
+        schedule.push_fixed(10, 10, 3);
+        schedule.push_fixed(0, 20, 4);
         let order: Vec<_> = std::iter::from_fn(|| schedule.pop()).collect();
-        assert_eq!(order, [(20, "a"), (20, "b"), (20, "c"), (20, "d")]);
+        assert_eq!(order, [(20, 1), (20, 2), (20, 3), (20, 4)]);
     }
 
     #[test]
     fn a_clock_going_back_cannot_break_a_lane() {
         let mut schedule = Schedule::default();
-        schedule.push_fixed(100, 10, 1);
+        schedule.push_fixed(100, 10, 1u64);
         schedule.push_fixed(50, 10, 2);
         assert_eq!(schedule.pop(), Some((60, 2)));
         assert_eq!(schedule.pop(), Some((110, 1)));

@@ -73,74 +73,83 @@ impl<T> Chunked<T> {
     }
 }
 
-/// A FIFO made of fixed-size blocks: it grows without copying, and the blocks it
-/// empties go back to the allocator for any other queue or table to reuse, so queues
-/// that peak at different times share their memory. Pushes go to the `tail` block and
-/// pops come from the `head` block, each a plain ring buffer on the fast path; full
-/// blocks wait in between. Invariant: when `head` is empty, so is `full`, and every
-/// entry is in `tail`.
-#[derive(Debug)]
-pub(crate) struct BlockQueue<T> {
-    head: VecDeque<T>,
-    full: VecDeque<VecDeque<T>>,
-    tail: VecDeque<T>,
+/// A FIFO of bytes made of fixed-size blocks: it grows without copying, and the blocks
+/// it empties go back to the allocator for any other queue or table to reuse, so queues
+/// that peak at different times share their memory. Writes go to the back block, reads
+/// come from the front one; a value written across a block boundary reads back whole.
+#[derive(Debug, Default)]
+pub(crate) struct ByteFifo {
+    blocks: VecDeque<Box<[u8]>>,
+    /// Read position in the front block.
+    head: usize,
+    /// Write position in the back block.
+    tail: usize,
 }
 
-impl<T> Default for BlockQueue<T> {
-    fn default() -> Self {
-        BlockQueue {
-            head: VecDeque::new(),
-            full: VecDeque::new(),
-            tail: VecDeque::new(),
-        }
-    }
-}
+impl ByteFifo {
+    /// Bytes of one block.
+    const BLOCK: usize = 8192;
 
-impl<T> BlockQueue<T> {
-    /// Entries of one block.
-    const BLOCK: usize = 512;
-
-    /// Appends `value` at the back.
-    #[inline]
-    pub(crate) fn push_back(&mut self, value: T) {
-        if self.tail.len() >= Self::BLOCK {
-            if self.head.is_empty() {
-                std::mem::swap(&mut self.head, &mut self.tail);
-            } else {
-                let block = VecDeque::with_capacity(Self::BLOCK);
-                self.full
-                    .push_back(std::mem::replace(&mut self.tail, block));
+    /// Appends `bytes` at the back.
+    pub(crate) fn write(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.tail == Self::BLOCK || self.blocks.is_empty() {
+                self.blocks
+                    .push_back(vec![0; Self::BLOCK].into_boxed_slice());
+                self.tail = 0;
             }
+            let Some(block) = self.blocks.back_mut() else {
+                return;
+            };
+            let n = bytes.len().min(Self::BLOCK - self.tail);
+            block[self.tail..self.tail + n].copy_from_slice(&bytes[..n]);
+            self.tail += n;
+            bytes = &bytes[n..];
         }
-        self.tail.push_back(value);
     }
 
-    /// The front entry.
+    /// Takes the front byte; the caller reads only what was written.
     #[inline]
-    pub(crate) fn front(&self) -> Option<&T> {
-        self.head.front().or_else(|| self.tail.front())
+    pub(crate) fn read_byte(&mut self) -> u8 {
+        if self.head == Self::BLOCK {
+            self.next_block();
+        }
+        let byte = self.blocks.front().map_or(0, |block| block[self.head]);
+        self.head += 1;
+        byte
     }
 
-    /// The back entry.
-    pub(crate) fn back(&self) -> Option<&T> {
-        self.tail
-            .back()
-            .or_else(|| self.full.back().and_then(VecDeque::back))
-            .or_else(|| self.head.back())
-    }
-
-    /// Takes the front entry.
-    #[inline]
-    pub(crate) fn pop_front(&mut self) -> Option<T> {
-        let Some(value) = self.head.pop_front() else {
-            return self.tail.pop_front();
-        };
-        if self.head.is_empty() {
-            if let Some(next) = self.full.pop_front() {
-                self.head = next;
+    /// Fills `out` from the front; the caller reads only what was written.
+    pub(crate) fn read(&mut self, mut out: &mut [u8]) {
+        while !out.is_empty() {
+            if self.head == Self::BLOCK {
+                self.next_block();
             }
+            let Some(block) = self.blocks.front() else {
+                return;
+            };
+            let n = out.len().min(Self::BLOCK - self.head);
+            out[..n].copy_from_slice(&block[self.head..self.head + n]);
+            self.head += n;
+            out = &mut out[n..];
         }
-        Some(value)
+    }
+
+    /// Frees the front block, read to its end.
+    fn next_block(&mut self) {
+        self.blocks.pop_front();
+        self.head = 0;
+    }
+
+    /// Called once a whole value is read: an emptied front block goes, and a queue read
+    /// to its end starts its last block over rather than allocating another.
+    pub(crate) fn settle(&mut self) {
+        if self.blocks.len() == 1 && self.head == self.tail {
+            self.head = 0;
+            self.tail = 0;
+        } else if self.head == Self::BLOCK {
+            self.next_block();
+        }
     }
 }
 
@@ -298,30 +307,37 @@ mod tests {
     }
 
     #[test]
-    fn block_queue_is_a_fifo_across_blocks() {
-        let mut queue = BlockQueue::default();
-        // Fill and drain in rounds, and interleave, so entries cross blocks in every way
-        // (tail only, head and tail, full blocks in between).
+    fn byte_fifo_reads_back_what_was_written_across_blocks() {
+        let mut fifo = ByteFifo::default();
+        // Fill and drain in rounds, and interleave, so values cross blocks in every way.
         let mut expected = std::collections::VecDeque::new();
-        let mut next = 0;
+        let mut next = 0u32;
         for round in 1..6 {
-            for _ in 0..round * 700 {
-                queue.push_back(next);
-                expected.push_back(next);
-                assert_eq!(queue.back(), expected.back());
+            for _ in 0..round * 3_000 {
+                let value: Vec<u8> = (0..next % 11).map(|b| (next + b) as u8).collect();
+                fifo.write(&value);
+                expected.push_back(value);
                 next += 1;
             }
-            for _ in 0..round * 500 {
-                assert_eq!(queue.front(), expected.front());
-                assert_eq!(queue.pop_front(), expected.pop_front());
+            for _ in 0..round * 2_000 {
+                let value = expected.pop_front().unwrap();
+                let mut out = vec![0; value.len()];
+                if let Some((first, rest)) = out.split_first_mut() {
+                    *first = fifo.read_byte();
+                    fifo.read(rest);
+                }
+                fifo.settle();
+                assert_eq!(out, value);
             }
         }
-        while let Some(n) = expected.pop_front() {
-            assert_eq!(queue.pop_front(), Some(n));
+        while let Some(value) = expected.pop_front() {
+            let mut out = vec![0; value.len()];
+            fifo.read(&mut out);
+            fifo.settle();
+            assert_eq!(out, value);
         }
-        assert_eq!(queue.pop_front(), None);
-        assert_eq!(queue.front(), None);
-        assert_eq!(queue.back(), None);
+        assert!(fifo.blocks.len() <= 1);
+        assert_eq!((fifo.head, fifo.tail), (0, 0));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! [`calls`] is what the handles call (verbs, rdma_cm calls, event channels,
 //! inspection).
 
+use std::collections::HashMap;
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +20,8 @@ use cm_core::kernel_model::LapState;
 use cm_core::{AsyncEvent, CmError, CmEventType, CmIdState, Errno, IbCmState, QpNum};
 
 use super::rng::SplitMix64;
-use super::schedule::Schedule;
-use super::tables::{Chunked, ReqTable, Slots};
+use super::schedule::{Packed, Packer, Schedule, Unpacker};
+use super::tables::{Chunked, ReqTable};
 use super::trace::{Trace, TraceEntry, TraceEvent};
 use super::types::{
     ConnId, DeviceKind, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion, SimConfig, SimIdKey,
@@ -84,45 +86,14 @@ impl PrivateBytes {
     }
 }
 
-impl Fabric {
-    /// Keeps a data message's payload until it is read; its handle.
-    fn store_payload(&mut self, data: &[u8]) -> Private {
-        if data.is_empty() {
-            return Private::default();
-        }
-        let slot = self.payloads.put(data.into());
-        Private {
-            start: slot,
-            // The caller checked that it fits.
-            len: data.len() as u32,
-        }
-    }
-
-    /// Frees the payload of data message `msg` when it goes without being delivered
-    /// (a duplicate shares the original's, and is never delivered).
-    fn discard_payload(&mut self, msg: &Message) {
-        if msg.kind == MsgKind::Data && !msg.copy {
-            self.take_payload(msg.private);
-        }
-    }
-
-    /// Takes a payload out of the store.
-    fn take_payload(&mut self, payload: Private) -> Option<Box<[u8]>> {
-        if payload.len == 0 {
-            return None;
-        }
-        self.payloads.take(payload.start)
-    }
-}
-
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A message on the wire. One flat struct for every kind keeps the queue simple; 64
-/// bytes, aligned, so a message in flight is one cache line.
+/// A message on the wire. One flat struct for every kind keeps the code simple; in
+/// flight it is packed into the schedule (see [`Action`]'s [`Packed`]), so its size
+/// matters only while it is handled.
 #[derive(Debug, Clone)]
-#[repr(align(64))]
 pub(crate) struct Message {
     kind: MsgKind,
     conn: Option<ConnId>,
@@ -138,16 +109,19 @@ pub(crate) struct Message {
     port: u16,
     /// REJ: the reason; MRA: the kind acknowledged (as index); data: the length.
     value: i32,
+    /// CM private data.
     private: Private,
+    /// A data message's bytes (`None` for length-only sends and for a duplicate, which
+    /// is never delivered): they travel with the message and land in the receiving
+    /// node's completion queue.
+    payload: Option<Box<[u8]>>,
     retransmit: bool,
     /// The second copy of a duplicated message.
     copy: bool,
 }
 
-// A message in flight is one cache line; an id slot (two per connection) stays well
-// under two: checked when compiling.
-const _: () = assert!(std::mem::size_of::<Message>() == 64);
-const _: () = assert!(std::mem::size_of::<IdSlot>() <= 100);
+// An id slot (two per connection) stays small: checked when compiling.
+const _: () = assert!(std::mem::size_of::<IdSlot>() <= 56);
 
 impl Message {
     fn new(kind: MsgKind, conn: Option<ConnId>, from: NodeId, to: NodeId) -> Self {
@@ -162,19 +136,19 @@ impl Message {
             port: 0,
             value: 0,
             private: Private::default(),
+            payload: None,
             retransmit: false,
             copy: false,
         }
     }
 }
 
-/// What the clock triggers. Small on purpose: most pending actions are timers, and a
-/// scale run keeps a few per connection queued, so a message waits in the fabric's
-/// `wire` and the action only names its slot.
+/// What the clock triggers. Most pending actions are timers and messages in flight,
+/// a few per connection in a scale run, so the schedule keeps them packed.
 #[derive(Debug)]
 enum Action {
-    /// The message in this slot of the wire arrives.
-    Deliver(u32),
+    /// The message arrives.
+    Deliver(Message),
     /// The retransmission (or timewait) timer of an id; stale when `gen` differs.
     Timer {
         id: SimIdKey,
@@ -184,6 +158,181 @@ enum Action {
     RouteResolved(SimIdKey),
     /// The deferred work item of a forced establish.
     EstablishWork(SimIdKey),
+}
+
+// The first byte of a packed action: the variant in the low three bits; for a message,
+// its kind in the next three, and its two flags.
+const ACTION_DELIVER: u8 = 0;
+const ACTION_TIMER: u8 = 1;
+const ACTION_ADDR_RESOLVED: u8 = 2;
+const ACTION_ROUTE_RESOLVED: u8 = 3;
+const ACTION_ESTABLISH_WORK: u8 = 4;
+const MSG_RETRANSMIT: u8 = 1 << 6;
+const MSG_COPY: u8 = 1 << 7;
+// The second byte of a packed message: which of its optional fields follow.
+const HAS_CONN: u8 = 1;
+const HAS_SRC: u8 = 1 << 1;
+const HAS_DST: u8 = 1 << 2;
+const HAS_QP: u8 = 1 << 3;
+const HAS_PORT: u8 = 1 << 4;
+const HAS_VALUE: u8 = 1 << 5;
+const HAS_PRIVATE: u8 = 1 << 6;
+const HAS_PAYLOAD: u8 = 1 << 7;
+
+fn pack_key(out: &mut Packer, key: SimIdKey) {
+    out.varint(u64::from(key.index));
+    out.varint(u64::from(key.generation));
+}
+
+fn unpack_key(input: &mut Unpacker<'_>) -> SimIdKey {
+    SimIdKey {
+        index: input.varint() as u32,
+        generation: input.varint() as u32,
+    }
+}
+
+impl Packed for Action {
+    fn pack(self, out: &mut Packer) {
+        match self {
+            Action::Deliver(msg) => pack_message(out, msg),
+            Action::Timer { id, gen } => {
+                out.byte(ACTION_TIMER);
+                pack_key(out, id);
+                out.varint(u64::from(gen));
+            }
+            Action::AddrResolved(id) => {
+                out.byte(ACTION_ADDR_RESOLVED);
+                pack_key(out, id);
+            }
+            Action::RouteResolved(id) => {
+                out.byte(ACTION_ROUTE_RESOLVED);
+                pack_key(out, id);
+            }
+            Action::EstablishWork(id) => {
+                out.byte(ACTION_ESTABLISH_WORK);
+                pack_key(out, id);
+            }
+        }
+    }
+
+    fn unpack(input: &mut Unpacker<'_>) -> Self {
+        let first = input.byte();
+        match first & 7 {
+            ACTION_DELIVER => Action::Deliver(unpack_message(input, first)),
+            ACTION_TIMER => {
+                let id = unpack_key(input);
+                let gen = input.varint() as u32;
+                Action::Timer { id, gen }
+            }
+            ACTION_ADDR_RESOLVED => Action::AddrResolved(unpack_key(input)),
+            ACTION_ROUTE_RESOLVED => Action::RouteResolved(unpack_key(input)),
+            _ => Action::EstablishWork(unpack_key(input)),
+        }
+    }
+}
+
+/// A message as a header byte, a byte of which fields follow, and those fields as
+/// varints; a payload without its trailing zero bytes (messages are often padded with
+/// zeros to a fixed size), restored when it is read back.
+fn pack_message(out: &mut Packer, msg: Message) {
+    let mut first = ACTION_DELIVER | (msg.kind.index() as u8) << 3;
+    if msg.retransmit {
+        first |= MSG_RETRANSMIT;
+    }
+    if msg.copy {
+        first |= MSG_COPY;
+    }
+    let fields = [
+        (HAS_CONN, msg.conn.is_some()),
+        (HAS_SRC, msg.src != MaybeKey::NONE),
+        (HAS_DST, msg.dst != MaybeKey::NONE),
+        (HAS_QP, msg.qp.0 != 0),
+        (HAS_PORT, msg.port != 0),
+        (HAS_VALUE, msg.value != 0),
+        (HAS_PRIVATE, msg.private != Private::default()),
+        (HAS_PAYLOAD, msg.payload.is_some()),
+    ]
+    .iter()
+    .filter(|(_, present)| *present)
+    .fold(0, |fields, (bit, _)| fields | bit);
+    out.byte(first);
+    out.byte(fields);
+    out.varint(u64::from(msg.from.0));
+    out.varint(u64::from(msg.to.0));
+    if let Some(conn) = msg.conn {
+        out.varint(u64::from(conn.0));
+    }
+    if fields & HAS_SRC != 0 {
+        pack_key(out, msg.src.0);
+    }
+    if fields & HAS_DST != 0 {
+        pack_key(out, msg.dst.0);
+    }
+    if fields & HAS_QP != 0 {
+        out.varint(u64::from(msg.qp.0));
+    }
+    if fields & HAS_PORT != 0 {
+        out.varint(u64::from(msg.port));
+    }
+    if fields & HAS_VALUE != 0 {
+        // Zigzag: small negative values take one byte too.
+        let value = msg.value;
+        out.varint(u64::from(((value << 1) ^ (value >> 31)) as u32));
+    }
+    if fields & HAS_PRIVATE != 0 {
+        out.varint(u64::from(msg.private.start));
+        out.varint(u64::from(msg.private.len));
+    }
+    if let Some(payload) = &msg.payload {
+        let kept = payload
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |last| last + 1);
+        out.varint(payload.len() as u64);
+        out.varint(kept as u64);
+        out.bytes(&payload[..kept]);
+    }
+}
+
+fn unpack_message(input: &mut Unpacker<'_>, first: u8) -> Message {
+    let fields = input.byte();
+    let kind = MsgKind::ALL[usize::from(first >> 3 & 7)];
+    let from = NodeId(input.varint() as u32);
+    let to = NodeId(input.varint() as u32);
+    let conn = (fields & HAS_CONN != 0).then(|| ConnId(input.varint() as u32));
+    let mut msg = Message::new(kind, conn, from, to);
+    msg.retransmit = first & MSG_RETRANSMIT != 0;
+    msg.copy = first & MSG_COPY != 0;
+    if fields & HAS_SRC != 0 {
+        msg.src = MaybeKey(unpack_key(input));
+    }
+    if fields & HAS_DST != 0 {
+        msg.dst = MaybeKey(unpack_key(input));
+    }
+    if fields & HAS_QP != 0 {
+        msg.qp = QpNum(input.varint() as u32);
+    }
+    if fields & HAS_PORT != 0 {
+        msg.port = input.varint() as u16;
+    }
+    if fields & HAS_VALUE != 0 {
+        let zigzag = input.varint() as u32;
+        msg.value = (zigzag >> 1) as i32 ^ -((zigzag & 1) as i32);
+    }
+    if fields & HAS_PRIVATE != 0 {
+        msg.private = Private {
+            start: input.varint() as u32,
+            len: input.varint() as u32,
+        };
+    }
+    if fields & HAS_PAYLOAD != 0 {
+        let len = input.varint() as usize;
+        let kept = input.varint() as usize;
+        let mut payload = vec![0; len].into_boxed_slice();
+        input.bytes(&mut payload[..kept]);
+        msg.payload = Some(payload);
+    }
+    msg
 }
 
 /// A CM event waiting in a channel.
@@ -225,9 +374,9 @@ struct Node {
     /// ENOMEM, as the kernel does once pinned memory passes RLIMIT_MEMLOCK.
     qp_budget: Option<u32>,
     async_events: VecDeque<AsyncEvent>,
-    /// Receive completions, each with the payload the sender gave (empty for
+    /// Receive completions, each with the payload the sender gave (`None` for
     /// length-only sends).
-    completions: VecDeque<(RecvCompletion, Private)>,
+    completions: VecDeque<(RecvCompletion, Option<Box<[u8]>>)>,
     /// The node's QPs destroyed since a transport last asked (see
     /// `take_destroyed_qps`); `None` while no transport watches, so that bare fabric
     /// use keeps nothing.
@@ -261,13 +410,13 @@ struct Qp {
 }
 
 /// One CM id: the rdma_cm id and its IB CM id together. Compact (a scale run holds two
-/// per connection): the fields are laid out by the compiler, and the slot is not
-/// padded to cache lines.
+/// per connection): numbers in four bytes, the states and flags in two, and what few
+/// ids have (private data, a LAP state) in the fabric's side table [`IdExtras`].
 #[derive(Debug)]
 struct IdData {
     node: NodeId,
-    /// The channel's index (`u32`: ids are many, channels few).
-    channel: u32,
+    /// The channel's index plus one: never 0, so that a free slot needs no flag.
+    channel: NonZeroU32,
     /// Events handed out and not yet acknowledged.
     unacked: u32,
     /// Bumped to cancel the pending timer.
@@ -276,31 +425,169 @@ struct IdData {
     context: u32,
     conn: MaybeConn,
     qp: MaybeQp,
-    /// The peer id, once known.
-    remote: Option<(NodeId, SimIdKey)>,
-    cm_state: CmIdState,
-    /// The IB CM id's state; `None` until connect/accept/listen attaches one.
-    ib: Option<IbCmState>,
-    /// Bound to the node's device (bind, resolve, or created by a connection request).
-    device: bool,
-    /// Which message the timer resends (`None`: the timer is the TIMEWAIT timer).
-    retrying: Option<MsgKind>,
-    /// The retransmission timeout is the MRA's service timeout (an MRA arrived), not the
-    /// CM response timeout.
-    mra_timeout: bool,
-    /// Created by a connection request (passive ids): `remote` is the REQ's sender,
-    /// whose duplicate-REQ entry goes when this id does.
-    from_req: bool,
-    lap: LapState,
-    retries_left: u32,
-    port: u16,
-    /// Where `resolve_addr` points.
-    dst: Option<(NodeId, u16)>,
     remote_qp: MaybeQp,
-    /// The private data of our REQ/REP (for retransmissions); the peer's REP data on the
-    /// active side once the REP arrived.
+    retries_left: u32,
+    /// Where `resolve_addr` points, then the peer id once known.
+    peer: Peer,
+    port: u16,
+    state: IdState,
+}
+
+impl IdData {
+    fn new(node: NodeId, channel: usize) -> Self {
+        IdData {
+            node,
+            channel: NonZeroU32::new(channel as u32 + 1).expect("fewer than 4 Gi channels"),
+            unacked: 0,
+            timer_gen: 0,
+            context: u32::MAX,
+            conn: MaybeConn::NONE,
+            qp: MaybeQp::NONE,
+            remote_qp: MaybeQp::NONE,
+            retries_left: 0,
+            peer: Peer::NONE,
+            port: 0,
+            state: IdState::NEW,
+        }
+    }
+
+    /// The channel's index.
+    fn channel(&self) -> usize {
+        self.channel.get() as usize - 1
+    }
+
+    fn set_channel(&mut self, channel: usize) {
+        self.channel = NonZeroU32::new(channel as u32 + 1).expect("fewer than 4 Gi channels");
+    }
+
+    /// The peer id, once known (the REQ's sender on the passive side, the REP's on the
+    /// active side).
+    fn remote(&self) -> Option<(NodeId, SimIdKey)> {
+        (self.peer.node != u32::MAX && self.peer.index != u32::MAX).then_some((
+            NodeId(self.peer.node),
+            SimIdKey {
+                index: self.peer.index,
+                generation: self.peer.tag,
+            },
+        ))
+    }
+
+    fn set_remote(&mut self, node: NodeId, key: SimIdKey) {
+        self.peer = Peer {
+            node: node.0,
+            index: key.index,
+            tag: key.generation,
+        };
+    }
+
+    /// Where `resolve_addr` points, until the peer id is known: an active id addresses
+    /// its REQs (and a REJ sent before the REP) by it, and after the REP only its peer.
+    fn dst(&self) -> Option<(NodeId, u16)> {
+        (self.peer.node != u32::MAX && self.peer.index == u32::MAX)
+            .then_some((NodeId(self.peer.node), self.peer.tag as u16))
+    }
+
+    fn set_dst(&mut self, node: NodeId, port: u16) {
+        self.peer = Peer {
+            node: node.0,
+            index: u32::MAX,
+            tag: u32::from(port),
+        };
+    }
+}
+
+/// An id's peer in twelve bytes: nothing (`node` is `u32::MAX`), the address
+/// `resolve_addr` gave (`index` is `u32::MAX`, `tag` the port), or the peer id (`index`
+/// and `tag` its key). One field serves both: an id resolves its address only before
+/// it connects, and learns its peer only after.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    node: u32,
+    index: u32,
+    tag: u32,
+}
+
+impl Peer {
+    const NONE: Peer = Peer {
+        node: u32::MAX,
+        index: u32::MAX,
+        tag: 0,
+    };
+}
+
+/// An id's states and flags in sixteen bits: the IB CM state (five bits, 31: none),
+/// the rdma_cm state (four), the message the timer resends (four, 15: none, the
+/// TIMEWAIT timer), and three flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IdState(u16);
+
+impl IdState {
+    const IB_NONE: u16 = 31;
+    const RETRY_SHIFT: u32 = 9;
+    const RETRY_NONE: u16 = 15;
+    /// Bound to the node's device (bind, resolve, or created by a connection request).
+    const DEVICE: u16 = 1 << 13;
+    /// The retransmission timeout is the MRA's service timeout (an MRA arrived), not
+    /// the CM response timeout.
+    const MRA_TIMEOUT: u16 = 1 << 14;
+    /// Created by a connection request (passive ids): the peer is the REQ's sender,
+    /// whose duplicate-REQ entry goes when this id does.
+    const FROM_REQ: u16 = 1 << 15;
+    /// No IB CM id, rdma_cm IDLE, no timer, no flag.
+    const NEW: IdState = IdState(Self::IB_NONE | Self::RETRY_NONE << Self::RETRY_SHIFT);
+
+    /// The IB CM id's state; `None` until connect/accept/listen attaches one.
+    fn ib(self) -> Option<IbCmState> {
+        IbCmState::from_raw(u32::from(self.0 & 31))
+    }
+
+    fn set_ib(&mut self, ib: Option<IbCmState>) {
+        let raw = ib.map_or(Self::IB_NONE, |s| s.as_raw() as u16);
+        self.0 = self.0 & !31 | raw;
+    }
+
+    fn cm(self) -> CmIdState {
+        CmIdState::from_raw(u32::from(self.0 >> 5 & 15)).unwrap_or(CmIdState::Idle)
+    }
+
+    fn set_cm(&mut self, cm: CmIdState) {
+        self.0 = self.0 & !(15 << 5) | (cm.as_raw() as u16) << 5;
+    }
+
+    /// Which message the timer resends (`None`: the timer is the TIMEWAIT timer).
+    fn retrying(self) -> Option<MsgKind> {
+        MsgKind::ALL
+            .get(usize::from(self.0 >> Self::RETRY_SHIFT & 15))
+            .copied()
+    }
+
+    fn set_retrying(&mut self, kind: Option<MsgKind>) {
+        let raw = kind.map_or(Self::RETRY_NONE, |k| k.index() as u16);
+        self.0 = self.0 & !(15 << Self::RETRY_SHIFT) | raw << Self::RETRY_SHIFT;
+    }
+
+    fn has(self, flag: u16) -> bool {
+        self.0 & flag != 0
+    }
+
+    fn set(&mut self, flag: u16, on: bool) {
+        if on {
+            self.0 |= flag;
+        } else {
+            self.0 &= !flag;
+        }
+    }
+}
+
+/// What few ids have, kept aside so that the rest pay nothing for it: CM private data
+/// and a LAP state other than the usual none.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct IdExtras {
+    /// The private data of our REQ/REP (for retransmissions).
     private: Private,
+    /// The peer's REP data on the active side, once the REP arrived.
     peer_private: Private,
+    lap: LapState,
 }
 
 /// An optional connection number in four bytes (`u32::MAX`, never handed out, is
@@ -418,20 +705,16 @@ pub(crate) struct Fabric {
     pub(crate) arrivals: Arc<Arrivals>,
     pub(crate) config: SimConfig,
     now: u64,
+    /// Timers and messages in flight, packed.
     queue: Schedule<Action>,
-    /// The messages in flight.
-    wire: Slots<Message>,
     /// The private data the messages, events and ids refer to.
     privates: PrivateBytes,
-    /// The payloads of data messages on the wire or waiting in a completion queue (a
-    /// data message's `private` names its slot here when its length is not 0). Freed
-    /// once read, polled, or the message lost: unlike CM private data, every payload
-    /// differs, and a scale run sends millions.
-    payloads: Slots<Box<[u8]>>,
     rng: SplitMix64,
     nodes: Vec<Node>,
     channels: Vec<Channel>,
     ids: Chunked<IdSlot>,
+    /// By id slot: the rare parts of live ids, for the few that have them.
+    id_extras: HashMap<u32, IdExtras>,
     free_ids: Vec<u32>,
     /// Ids destroyed so far: an id's QP number stays what it was read as while this
     /// does (it is set once, and cleared only with the id).
@@ -468,13 +751,12 @@ impl Fabric {
             config,
             now: 0,
             queue: Schedule::default(),
-            wire: Slots::default(),
             privates: PrivateBytes::default(),
-            payloads: Slots::default(),
             rng: SplitMix64::new(seed),
             nodes: Vec::new(),
             channels: Vec::new(),
             ids: Chunked::default(),
+            id_extras: HashMap::new(),
             free_ids: Vec::new(),
             ids_destroyed: 0,
             qps: Chunked::default(),
@@ -566,7 +848,7 @@ impl Fabric {
             .enumerate()
             .filter_map(|(index, slot)| {
                 let id = slot.data.as_ref()?;
-                (id.node == node && id.device).then_some(SimIdKey {
+                (id.node == node && id.state.has(IdState::DEVICE)).then_some(SimIdKey {
                     index: index as u32,
                     generation: slot.generation,
                 })
@@ -639,29 +921,7 @@ impl Fabric {
     }
 
     pub(crate) fn create_id(&mut self, channel: usize) -> SimIdKey {
-        let data = IdData {
-            node: self.channels[channel].node,
-            channel: channel as u32,
-            device: false,
-            cm_state: CmIdState::Idle,
-            ib: None,
-            qp: MaybeQp::NONE,
-            conn: MaybeConn::NONE,
-            port: 0,
-            dst: None,
-            remote: None,
-            remote_qp: MaybeQp::NONE,
-            timer_gen: 0,
-            context: u32::MAX,
-            retrying: None,
-            retries_left: 0,
-            mra_timeout: false,
-            private: Private::default(),
-            peer_private: Private::default(),
-            unacked: 0,
-            from_req: false,
-            lap: LapState::Uninit,
-        };
+        let data = IdData::new(self.channels[channel].node, channel);
         if let Some(index) = self.free_ids.pop() {
             let slot = self
                 .ids
@@ -684,9 +944,29 @@ impl Fabric {
         }
     }
 
+    /// The rare parts of live id slot `index` (all defaults when it has none).
+    fn extras(&self, index: u32) -> IdExtras {
+        if self.id_extras.is_empty() {
+            return IdExtras::default();
+        }
+        self.id_extras.get(&index).copied().unwrap_or_default()
+    }
+
+    /// Changes the rare parts of live id slot `index`; defaults take no entry.
+    fn update_extras(&mut self, index: u32, change: impl FnOnce(&mut IdExtras)) {
+        let mut extras = self.extras(index);
+        change(&mut extras);
+        if extras != IdExtras::default() {
+            self.id_extras.insert(index, extras);
+        } else if !self.id_extras.is_empty() {
+            self.id_extras.remove(&index);
+        }
+    }
+
     fn set_ib(&mut self, key: SimIdKey, to: IbCmState) {
         let Some(id) = self.id_mut(key) else { return };
-        let from = id.ib.replace(to);
+        let from = id.state.ib();
+        id.state.set_ib(Some(to));
         let conn = id.conn.get();
         if from != Some(to) {
             self.record(|| TraceEvent::State {
@@ -704,8 +984,8 @@ impl Fabric {
     fn queue_cm_event(&mut self, key: SimIdKey, kind: QueuedKind, status: i32, private: Private) {
         let Some(id) = self.id(key) else { return };
         let wanted = match kind {
-            QueuedKind::Event(CmEventType::TimewaitExit) => id.cm_state == CmIdState::Disconnect,
-            _ => id.cm_state == CmIdState::Connect,
+            QueuedKind::Event(CmEventType::TimewaitExit) => id.state.cm() == CmIdState::Disconnect,
+            _ => id.state.cm() == CmIdState::Connect,
         };
         if wanted {
             self.push_event(key, None, kind, status, private);
@@ -721,7 +1001,7 @@ impl Fabric {
         private: Private,
     ) {
         let Some(id) = self.id(key) else { return };
-        let (channel, conn) = (id.channel as usize, id.conn.get());
+        let (channel, conn) = (id.channel(), id.conn.get());
         self.arrivals.bump_channel(channel);
         self.channels[channel].queue.push_back(QueuedEvent {
             id: key,
@@ -746,7 +1026,7 @@ impl Fabric {
     fn cancel_timer(&mut self, key: SimIdKey) {
         if let Some(id) = self.id_mut(key) {
             id.timer_gen = id.timer_gen.wrapping_add(1);
-            id.retrying = None;
+            id.state.set_retrying(None);
         }
     }
 
@@ -755,9 +1035,9 @@ impl Fabric {
         let retries = self.config.max_cm_retries;
         let Some(id) = self.id_mut(key) else { return };
         id.timer_gen = id.timer_gen.wrapping_add(1);
-        id.retrying = Some(kind);
+        id.state.set_retrying(Some(kind));
         id.retries_left = retries;
-        id.mra_timeout = false;
+        id.state.set(IdState::MRA_TIMEOUT, false);
         let gen = id.timer_gen;
         self.schedule(timeout, Action::Timer { id: key, gen });
     }
@@ -768,7 +1048,7 @@ impl Fabric {
         let timeout = nanos(self.config.mra_service_timeout);
         let Some(id) = self.id_mut(key) else { return };
         id.timer_gen = id.timer_gen.wrapping_add(1);
-        id.mra_timeout = true;
+        id.state.set(IdState::MRA_TIMEOUT, true);
         let gen = id.timer_gen;
         self.schedule(timeout, Action::Timer { id: key, gen });
     }
@@ -778,7 +1058,7 @@ impl Fabric {
         let timewait = nanos(self.config.timewait);
         let Some(id) = self.id_mut(key) else { return };
         id.timer_gen = id.timer_gen.wrapping_add(1);
-        id.retrying = None;
+        id.state.set_retrying(None);
         let gen = id.timer_gen;
         self.schedule(timewait, Action::Timer { id: key, gen });
     }
