@@ -218,7 +218,8 @@ impl<T> Slots<T> {
     }
 }
 
-/// One duplicate-REQ entry, stored at the active id's slot.
+/// One duplicate-REQ entry, stored at the active id's slot; free while `passive`'s
+/// slot is `u32::MAX` (never handed out).
 #[derive(Debug, Clone, Copy)]
 struct ReqEntry {
     from: NodeId,
@@ -226,22 +227,37 @@ struct ReqEntry {
     passive: SimIdKey,
 }
 
+impl ReqEntry {
+    const FREE: ReqEntry = ReqEntry {
+        from: NodeId(0),
+        generation: 0,
+        passive: SimIdKey {
+            index: u32::MAX,
+            generation: 0,
+        },
+    };
+
+    fn is_free(&self) -> bool {
+        self.passive.index == u32::MAX
+    }
+}
+
 /// The passive side's duplicate-REQ table: (active node, active id) → the passive id
-/// its REQ created. Indexed by the active id's slot; a second entry for one slot (the
-/// active id destroyed and its slot reused while the first passive id lives on) goes
-/// to a small map, so the table answers exactly as a map over the full key would.
+/// its REQ created. Indexed by the active id's slot, grown by chunks; a second entry
+/// for one slot (the active id destroyed and its slot reused while the first passive
+/// id lives on) goes to a small map, so the table answers exactly as a map over the
+/// full key would.
 #[derive(Debug, Default)]
 pub(crate) struct ReqTable {
-    by_slot: Vec<Option<ReqEntry>>,
+    by_slot: Chunked<ReqEntry>,
     spill: HashMap<(NodeId, SimIdKey), SimIdKey>,
 }
 
 impl ReqTable {
     fn entry(&self, from: NodeId, active: SimIdKey) -> Option<&ReqEntry> {
         self.by_slot
-            .get(active.index as usize)?
-            .as_ref()
-            .filter(|e| e.from == from && e.generation == active.generation)
+            .get(active.index as usize)
+            .filter(|e| !e.is_free() && e.from == from && e.generation == active.generation)
     }
 
     /// The passive id created by the REQ of `active` on node `from`.
@@ -257,17 +273,17 @@ impl ReqTable {
     /// checked that none is recorded).
     pub(crate) fn insert(&mut self, from: NodeId, active: SimIdKey, passive: SimIdKey) {
         let index = active.index as usize;
-        if index >= self.by_slot.len() {
-            self.by_slot.resize(index + 1, None);
+        while self.by_slot.len() <= index {
+            self.by_slot.push(ReqEntry::FREE);
         }
         let entry = ReqEntry {
             from,
             generation: active.generation,
             passive,
         };
-        match &mut self.by_slot[index] {
-            free @ None => *free = Some(entry),
-            Some(_) => {
+        match self.by_slot.get_mut(index) {
+            Some(free) if free.is_free() => *free = entry,
+            _ => {
                 self.spill.insert((from, active), passive);
             }
         }
@@ -276,7 +292,9 @@ impl ReqTable {
     /// Forgets the entry of `active` on node `from`.
     pub(crate) fn remove(&mut self, from: NodeId, active: SimIdKey) {
         if self.entry(from, active).is_some() {
-            self.by_slot[active.index as usize] = None;
+            if let Some(entry) = self.by_slot.get_mut(active.index as usize) {
+                *entry = ReqEntry::FREE;
+            }
         } else {
             self.spill.remove(&(from, active));
         }

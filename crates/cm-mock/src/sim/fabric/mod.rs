@@ -650,10 +650,45 @@ struct IdSlot {
     data: Option<IdData>,
 }
 
+/// Messages of each kind sent so far on a connection (fault rules' `nth`), a byte
+/// each: they are few on nearly every connection. One count that would reach
+/// [`ConnRecord::SPILLED`] moves the connection's counts to the fabric's
+/// `spilled_counts`, and every byte becomes the mark.
 #[derive(Debug, Default, Clone, Copy)]
 struct ConnRecord {
-    /// Messages of each kind sent so far on the connection (fault rules' `nth`).
-    sent: [u32; 8],
+    sent: [u8; 8],
+}
+
+impl ConnRecord {
+    /// Marks a connection whose counts are in `spilled_counts`.
+    const SPILLED: u8 = u8::MAX;
+}
+
+impl Fabric {
+    /// Counts a message of `kind` sent on `conn`; how many were sent before it.
+    fn count_sent(&mut self, conn: ConnId, kind: MsgKind) -> u32 {
+        let record = self
+            .conns
+            .get_mut(conn.0 as usize)
+            .expect("a connection's record");
+        let k = kind.index();
+        let n = record.sent[k];
+        if n == ConnRecord::SPILLED {
+            let counts = self.spilled_counts.entry(conn.0).or_default();
+            let n = counts[k];
+            counts[k] = n.saturating_add(1);
+            return n;
+        }
+        if n + 1 < ConnRecord::SPILLED {
+            record.sent[k] = n + 1;
+        } else {
+            let mut counts = record.sent.map(u32::from);
+            counts[k] += 1;
+            self.spilled_counts.insert(conn.0, counts);
+            record.sent = [ConnRecord::SPILLED; 8];
+        }
+        u32::from(n)
+    }
 }
 
 /// Arrival counters: each counts what came to a channel (CM events, its close) or to
@@ -721,6 +756,8 @@ pub(crate) struct Fabric {
     ids_destroyed: u64,
     qps: Chunked<Qp>,
     conns: Chunked<ConnRecord>,
+    /// By connection: the full counts of the connections whose record overflowed.
+    spilled_counts: HashMap<u32, [u32; 8]>,
     /// (node, port) → listening id; a handful at most, so a list.
     listeners: Vec<((NodeId, u16), SimIdKey)>,
     /// (active node, active id) → passive id: detects duplicate REQs.
@@ -761,6 +798,7 @@ impl Fabric {
             ids_destroyed: 0,
             qps: Chunked::default(),
             conns: Chunked::default(),
+            spilled_counts: HashMap::new(),
             listeners: Vec::new(),
             remote_reqs: ReqTable::default(),
             rules: Vec::new(),
@@ -1084,8 +1122,8 @@ impl Fabric {
 
 #[cfg(test)]
 mod tests {
-    use super::PrivateBytes;
-    use crate::sim::{SimChannel, SimConfig, SimFabric, SimPair};
+    use super::{ConnRecord, Fabric, PrivateBytes};
+    use crate::sim::{ConnId, MsgKind, SimChannel, SimConfig, SimFabric, SimPair};
     use cm_core::{CmEvent, CmEventSource, CmEventType};
 
     #[test]
@@ -1099,6 +1137,24 @@ mod tests {
         assert_eq!((store.get(a), store.get(b)), (&b"hello"[..], &b"bye"[..]));
         assert_eq!(a, again);
         assert_eq!(store.bytes.len(), 8);
+    }
+
+    #[test]
+    fn sent_counts_stay_exact_past_a_byte() {
+        let mut fabric = Fabric::new(SimConfig::default(), 1);
+        fabric.conns.push(ConnRecord::default());
+        fabric.conns.push(ConnRecord::default());
+        let (conn, other) = (ConnId(0), ConnId(1));
+        for n in 0..600 {
+            assert_eq!(fabric.count_sent(conn, MsgKind::Req), n);
+            if n % 100 == 0 {
+                assert_eq!(fabric.count_sent(conn, MsgKind::Rep), n / 100);
+            }
+        }
+        assert_eq!(fabric.count_sent(conn, MsgKind::Rep), 6);
+        assert_eq!(fabric.count_sent(conn, MsgKind::Rtu), 0);
+        assert_eq!(fabric.count_sent(other, MsgKind::Req), 0);
+        assert_eq!(fabric.spilled_counts.len(), 1);
     }
 
     fn next(channel: &mut SimChannel, fabric: &SimFabric) -> crate::sim::SimCmEvent {

@@ -31,18 +31,7 @@ impl Fabric {
             to: msg.to,
             retransmit: msg.retransmit,
         });
-        let nth = match conn {
-            Some(c) => {
-                let record = self
-                    .conns
-                    .get_mut(c.0 as usize)
-                    .expect("a connection's record");
-                let n = record.sent[kind.index()];
-                record.sent[kind.index()] = n.saturating_add(1);
-                n
-            }
-            None => 0,
-        };
+        let nth = conn.map_or(0, |c| self.count_sent(c, kind));
         let mut fault = self
             .rules
             .iter()
