@@ -55,22 +55,33 @@ impl Packer {
     }
 }
 
-/// Where [`Packed::unpack`] reads: the lane's bytes, from the front.
+/// Where [`Packed::unpack`] reads: one record of a lane, from its start.
 #[derive(Debug)]
-pub(crate) struct Unpacker<'a>(&'a mut ByteFifo);
+pub(crate) struct Unpacker<'a> {
+    bytes: &'a [u8],
+    read: usize,
+}
 
 impl Unpacker<'_> {
     /// One byte.
+    #[inline]
     pub(crate) fn byte(&mut self) -> u8 {
-        self.0.read_byte()
+        let byte = self.bytes.get(self.read).copied().unwrap_or(0);
+        self.read += 1;
+        byte
     }
 
     /// A number [`Packer::varint`] wrote.
+    #[inline]
     pub(crate) fn varint(&mut self) -> u64 {
-        let mut value = 0u64;
-        let mut shift = 0;
+        let first = self.byte();
+        if first < 0x80 {
+            return u64::from(first);
+        }
+        let mut value = u64::from(first & 0x7f);
+        let mut shift = 7;
         loop {
-            let byte = self.0.read_byte();
+            let byte = self.byte();
             value |= u64::from(byte & 0x7f) << shift;
             if byte < 0x80 {
                 return value;
@@ -81,7 +92,10 @@ impl Unpacker<'_> {
 
     /// Fills `out` with bytes [`Packer::bytes`] wrote.
     pub(crate) fn bytes(&mut self, out: &mut [u8]) {
-        self.0.read(out);
+        let end = (self.read + out.len()).min(self.bytes.len());
+        let from = &self.bytes[self.read.min(end)..end];
+        out[..from.len()].copy_from_slice(from);
+        self.read += out.len();
     }
 }
 
@@ -122,9 +136,9 @@ impl<T> Ord for Earliest<T> {
 
 /// The items scheduled with one fixed delay, in (due time, sequence) order, packed.
 ///
-/// `bytes` holds the front entry's item, then each later entry as its key's deltas
-/// from the entry before it and its item: the front key is decoded as soon as its
-/// entry reaches the front, so peeking costs nothing.
+/// `bytes` holds the front entry's item, then each later entry as one record: its
+/// key's deltas from the entry before it, and its item. The front key is decoded as
+/// soon as its entry reaches the front, so peeking costs nothing.
 #[derive(Debug)]
 struct Lane<T> {
     delay: u64,
@@ -169,16 +183,26 @@ impl<T: Packed> Lane<T> {
 
     /// Takes the front entry (the lane is not empty).
     fn pop(&mut self) -> Entry<T> {
-        let mut input = Unpacker(&mut self.bytes);
+        let mut input = Unpacker {
+            bytes: self.bytes.front(),
+            read: 0,
+        };
         let item = T::unpack(&mut input);
+        let read = input.read;
+        self.bytes.consume(read);
         let (at, seq) = self.head;
         self.len -= 1;
         if self.len > 0 {
-            let at = input.varint();
-            let seq = input.varint();
-            self.head = (self.head.0 + at, self.head.1 + seq);
+            // The next entry's record starts with its key's deltas (its item follows).
+            let mut input = Unpacker {
+                bytes: self.bytes.front(),
+                read: 0,
+            };
+            let delta = (input.varint(), input.varint());
+            let read = input.read;
+            self.bytes.consume(read);
+            self.head = (self.head.0 + delta.0, self.head.1 + delta.1);
         }
-        self.bytes.settle();
         Entry { at, seq, item }
     }
 }

@@ -73,82 +73,79 @@ impl<T> Chunked<T> {
     }
 }
 
-/// A FIFO of bytes made of fixed-size blocks: it grows without copying, and the blocks
-/// it empties go back to the allocator for any other queue or table to reuse, so queues
-/// that peak at different times share their memory. Writes go to the back block, reads
-/// come from the front one; a value written across a block boundary reads back whole.
+/// A FIFO of records (byte strings) made of blocks: it grows without copying, and the
+/// blocks it empties go back to the allocator for any other queue or table to reuse,
+/// so queues that peak at different times share their memory. A record never straddles
+/// two blocks (one that does not fit starts the next block, and one larger than a
+/// block gets a block of its own), so a reader decodes it from one slice.
 #[derive(Debug, Default)]
 pub(crate) struct ByteFifo {
-    blocks: VecDeque<Box<[u8]>>,
+    blocks: VecDeque<Block>,
     /// Read position in the front block.
     head: usize,
-    /// Write position in the back block.
-    tail: usize,
+}
+
+/// A block of a [`ByteFifo`] and how much of it is written.
+#[derive(Debug)]
+struct Block {
+    bytes: Box<[u8]>,
+    len: usize,
 }
 
 impl ByteFifo {
     /// Bytes of one block.
     const BLOCK: usize = 8192;
 
-    /// Appends `bytes` at the back.
-    pub(crate) fn write(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.tail == Self::BLOCK || self.blocks.is_empty() {
-                self.blocks
-                    .push_back(vec![0; Self::BLOCK].into_boxed_slice());
-                self.tail = 0;
-            }
-            let Some(block) = self.blocks.back_mut() else {
-                return;
-            };
-            let n = bytes.len().min(Self::BLOCK - self.tail);
-            block[self.tail..self.tail + n].copy_from_slice(&bytes[..n]);
-            self.tail += n;
-            bytes = &bytes[n..];
+    /// Appends the record `bytes` at the back.
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        let fits = self
+            .blocks
+            .back()
+            .is_some_and(|block| block.bytes.len() - block.len >= bytes.len());
+        if !fits {
+            let size = bytes.len().max(Self::BLOCK);
+            self.blocks.push_back(Block {
+                bytes: vec![0; size].into_boxed_slice(),
+                len: 0,
+            });
+        }
+        if let Some(block) = self.blocks.back_mut() {
+            block.bytes[block.len..block.len + bytes.len()].copy_from_slice(bytes);
+            block.len += bytes.len();
         }
     }
 
-    /// Takes the front byte; the caller reads only what was written.
+    /// The unread bytes of the front block, where the next record starts (empty when
+    /// the FIFO is).
     #[inline]
-    pub(crate) fn read_byte(&mut self) -> u8 {
-        if self.head == Self::BLOCK {
-            self.next_block();
-        }
-        let byte = self.blocks.front().map_or(0, |block| block[self.head]);
-        self.head += 1;
-        byte
-    }
-
-    /// Fills `out` from the front; the caller reads only what was written.
-    pub(crate) fn read(&mut self, mut out: &mut [u8]) {
-        while !out.is_empty() {
-            if self.head == Self::BLOCK {
-                self.next_block();
-            }
-            let Some(block) = self.blocks.front() else {
-                return;
-            };
-            let n = out.len().min(Self::BLOCK - self.head);
-            out[..n].copy_from_slice(&block[self.head..self.head + n]);
-            self.head += n;
-            out = &mut out[n..];
-        }
-    }
-
-    /// Frees the front block, read to its end.
-    fn next_block(&mut self) {
-        self.blocks.pop_front();
-        self.head = 0;
-    }
-
-    /// Called once a whole value is read: an emptied front block goes, and a queue read
-    /// to its end starts its last block over rather than allocating another.
-    pub(crate) fn settle(&mut self) {
-        if self.blocks.len() == 1 && self.head == self.tail {
+    pub(crate) fn front(&mut self) -> &[u8] {
+        if self
+            .blocks
+            .front()
+            .is_some_and(|block| self.head == block.len)
+            && self.blocks.len() > 1
+        {
+            self.blocks.pop_front();
             self.head = 0;
-            self.tail = 0;
-        } else if self.head == Self::BLOCK {
-            self.next_block();
+        }
+        self.blocks
+            .front()
+            .map_or(&[][..], |block| &block.bytes[self.head..block.len])
+    }
+
+    /// Marks `n` bytes of [`ByteFifo::front`] read. A FIFO read to its end starts its
+    /// last block over rather than allocating another.
+    #[inline]
+    pub(crate) fn consume(&mut self, n: usize) {
+        self.head += n;
+        let only = self.blocks.len() == 1;
+        if let Some(block) = self
+            .blocks
+            .front_mut()
+            .filter(|b| only && b.len == self.head)
+        {
+            block.len = 0;
+            self.head = 0;
         }
     }
 }
@@ -325,37 +322,40 @@ mod tests {
     }
 
     #[test]
-    fn byte_fifo_reads_back_what_was_written_across_blocks() {
+    fn byte_fifo_reads_back_its_records_in_order() {
         let mut fifo = ByteFifo::default();
-        // Fill and drain in rounds, and interleave, so values cross blocks in every way.
+        // Fill and drain in rounds, and interleave, so records fill blocks in every way;
+        // some are larger than a block.
         let mut expected = std::collections::VecDeque::new();
-        let mut next = 0u32;
+        let mut next = 0usize;
+        let mut read = |fifo: &mut ByteFifo, value: &[u8]| {
+            let front = fifo.front();
+            assert!(front.len() >= value.len());
+            assert_eq!(&front[..value.len()], value);
+            fifo.consume(value.len());
+        };
         for round in 1..6 {
             for _ in 0..round * 3_000 {
-                let value: Vec<u8> = (0..next % 11).map(|b| (next + b) as u8).collect();
+                let len = if next % 1_000 == 999 {
+                    10_000
+                } else {
+                    next % 23
+                };
+                let value: Vec<u8> = (0..len).map(|b| (next + b) as u8).collect();
                 fifo.write(&value);
                 expected.push_back(value);
                 next += 1;
             }
             for _ in 0..round * 2_000 {
-                let value = expected.pop_front().unwrap();
-                let mut out = vec![0; value.len()];
-                if let Some((first, rest)) = out.split_first_mut() {
-                    *first = fifo.read_byte();
-                    fifo.read(rest);
-                }
-                fifo.settle();
-                assert_eq!(out, value);
+                read(&mut fifo, &expected.pop_front().unwrap());
             }
         }
         while let Some(value) = expected.pop_front() {
-            let mut out = vec![0; value.len()];
-            fifo.read(&mut out);
-            fifo.settle();
-            assert_eq!(out, value);
+            read(&mut fifo, &value);
         }
+        assert!(fifo.front().is_empty());
         assert!(fifo.blocks.len() <= 1);
-        assert_eq!((fifo.head, fifo.tail), (0, 0));
+        assert_eq!(fifo.head, 0);
     }
 
     #[test]

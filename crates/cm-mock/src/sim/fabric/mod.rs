@@ -242,19 +242,21 @@ fn pack_message(out: &mut Packer, msg: Message) {
     if msg.copy {
         first |= MSG_COPY;
     }
-    let fields = [
-        (HAS_CONN, msg.conn.is_some()),
-        (HAS_SRC, msg.src != MaybeKey::NONE),
-        (HAS_DST, msg.dst != MaybeKey::NONE),
-        (HAS_QP, msg.qp.0 != 0),
-        (HAS_PORT, msg.port != 0),
-        (HAS_VALUE, msg.value != 0),
-        (HAS_PRIVATE, msg.private != Private::default()),
-        (HAS_PAYLOAD, msg.payload.is_some()),
-    ]
-    .iter()
-    .filter(|(_, present)| *present)
-    .fold(0, |fields, (bit, _)| fields | bit);
+    let present = [
+        msg.conn.is_some(),
+        msg.src != MaybeKey::NONE,
+        msg.dst != MaybeKey::NONE,
+        msg.qp.0 != 0,
+        msg.port != 0,
+        msg.value != 0,
+        msg.private != Private::default(),
+        msg.payload.is_some(),
+    ];
+    // Bit i of `fields` says field i is there (HAS_CONN is bit 0, …, HAS_PAYLOAD bit 7).
+    let fields = present
+        .iter()
+        .enumerate()
+        .fold(0u8, |fields, (bit, &on)| fields | u8::from(on) << bit);
     out.byte(first);
     out.byte(fields);
     out.varint(u64::from(msg.from.0));
