@@ -93,7 +93,7 @@ impl Fabric {
         id.qp = MaybeQp::new(Some(qpn));
         self.qps.push(Qp {
             node,
-            owner: key,
+            owner: key.index,
             state: QpState::Init,
             peer: MaybeQp::NONE,
             got_first_packet: false,

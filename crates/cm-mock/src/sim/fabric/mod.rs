@@ -120,8 +120,9 @@ pub(crate) struct Message {
     copy: bool,
 }
 
-// An id slot (two per connection) stays small: checked when compiling.
+// An id slot and a QP (two each per connection) stay small: checked when compiling.
 const _: () = assert!(std::mem::size_of::<IdSlot>() <= 56);
+const _: () = assert!(std::mem::size_of::<Qp>() <= 16);
 
 impl Message {
     fn new(kind: MsgKind, conn: Option<ConnId>, from: NodeId, to: NodeId) -> Self {
@@ -401,10 +402,13 @@ pub(crate) enum QpState {
     Error,
 }
 
+/// A QP, sixteen bytes (a scale run holds two per connection).
 #[derive(Debug)]
 struct Qp {
     node: NodeId,
-    owner: SimIdKey,
+    /// The slot of the id that created it: that id while `alive` (destroying the id is
+    /// what ends the QP), so the slot's generation need not be kept.
+    owner: u32,
     state: QpState,
     peer: MaybeQp,
     got_first_packet: bool,

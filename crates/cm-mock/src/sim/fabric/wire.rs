@@ -453,8 +453,13 @@ impl Fabric {
         self.stats.recv_completions += 1;
         let qpn = msg.qp;
         self.record(|| TraceEvent::RecvCompletion { node, qp: qpn });
+        // A live QP's owner is live: its slot holds it.
+        let owner = self
+            .ids
+            .get(owner as usize)
+            .and_then(|slot| slot.data.as_ref());
         let cm_waiting = matches!(
-            self.id(owner).and_then(|id| id.state.ib()),
+            owner.and_then(|id| id.state.ib()),
             Some(IbCmState::RepSent | IbCmState::MraRepRcvd)
         );
         if first && cm_waiting && self.config.comm_est {
