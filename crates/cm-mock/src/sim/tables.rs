@@ -328,7 +328,7 @@ mod tests {
         // some are larger than a block.
         let mut expected = std::collections::VecDeque::new();
         let mut next = 0usize;
-        let mut read = |fifo: &mut ByteFifo, value: &[u8]| {
+        let read = |fifo: &mut ByteFifo, value: &[u8]| {
             let front = fifo.front();
             assert!(front.len() >= value.len());
             assert_eq!(&front[..value.len()], value);

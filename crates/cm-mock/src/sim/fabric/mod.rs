@@ -1128,8 +1128,11 @@ impl Fabric {
 
 #[cfg(test)]
 mod tests {
-    use super::{ConnRecord, Fabric, PrivateBytes};
-    use crate::sim::{ConnId, MsgKind, SimChannel, SimConfig, SimFabric, SimPair};
+    use super::{Action, ConnRecord, Fabric, MaybeKey, Message, Private, PrivateBytes, Schedule};
+    use crate::sim::{
+        ConnId, MsgKind, NodeId, SimChannel, SimConfig, SimFabric, SimIdKey, SimPair,
+    };
+    use cm_core::QpNum;
     use cm_core::{CmEvent, CmEventSource, CmEventType};
 
     #[test]
@@ -1143,6 +1146,58 @@ mod tests {
         assert_eq!((store.get(a), store.get(b)), (&b"hello"[..], &b"bye"[..]));
         assert_eq!(a, again);
         assert_eq!(store.bytes.len(), 8);
+    }
+
+    /// Every field of a message and every action come back from a lane as they went
+    /// in: extreme values, negative ones, payloads with and without trailing zeros.
+    #[test]
+    fn actions_come_back_from_a_lane_unchanged() {
+        let key = |index, generation| SimIdKey { index, generation };
+        let mut full = Message::new(
+            MsgKind::Rej,
+            Some(ConnId(u32::MAX - 1)),
+            NodeId(3),
+            NodeId(u32::MAX),
+        );
+        full.src = MaybeKey(key(u32::MAX - 1, u32::MAX));
+        full.dst = MaybeKey(key(0, 7));
+        full.qp = QpNum(u32::MAX);
+        full.port = u16::MAX;
+        full.value = i32::MIN;
+        full.private = Private {
+            start: u32::MAX,
+            len: 196,
+        };
+        full.retransmit = true;
+        full.copy = true;
+        let mut data = Message::new(MsgKind::Data, None, NodeId(0), NodeId(1));
+        data.value = i32::MAX;
+        let mut actions = vec![
+            Action::Deliver(full),
+            Action::Deliver(Message::new(MsgKind::Rtu, None, NodeId(0), NodeId(0))),
+            Action::Timer {
+                id: key(5, 6),
+                gen: u32::MAX,
+            },
+            Action::AddrResolved(key(u32::MAX - 1, 0)),
+            Action::RouteResolved(key(1, 2)),
+            Action::EstablishWork(key(3, 4)),
+        ];
+        for payload in [&b"padded\0\0\0"[..], b"\0\0", b"x", &[7; 20_000]] {
+            let mut msg = data.clone();
+            msg.value = -1;
+            msg.payload = Some(payload.into());
+            actions.push(Action::Deliver(msg));
+        }
+        let expected: Vec<String> = actions.iter().map(|a| format!("{a:?}")).collect();
+        let mut schedule = Schedule::default();
+        for (n, action) in actions.into_iter().enumerate() {
+            schedule.push_fixed(n as u64 * 1_000_000_007, 10, action);
+        }
+        let back: Vec<String> = std::iter::from_fn(|| schedule.pop())
+            .map(|(_, a)| format!("{a:?}"))
+            .collect();
+        assert_eq!(back, expected);
     }
 
     #[test]
