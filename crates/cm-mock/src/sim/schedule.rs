@@ -32,26 +32,38 @@ pub(crate) trait Packed: Sized {
 
 /// Where [`Packed::pack`] writes: a scratch buffer the lane then appends whole.
 #[derive(Debug, Default)]
-pub(crate) struct Packer(Vec<u8>);
+pub(crate) struct Packer {
+    bytes: Vec<u8>,
+    /// The lane's last [`Packer::near`] number.
+    last: u32,
+}
 
 impl Packer {
     /// One byte.
     pub(crate) fn byte(&mut self, byte: u8) {
-        self.0.push(byte);
+        self.bytes.push(byte);
     }
 
     /// An unsigned number, seven bits a byte (small numbers take one).
     pub(crate) fn varint(&mut self, mut value: u64) {
         while value >= 0x80 {
-            self.0.push(value as u8 | 0x80);
+            self.bytes.push(value as u8 | 0x80);
             value >>= 7;
         }
-        self.0.push(value as u8);
+        self.bytes.push(value as u8);
+    }
+
+    /// A number likely close to the previous one packed this way in the lane (the ids
+    /// of consecutive timers): its difference from it, a byte when they are close.
+    pub(crate) fn near(&mut self, value: u32) {
+        let delta = value.wrapping_sub(self.last) as i32;
+        self.varint(u64::from(((delta << 1) ^ (delta >> 31)) as u32));
+        self.last = value;
     }
 
     /// Raw bytes (the reader knows how many).
     pub(crate) fn bytes(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
+        self.bytes.extend_from_slice(bytes);
     }
 }
 
@@ -60,6 +72,8 @@ impl Packer {
 pub(crate) struct Unpacker<'a> {
     bytes: &'a [u8],
     read: usize,
+    /// The lane's last [`Unpacker::near`] number.
+    last: u32,
 }
 
 impl Unpacker<'_> {
@@ -88,6 +102,14 @@ impl Unpacker<'_> {
             }
             shift += 7;
         }
+    }
+
+    /// A number [`Packer::near`] wrote.
+    pub(crate) fn near(&mut self) -> u32 {
+        let zigzag = self.varint() as u32;
+        let delta = (zigzag >> 1) as i32 ^ -((zigzag & 1) as i32);
+        self.last = self.last.wrapping_add(delta as u32);
+        self.last
     }
 
     /// Fills `out` with bytes [`Packer::bytes`] wrote.
@@ -150,6 +172,9 @@ struct Lane<T> {
     head: (u64, u64),
     /// The last entry pushed (the base of the next one's deltas).
     tail: (u64, u64),
+    /// The last [`Packer::near`] number packed, and the last unpacked.
+    near_packed: u32,
+    near_unpacked: u32,
     item: PhantomData<T>,
 }
 
@@ -161,6 +186,8 @@ impl<T: Packed> Lane<T> {
             len: 0,
             head: (0, 0),
             tail: (0, 0),
+            near_packed: 0,
+            near_unpacked: 0,
             item: PhantomData,
         }
     }
@@ -168,7 +195,8 @@ impl<T: Packed> Lane<T> {
     /// Appends an entry that sorts after the last one pushed (if any is left).
     fn push(&mut self, entry: Entry<T>, scratch: &mut Packer) {
         let key = entry.key();
-        scratch.0.clear();
+        scratch.bytes.clear();
+        scratch.last = self.near_packed;
         if self.len == 0 {
             self.head = key;
         } else {
@@ -176,7 +204,8 @@ impl<T: Packed> Lane<T> {
             scratch.varint(key.1 - self.tail.1);
         }
         entry.item.pack(scratch);
-        self.bytes.write(&scratch.0);
+        self.near_packed = scratch.last;
+        self.bytes.write(&scratch.bytes);
         self.tail = key;
         self.len += 1;
     }
@@ -186,9 +215,11 @@ impl<T: Packed> Lane<T> {
         let mut input = Unpacker {
             bytes: self.bytes.front(),
             read: 0,
+            last: self.near_unpacked,
         };
         let item = T::unpack(&mut input);
-        let read = input.read;
+        let (read, last) = (input.read, input.last);
+        self.near_unpacked = last;
         self.bytes.consume(read);
         let (at, seq) = self.head;
         self.len -= 1;
@@ -197,6 +228,7 @@ impl<T: Packed> Lane<T> {
             let mut input = Unpacker {
                 bytes: self.bytes.front(),
                 read: 0,
+                last: 0,
             };
             let delta = (input.varint(), input.varint());
             let read = input.read;
@@ -318,10 +350,13 @@ mod tests {
 
     impl Packed for u64 {
         fn pack(self, out: &mut Packer) {
-            out.varint(self);
+            // Exercises both encodings: the low half relative to the lane's previous.
+            out.near(self as u32);
+            out.varint(self >> 32);
         }
         fn unpack(input: &mut Unpacker<'_>) -> Self {
-            input.varint()
+            let low = input.near();
+            u64::from(low) | input.varint() << 32
         }
     }
 

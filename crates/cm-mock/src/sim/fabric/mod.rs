@@ -180,15 +180,42 @@ const HAS_VALUE: u8 = 1 << 5;
 const HAS_PRIVATE: u8 = 1 << 6;
 const HAS_PAYLOAD: u8 = 1 << 7;
 
+/// An id key: its generation, then its slot relative to the lane's previous one.
 fn pack_key(out: &mut Packer, key: SimIdKey) {
-    out.varint(u64::from(key.index));
     out.varint(u64::from(key.generation));
+    out.near(key.index);
 }
 
 fn unpack_key(input: &mut Unpacker<'_>) -> SimIdKey {
+    let generation = input.varint() as u32;
     SimIdKey {
-        index: input.varint() as u32,
-        generation: input.varint() as u32,
+        index: input.near(),
+        generation,
+    }
+}
+
+/// An action naming only an id: its variant, then the key; a generation below 31 goes
+/// in the first byte's five spare bits (as generation + 1).
+fn pack_id_action(out: &mut Packer, tag: u8, key: SimIdKey) {
+    match u8::try_from(key.generation) {
+        Ok(generation) if generation < 31 => {
+            out.byte(tag | (generation + 1) << 3);
+            out.near(key.index);
+        }
+        _ => {
+            out.byte(tag);
+            pack_key(out, key);
+        }
+    }
+}
+
+fn unpack_id_action(input: &mut Unpacker<'_>, first: u8) -> SimIdKey {
+    match first >> 3 {
+        0 => unpack_key(input),
+        small => SimIdKey {
+            index: input.near(),
+            generation: u32::from(small - 1),
+        },
     }
 }
 
@@ -197,22 +224,19 @@ impl Packed for Action {
         match self {
             Action::Deliver(msg) => pack_message(out, msg),
             Action::Timer { id, gen } => {
-                out.byte(ACTION_TIMER);
-                pack_key(out, id);
-                out.varint(u64::from(gen));
+                // The usual timer: a first-generation id, few timers so far.
+                if id.generation == 0 && gen < 31 {
+                    out.byte(ACTION_TIMER | (gen as u8 + 1) << 3);
+                    out.near(id.index);
+                } else {
+                    out.byte(ACTION_TIMER);
+                    pack_key(out, id);
+                    out.varint(u64::from(gen));
+                }
             }
-            Action::AddrResolved(id) => {
-                out.byte(ACTION_ADDR_RESOLVED);
-                pack_key(out, id);
-            }
-            Action::RouteResolved(id) => {
-                out.byte(ACTION_ROUTE_RESOLVED);
-                pack_key(out, id);
-            }
-            Action::EstablishWork(id) => {
-                out.byte(ACTION_ESTABLISH_WORK);
-                pack_key(out, id);
-            }
+            Action::AddrResolved(id) => pack_id_action(out, ACTION_ADDR_RESOLVED, id),
+            Action::RouteResolved(id) => pack_id_action(out, ACTION_ROUTE_RESOLVED, id),
+            Action::EstablishWork(id) => pack_id_action(out, ACTION_ESTABLISH_WORK, id),
         }
     }
 
@@ -220,14 +244,23 @@ impl Packed for Action {
         let first = input.byte();
         match first & 7 {
             ACTION_DELIVER => Action::Deliver(unpack_message(input, first)),
-            ACTION_TIMER => {
-                let id = unpack_key(input);
-                let gen = input.varint() as u32;
-                Action::Timer { id, gen }
-            }
-            ACTION_ADDR_RESOLVED => Action::AddrResolved(unpack_key(input)),
-            ACTION_ROUTE_RESOLVED => Action::RouteResolved(unpack_key(input)),
-            _ => Action::EstablishWork(unpack_key(input)),
+            ACTION_TIMER => match first >> 3 {
+                0 => {
+                    let id = unpack_key(input);
+                    let gen = input.varint() as u32;
+                    Action::Timer { id, gen }
+                }
+                small => Action::Timer {
+                    id: SimIdKey {
+                        index: input.near(),
+                        generation: 0,
+                    },
+                    gen: u32::from(small - 1),
+                },
+            },
+            ACTION_ADDR_RESOLVED => Action::AddrResolved(unpack_id_action(input, first)),
+            ACTION_ROUTE_RESOLVED => Action::RouteResolved(unpack_id_action(input, first)),
+            _ => Action::EstablishWork(unpack_id_action(input, first)),
         }
     }
 }
@@ -1182,6 +1215,15 @@ mod tests {
             Action::AddrResolved(key(u32::MAX - 1, 0)),
             Action::RouteResolved(key(1, 2)),
             Action::EstablishWork(key(3, 4)),
+            Action::Timer {
+                id: key(9, 0),
+                gen: 30,
+            },
+            Action::Timer {
+                id: key(0, 0),
+                gen: 31,
+            },
+            Action::EstablishWork(key(u32::MAX - 1, 31)),
         ];
         for payload in [&b"padded\0\0\0"[..], b"\0\0", b"x", &[7; 20_000]] {
             let mut msg = data.clone();
