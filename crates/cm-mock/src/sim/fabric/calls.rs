@@ -11,9 +11,9 @@ use cm_core::{
 };
 
 use super::{
-    gone, nanos, os, Action, ConnRecord, Fabric, IdExtras, IdState, MaybeConn, MaybeKey, MaybeQp,
-    Message, Private, Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN,
-    REJ_CONSUMER_DEFINED, REJ_TIMEOUT,
+    gone, nanos, os, Action, ConnRecord, Fabric, IdData, IdExtras, IdState, MaybeConn, MaybeKey,
+    MaybeQp, Message, Private, Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE,
+    FIRST_QPN, REJ_CONSUMER_DEFINED, REJ_TIMEOUT,
 };
 use crate::sim::types::{ConnId, DeviceKind, MsgKind, NodeId, RecvCompletion, SimIdKey};
 
@@ -82,7 +82,8 @@ impl Fabric {
         if id.qp.get().is_some() {
             return Err(os(OP, errno::EBUSY));
         }
-        let node = id.node;
+        let place = id.place;
+        let node = self.node_of(key.index, place);
         if let Some(budget) = self.nodes[node.0 as usize].qp_budget.as_mut() {
             if *budget == 0 {
                 return Err(os(OP, errno::ENOMEM));
@@ -122,8 +123,9 @@ impl Fabric {
     ) -> Result<(), CmError> {
         const OP: &str = "ibv_post_send";
         let id = self.live(key, OP)?;
-        let (conn, node) = (id.conn.get(), id.node);
+        let (conn, place) = (id.conn.get(), id.place);
         let qpn = id.qp.get().ok_or(os(OP, errno::EINVAL))?;
+        let node = self.node_of(key.index, place);
         let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
         if !qp.alive || qp.state != QpState::Rts {
             return Err(os(OP, errno::EINVAL));
@@ -163,7 +165,8 @@ impl Fabric {
         if id.state.cm() != CmIdState::AddrBound {
             return Err(os(OP, errno::EINVAL));
         }
-        let at = (id.node, id.port);
+        let (place, port) = (id.place, id.port);
+        let at = (self.node_of(key.index, place), port);
         if self.listener(at).is_some() {
             return Err(os(OP, EADDRINUSE));
         }
@@ -309,14 +312,16 @@ impl Fabric {
 
     pub(crate) fn destroy(&mut self, key: SimIdKey) -> Result<(), CmError> {
         const OP: &str = "rdma_destroy_id";
-        let id = self.live(key, OP)?;
-        if id.unacked > 0 {
+        let id = self.id(key).ok_or_else(|| gone(OP))?;
+        let unacked = self.unacked_of(key.index, id.unacked);
+        if unacked > 0 {
             return Err(CmError::UnackedEvents {
                 op: OP,
-                unacked: id.unacked as usize,
+                unacked: unacked as usize,
             });
         }
-        let (ib, qp, node, port) = (id.state.ib(), id.qp.get(), id.node, id.port);
+        let node = self.node_of(key.index, id.place);
+        let (ib, qp, port) = (id.state.ib(), id.qp.get(), id.port);
         let from_req = id.remote().filter(|_| id.state.has(IdState::FROM_REQ));
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;
@@ -365,12 +370,13 @@ impl Fabric {
             self.send_to_peer(key, MsgKind::Rej, reason);
         } else if let Some(id) = self.id(key) {
             if let Some((to, _)) = id.dst() {
-                let mut msg = Message::new(MsgKind::Rej, id.conn.get(), id.node, to);
+                let node = self.node_of(key.index, id.place);
+                let mut msg = Message::new(MsgKind::Rej, id.conn.get(), node, to);
                 msg.src = MaybeKey(key);
                 msg.value = reason;
                 // The passive id, if the REQ got there (as in the kernel, a REJ
                 // overtaking its REQ finds no id and is dropped).
-                msg.dst = MaybeKey::new(self.remote_reqs.get(id.node, key));
+                msg.dst = MaybeKey::new(self.remote_reqs.get(node, key));
                 self.send(msg);
             }
         }
@@ -394,8 +400,9 @@ impl Fabric {
         let mut keys = Vec::new();
         let mut unacked = 0;
         for (index, slot) in self.ids.iter().enumerate() {
-            if let Some(id) = slot.data.as_ref().filter(|id| id.channel() == channel) {
-                unacked += id.unacked as usize;
+            let on_channel = |id: &&IdData| self.channel_of(index as u32, id.place) == channel;
+            if let Some(id) = slot.data.as_ref().filter(on_channel) {
+                unacked += self.unacked_of(index as u32, id.unacked) as usize;
                 keys.push(SimIdKey {
                     index: index as u32,
                     generation: slot.generation,
@@ -424,15 +431,16 @@ impl Fabric {
                 what: "channel",
             });
         }
-        let id = self.live(key, OP)?;
-        if id.unacked > 0 {
+        let id = self.id(key).ok_or_else(|| gone(OP))?;
+        let unacked = self.unacked_of(key.index, id.unacked);
+        if unacked > 0 {
             return Err(CmError::UnackedEvents {
                 op: OP,
-                unacked: id.unacked as usize,
+                unacked: unacked as usize,
             });
         }
-        let old = id.channel();
-        id.set_channel(channel);
+        let old = self.channel_of(key.index, id.place);
+        self.set_channel(key, channel);
         if old != channel {
             // Pending events follow the id (linear in the old queue, like the kernel).
             let queue = std::mem::take(&mut self.channels[old].queue);
@@ -477,7 +485,7 @@ impl Fabric {
         let Some(state) = id.state.ib() else {
             return Err(NotifyError::WrongState);
         };
-        let node = &self.nodes[id.node.0 as usize];
+        let node = &self.nodes[self.node_of(key.index, id.place).0 as usize];
         if node.kind == DeviceKind::Iwarp {
             return Ok(NotifyOutcome::Established);
         }
@@ -519,8 +527,8 @@ impl Fabric {
                 QueuedKind::Event(t) => (t, queued.status, queued.private),
                 QueuedKind::ConnectResponse => self.process_connect_response(queued.id),
             };
-            let id = self.id_mut(queued.id)?;
-            id.unacked += 1;
+            self.count_unacked(queued.id, true);
+            let id = self.id(queued.id)?;
             let qp = id.qp.get();
             let context = (id.context != u32::MAX).then_some(id.context);
             self.stats.events_delivered += 1;
@@ -582,9 +590,7 @@ impl Fabric {
     }
 
     pub(crate) fn ack(&mut self, key: SimIdKey) {
-        if let Some(id) = self.id_mut(key) {
-            id.unacked = id.unacked.saturating_sub(1);
-        }
+        self.count_unacked(key, false);
         self.stats.events_acked += 1;
     }
 
@@ -636,11 +642,12 @@ impl Fabric {
     }
 
     pub(crate) fn id_node(&self, key: SimIdKey) -> Option<NodeId> {
-        self.id(key).map(|id| id.node)
+        self.id(key).map(|id| self.node_of(key.index, id.place))
     }
 
     pub(crate) fn id_unacked(&self, key: SimIdKey) -> Option<u32> {
-        self.id(key).map(|id| id.unacked)
+        self.id(key)
+            .map(|id| self.unacked_of(key.index, id.unacked))
     }
 
     pub(crate) fn force_ib_state(

@@ -121,7 +121,7 @@ pub(crate) struct Message {
 }
 
 // An id slot and a QP (two each per connection) stay small: checked when compiling.
-const _: () = assert!(std::mem::size_of::<IdSlot>() <= 56);
+const _: () = assert!(std::mem::size_of::<IdSlot>() <= 48);
 const _: () = assert!(std::mem::size_of::<Qp>() <= 16);
 
 impl Message {
@@ -449,15 +449,17 @@ struct Qp {
 }
 
 /// One CM id: the rdma_cm id and its IB CM id together. Compact (a scale run holds two
-/// per connection): numbers in four bytes, the states and flags in two, and what few
-/// ids have (private data, a LAP state) in the fabric's side table [`IdExtras`].
+/// per connection): numbers in four bytes or fewer, the states and flags in two, and
+/// what few ids have (private data, a LAP state, numbers too large for their field) in
+/// the fabric's side table [`IdExtras`].
 #[derive(Debug)]
 struct IdData {
-    node: NodeId,
-    /// The channel's index plus one: never 0, so that a free slot needs no flag.
-    channel: NonZeroU32,
-    /// Events handed out and not yet acknowledged.
-    unacked: u32,
+    /// The node and the channel.
+    place: Place,
+    /// Events handed out and not yet acknowledged ([`IdData::SPILLED`]: in the extras).
+    unacked: u16,
+    /// Retransmissions left ([`IdData::SPILLED`]: in the extras).
+    retries_left: u16,
     /// Bumped to cancel the pending timer.
     timer_gen: u32,
     /// What the id's owner keeps with it (rdma_cm's `id->context`; `u32::MAX`: none).
@@ -465,7 +467,6 @@ struct IdData {
     conn: MaybeConn,
     qp: MaybeQp,
     remote_qp: MaybeQp,
-    retries_left: u32,
     /// Where `resolve_addr` points, then the peer id once known.
     peer: Peer,
     port: u16,
@@ -473,10 +474,12 @@ struct IdData {
 }
 
 impl IdData {
-    fn new(node: NodeId, channel: usize) -> Self {
+    /// A small number's field holds this when the number is in the id's extras.
+    const SPILLED: u16 = u16::MAX;
+
+    fn new(place: Place) -> Self {
         IdData {
-            node,
-            channel: NonZeroU32::new(channel as u32 + 1).expect("fewer than 4 Gi channels"),
+            place,
             unacked: 0,
             timer_gen: 0,
             context: u32::MAX,
@@ -488,15 +491,6 @@ impl IdData {
             port: 0,
             state: IdState::NEW,
         }
-    }
-
-    /// The channel's index.
-    fn channel(&self) -> usize {
-        self.channel.get() as usize - 1
-    }
-
-    fn set_channel(&mut self, channel: usize) {
-        self.channel = NonZeroU32::new(channel as u32 + 1).expect("fewer than 4 Gi channels");
     }
 
     /// The peer id, once known (the REQ's sender on the passive side, the REP's on the
@@ -532,6 +526,30 @@ impl IdData {
             index: u32::MAX,
             tag: u32::from(port),
         };
+    }
+}
+
+/// An id's node (high half) and channel index plus one (low half) in four bytes, or
+/// [`Place::SPILLED`] with both in the id's extras: nodes and channels are few. Never
+/// 0, so that a free slot needs no flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place(NonZeroU32);
+
+impl Place {
+    const SPILLED: Place = Place(NonZeroU32::MAX);
+
+    /// The compact form of (`node`, `channel`), if both fit.
+    fn new(node: NodeId, channel: usize) -> Option<Place> {
+        let node = u16::try_from(node.0).ok().filter(|&n| n < u16::MAX)?;
+        let channel = u16::try_from(channel + 1).ok().filter(|&c| c < u16::MAX)?;
+        let place = u32::from(node) << 16 | u32::from(channel);
+        NonZeroU32::new(place).map(Place)
+    }
+
+    /// The node and channel of a compact place.
+    fn get(self) -> (NodeId, usize) {
+        let place = self.0.get();
+        (NodeId(place >> 16), (place & 0xffff) as usize - 1)
     }
 }
 
@@ -627,6 +645,12 @@ struct IdExtras {
     /// The peer's REP data on the active side, once the REP arrived.
     peer_private: Private,
     lap: LapState,
+    /// The node and channel, when its [`Place`] is [`Place::SPILLED`].
+    place: Option<(NodeId, usize)>,
+    /// The unacknowledged events, when they pass the compact field.
+    unacked: u32,
+    /// The retransmissions left, when they pass the compact field.
+    retries_left: u32,
 }
 
 /// An optional connection number in four bytes (`u32::MAX`, never handed out, is
@@ -925,7 +949,8 @@ impl Fabric {
             .enumerate()
             .filter_map(|(index, slot)| {
                 let id = slot.data.as_ref()?;
-                (id.node == node && id.state.has(IdState::DEVICE)).then_some(SimIdKey {
+                let on_node = self.node_of(index as u32, id.place) == node;
+                (on_node && id.state.has(IdState::DEVICE)).then_some(SimIdKey {
                     index: index as u32,
                     generation: slot.generation,
                 })
@@ -998,8 +1023,9 @@ impl Fabric {
     }
 
     pub(crate) fn create_id(&mut self, channel: usize) -> SimIdKey {
-        let data = IdData::new(self.channels[channel].node, channel);
-        if let Some(index) = self.free_ids.pop() {
+        let node = self.channels[channel].node;
+        let data = IdData::new(Place::new(node, channel).unwrap_or(Place::SPILLED));
+        let key = if let Some(index) = self.free_ids.pop() {
             let slot = self
                 .ids
                 .get_mut(index as usize)
@@ -1018,7 +1044,109 @@ impl Fabric {
                 index: (self.ids.len() - 1) as u32,
                 generation: 0,
             }
+        };
+        if Place::new(node, channel).is_none() {
+            self.update_extras(key.index, |extras| extras.place = Some((node, channel)));
         }
+        key
+    }
+
+    /// The node and channel of id slot `index`, whose place is `place`.
+    fn place_of(&self, index: u32, place: Place) -> (NodeId, usize) {
+        if place == Place::SPILLED {
+            if let Some(spilled) = self.extras(index).place {
+                return spilled;
+            }
+        }
+        place.get()
+    }
+
+    /// The node of id slot `index`, whose place is `place`.
+    fn node_of(&self, index: u32, place: Place) -> NodeId {
+        self.place_of(index, place).0
+    }
+
+    /// The channel of id slot `index`, whose place is `place`.
+    fn channel_of(&self, index: u32, place: Place) -> usize {
+        self.place_of(index, place).1
+    }
+
+    /// Moves live id `key` to `channel`, on the same node.
+    fn set_channel(&mut self, key: SimIdKey, channel: usize) {
+        let Some(id) = self.id(key) else { return };
+        let node = self.node_of(key.index, id.place);
+        let place = Place::new(node, channel);
+        if let Some(id) = self.id_mut(key) {
+            id.place = place.unwrap_or(Place::SPILLED);
+        }
+        let spilled = place.is_none().then_some((node, channel));
+        self.update_extras(key.index, |extras| extras.place = spilled);
+    }
+
+    /// A small count of id slot `index` (`compact`, its field), or the extras' `full`.
+    fn count_of(compact: u16, full: impl FnOnce() -> u32) -> u32 {
+        if compact == IdData::SPILLED {
+            full()
+        } else {
+            u32::from(compact)
+        }
+    }
+
+    /// The unacknowledged events of live id slot `index` (`compact`: its field).
+    fn unacked_of(&self, index: u32, compact: u16) -> u32 {
+        Self::count_of(compact, || self.extras(index).unacked)
+    }
+
+    /// The retransmissions left of live id slot `index` (`compact`: its field).
+    fn retries_of(&self, index: u32, compact: u16) -> u32 {
+        Self::count_of(compact, || self.extras(index).retries_left)
+    }
+
+    /// Sets a small count of live id `key`: its field (`field`) when it fits, else the
+    /// extras (`full`).
+    fn set_count(
+        &mut self,
+        key: SimIdKey,
+        value: u32,
+        field: fn(&mut IdData) -> &mut u16,
+        full: fn(&mut IdExtras) -> &mut u32,
+    ) {
+        let Some(id) = self.id_mut(key) else { return };
+        let compact = u16::try_from(value).ok().filter(|&v| v != IdData::SPILLED);
+        let was = std::mem::replace(field(id), compact.unwrap_or(IdData::SPILLED));
+        if compact.is_none() || was == IdData::SPILLED {
+            let spilled = if compact.is_none() { value } else { 0 };
+            self.update_extras(key.index, |extras| *full(extras) = spilled);
+        }
+    }
+
+    /// One more event of live id `key` handed out (`up`), or one acknowledged.
+    fn count_unacked(&mut self, key: SimIdKey, up: bool) {
+        let Some(id) = self.id_mut(key) else { return };
+        // The usual case: the count stays in its field.
+        if up && id.unacked < IdData::SPILLED - 1 {
+            id.unacked += 1;
+        } else if !up && id.unacked != IdData::SPILLED {
+            id.unacked = id.unacked.saturating_sub(1);
+        } else {
+            let compact = id.unacked;
+            let unacked = self.unacked_of(key.index, compact);
+            let unacked = if up {
+                unacked + 1
+            } else {
+                unacked.saturating_sub(1)
+            };
+            self.set_count(key, unacked, |id| &mut id.unacked, |e| &mut e.unacked);
+        }
+    }
+
+    fn set_retries(&mut self, key: SimIdKey, value: u32) {
+        self.set_count(
+            key,
+            value,
+            |id| &mut id.retries_left,
+            |e| &mut e.retries_left,
+        );
     }
 
     /// The rare parts of live id slot `index` (all defaults when it has none).
@@ -1078,7 +1206,7 @@ impl Fabric {
         private: Private,
     ) {
         let Some(id) = self.id(key) else { return };
-        let (channel, conn) = (id.channel(), id.conn.get());
+        let (channel, conn) = (self.channel_of(key.index, id.place), id.conn.get());
         self.arrivals.bump_channel(channel);
         self.channels[channel].queue.push_back(QueuedEvent {
             id: key,
@@ -1113,9 +1241,9 @@ impl Fabric {
         let Some(id) = self.id_mut(key) else { return };
         id.timer_gen = id.timer_gen.wrapping_add(1);
         id.state.set_retrying(Some(kind));
-        id.retries_left = retries;
         id.state.set(IdState::MRA_TIMEOUT, false);
         let gen = id.timer_gen;
+        self.set_retries(key, retries);
         self.schedule(timeout, Action::Timer { id: key, gen });
     }
 
@@ -1240,6 +1368,60 @@ mod tests {
             .map(|(_, a)| format!("{a:?}"))
             .collect();
         assert_eq!(back, expected);
+    }
+
+    /// Nodes, channels and counts too large for an id's compact fields go to its
+    /// extras and come back exact; the extras empty again once they fit.
+    #[test]
+    fn large_id_numbers_stay_exact() {
+        let mut fabric = Fabric::new(SimConfig::default(), 1);
+        let nodes: Vec<NodeId> = (0..70_000)
+            .map(|_| fabric.add_node(Default::default()))
+            .collect();
+        let far = nodes[69_999];
+        let near = fabric.add_channel(nodes[1]);
+        let channels: Vec<usize> = (0..66_000).map(|_| fabric.add_channel(far)).collect();
+        let key = fabric.create_id(channels[65_999]);
+        assert_eq!(fabric.id_node(key), Some(far));
+        let id = fabric.id(key).unwrap();
+        assert_eq!(fabric.channel_of(key.index, id.place), channels[65_999]);
+        // A move keeps the node, whatever the channel's.
+        fabric.migrate(key, near).unwrap();
+        let id = fabric.id(key).unwrap();
+        assert_eq!(fabric.place_of(key.index, id.place), (far, near));
+        for _ in 0..70_000 {
+            fabric.count_unacked(key, true);
+        }
+        assert_eq!(fabric.id_unacked(key), Some(70_000));
+        assert!(fabric.destroy(key).is_err());
+        fabric.set_retries(key, 100_000);
+        let id = fabric.id(key).unwrap();
+        assert_eq!(fabric.retries_of(key.index, id.retries_left), 100_000);
+        fabric.set_retries(key, 3);
+        let id = fabric.id(key).unwrap();
+        assert_eq!(fabric.retries_of(key.index, id.retries_left), 3);
+        for _ in 0..70_001 {
+            fabric.count_unacked(key, false);
+        }
+        assert_eq!(fabric.id_unacked(key), Some(0));
+        let small = fabric.create_id(near);
+        assert_eq!(fabric.id_node(small), Some(nodes[1]));
+        fabric.migrate(key, small_channel(&fabric, small)).unwrap();
+        fabric.destroy(key).unwrap();
+        assert!(fabric.id_extras.is_empty());
+        // A channel past the compact field on a small node: compact again once moved.
+        let last = (0..66_000).map(|_| fabric.add_channel(nodes[1])).last();
+        let key = fabric.create_id(last.unwrap());
+        assert_eq!(fabric.id_extras.len(), 1);
+        fabric.migrate(key, near).unwrap();
+        assert!(fabric.id_extras.is_empty());
+        assert_eq!(small_channel(&fabric, key), near);
+        assert_eq!(fabric.id_node(key), Some(nodes[1]));
+    }
+
+    fn small_channel(fabric: &Fabric, key: SimIdKey) -> usize {
+        let id = fabric.id(key).unwrap();
+        fabric.channel_of(key.index, id.place)
     }
 
     #[test]

@@ -100,7 +100,8 @@ impl Fabric {
     pub(super) fn to_peer(&self, key: SimIdKey, kind: MsgKind) -> Option<Message> {
         let id = self.id(key)?;
         let (peer_node, peer) = id.remote()?;
-        let mut msg = Message::new(kind, id.conn.get(), id.node, peer_node);
+        let node = self.node_of(key.index, id.place);
+        let mut msg = Message::new(kind, id.conn.get(), node, peer_node);
         msg.src = MaybeKey(key);
         msg.dst = MaybeKey(peer);
         Some(msg)
@@ -116,7 +117,8 @@ impl Fabric {
     pub(super) fn send_req(&mut self, key: SimIdKey, retransmit: bool) {
         let Some(id) = self.id(key) else { return };
         let Some((to, port)) = id.dst() else { return };
-        let mut msg = Message::new(MsgKind::Req, id.conn.get(), id.node, to);
+        let node = self.node_of(key.index, id.place);
+        let mut msg = Message::new(MsgKind::Req, id.conn.get(), node, to);
         msg.src = MaybeKey(key);
         msg.qp = id.qp.get().unwrap_or(QpNum(0));
         msg.port = port;
@@ -220,12 +222,13 @@ impl Fabric {
         if id.timer_gen != gen {
             return;
         }
-        let (retrying, retries_left, ib) = (id.state.retrying(), id.retries_left, id.state.ib());
+        let (retrying, retries, ib) = (id.state.retrying(), id.retries_left, id.state.ib());
         let timeout = nanos(if id.state.has(IdState::MRA_TIMEOUT) {
             timeouts.1
         } else {
             timeouts.0
         });
+        let retries_left = self.retries_of(key.index, retries);
         match retrying {
             None => {
                 // TIMEWAIT is over.
@@ -236,12 +239,14 @@ impl Fabric {
                 }
             }
             Some(kind) if retries_left > 0 => {
-                id.retries_left -= 1;
+                self.set_retries(key, retries_left - 1);
                 self.resend(key, kind);
                 self.schedule(timeout, Action::Timer { id: key, gen });
             }
             Some(kind) => {
-                id.state.set_retrying(None);
+                if let Some(id) = self.id_mut(key) {
+                    id.state.set_retrying(None);
+                }
                 match kind {
                     MsgKind::Req | MsgKind::Rep => {
                         // REQ_ERROR / REP_ERROR: the IB CM id goes back to IDLE (the
@@ -391,7 +396,9 @@ impl Fabric {
             self.send(rej);
             return;
         };
-        let channel = self.id(listener).map_or(0, |l| l.channel());
+        let channel = self
+            .id(listener)
+            .map_or(0, |l| self.channel_of(listener.index, l.place));
         let key = self.create_id(channel);
         if let Some(id) = self.id_mut(key) {
             id.state.set(IdState::DEVICE, true);
