@@ -218,23 +218,26 @@ impl<T: Packed> Lane<T> {
             last: self.near_unpacked,
         };
         let item = T::unpack(&mut input);
-        let (read, last) = (input.read, input.last);
-        self.near_unpacked = last;
-        self.bytes.consume(read);
+        self.near_unpacked = input.last;
         let (at, seq) = self.head;
         self.len -= 1;
         if self.len > 0 {
-            // The next entry's record starts with its key's deltas (its item follows).
-            let mut input = Unpacker {
-                bytes: self.bytes.front(),
-                read: 0,
-                last: 0,
-            };
+            // The next entry's record starts with its key's deltas (its item follows):
+            // right after this one, unless this one ended its block.
+            if input.read >= input.bytes.len() {
+                let read = input.read;
+                self.bytes.consume(read);
+                input = Unpacker {
+                    bytes: self.bytes.front(),
+                    read: 0,
+                    last: 0,
+                };
+            }
             let delta = (input.varint(), input.varint());
-            let read = input.read;
-            self.bytes.consume(read);
             self.head = (self.head.0 + delta.0, self.head.1 + delta.1);
         }
+        let read = input.read;
+        self.bytes.consume(read);
         Entry { at, seq, item }
     }
 }
