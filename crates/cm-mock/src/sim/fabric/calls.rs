@@ -155,7 +155,7 @@ impl Fabric {
         }
         id.state.set_cm(CmIdState::AddrBound);
         id.state.set(IdState::DEVICE, true);
-        id.port = port;
+        id.set_port(port);
         Ok(())
     }
 
@@ -165,7 +165,7 @@ impl Fabric {
         if id.state.cm() != CmIdState::AddrBound {
             return Err(os(OP, errno::EINVAL));
         }
-        let (place, port) = (id.place, id.port);
+        let (place, port) = (id.place, id.port());
         let at = (self.node_of(key.index, place), port);
         if self.listener(at).is_some() {
             return Err(os(OP, EADDRINUSE));
@@ -321,7 +321,7 @@ impl Fabric {
             });
         }
         let node = self.node_of(key.index, id.place);
-        let (ib, qp, port) = (id.state.ib(), id.qp.get(), id.port);
+        let (ib, qp, port) = (id.state.ib(), id.qp.get(), id.port());
         let from_req = id.remote().filter(|_| id.state.has(IdState::FROM_REQ));
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;

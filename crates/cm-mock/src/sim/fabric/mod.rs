@@ -121,7 +121,7 @@ pub(crate) struct Message {
 }
 
 // An id slot and a QP (two each per connection) stay small: checked when compiling.
-const _: () = assert!(std::mem::size_of::<IdSlot>() <= 48);
+const _: () = assert!(std::mem::size_of::<IdSlot>() <= 44);
 const _: () = assert!(std::mem::size_of::<Qp>() <= 16);
 
 impl Message {
@@ -457,9 +457,9 @@ struct IdData {
     /// The node and the channel.
     place: Place,
     /// Events handed out and not yet acknowledged ([`IdData::SPILLED`]: in the extras).
-    unacked: u16,
+    unacked: u8,
     /// Retransmissions left ([`IdData::SPILLED`]: in the extras).
-    retries_left: u16,
+    retries_left: u8,
     /// Bumped to cancel the pending timer.
     timer_gen: u32,
     /// What the id's owner keeps with it (rdma_cm's `id->context`; `u32::MAX`: none).
@@ -467,15 +467,14 @@ struct IdData {
     conn: MaybeConn,
     qp: MaybeQp,
     remote_qp: MaybeQp,
-    /// Where `resolve_addr` points, then the peer id once known.
+    /// The local port, then where `resolve_addr` points, then the peer id once known.
     peer: Peer,
-    port: u16,
     state: IdState,
 }
 
 impl IdData {
     /// A small number's field holds this when the number is in the id's extras.
-    const SPILLED: u16 = u16::MAX;
+    const SPILLED: u8 = u8::MAX;
 
     fn new(place: Place) -> Self {
         IdData {
@@ -488,8 +487,23 @@ impl IdData {
             remote_qp: MaybeQp::NONE,
             retries_left: 0,
             peer: Peer::NONE,
-            port: 0,
             state: IdState::NEW,
+        }
+    }
+
+    /// The local port (`bind`), while the id has no peer: only `listen` reads it, and
+    /// an id that resolved an address or has a peer can no longer listen.
+    fn port(&self) -> u16 {
+        if self.peer.node == u32::MAX {
+            self.peer.tag as u16
+        } else {
+            0
+        }
+    }
+
+    fn set_port(&mut self, port: u16) {
+        if self.peer.node == u32::MAX {
+            self.peer.tag = u32::from(port);
         }
     }
 
@@ -553,7 +567,7 @@ impl Place {
     }
 }
 
-/// An id's peer in twelve bytes: nothing (`node` is `u32::MAX`), the address
+/// An id's peer in twelve bytes: nothing (`node` is `u32::MAX`, `tag` the local port), the address
 /// `resolve_addr` gave (`index` is `u32::MAX`, `tag` the port), or the peer id (`index`
 /// and `tag` its key). One field serves both: an id resolves its address only before
 /// it connects, and learns its peer only after.
@@ -1084,7 +1098,7 @@ impl Fabric {
     }
 
     /// A small count of id slot `index` (`compact`, its field), or the extras' `full`.
-    fn count_of(compact: u16, full: impl FnOnce() -> u32) -> u32 {
+    fn count_of(compact: u8, full: impl FnOnce() -> u32) -> u32 {
         if compact == IdData::SPILLED {
             full()
         } else {
@@ -1093,12 +1107,12 @@ impl Fabric {
     }
 
     /// The unacknowledged events of live id slot `index` (`compact`: its field).
-    fn unacked_of(&self, index: u32, compact: u16) -> u32 {
+    fn unacked_of(&self, index: u32, compact: u8) -> u32 {
         Self::count_of(compact, || self.extras(index).unacked)
     }
 
     /// The retransmissions left of live id slot `index` (`compact`: its field).
-    fn retries_of(&self, index: u32, compact: u16) -> u32 {
+    fn retries_of(&self, index: u32, compact: u8) -> u32 {
         Self::count_of(compact, || self.extras(index).retries_left)
     }
 
@@ -1108,11 +1122,11 @@ impl Fabric {
         &mut self,
         key: SimIdKey,
         value: u32,
-        field: fn(&mut IdData) -> &mut u16,
+        field: fn(&mut IdData) -> &mut u8,
         full: fn(&mut IdExtras) -> &mut u32,
     ) {
         let Some(id) = self.id_mut(key) else { return };
-        let compact = u16::try_from(value).ok().filter(|&v| v != IdData::SPILLED);
+        let compact = u8::try_from(value).ok().filter(|&v| v != IdData::SPILLED);
         let was = std::mem::replace(field(id), compact.unwrap_or(IdData::SPILLED));
         if compact.is_none() || was == IdData::SPILLED {
             let spilled = if compact.is_none() { value } else { 0 };

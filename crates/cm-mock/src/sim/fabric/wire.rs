@@ -404,7 +404,6 @@ impl Fabric {
             id.state.set(IdState::DEVICE, true);
             id.state.set_cm(CmIdState::Connect);
             id.conn = MaybeConn::new(msg.conn);
-            id.port = msg.port;
             id.set_remote(msg.from, src);
             id.remote_qp = MaybeQp::new(Some(msg.qp));
             id.state.set(IdState::FROM_REQ, true);
