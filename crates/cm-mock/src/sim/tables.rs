@@ -5,7 +5,7 @@
 //! integers need no hashing and keep neighbouring connections on neighbouring cache
 //! lines, so the cost per connection grows little as the run outgrows the caches.
 //! The id, QP and connection tables grow by fixed chunks, the schedule's queues by
-//! blocks: nothing is copied when they grow, none holds twice the memory it needs right
+//! blocks of bytes: nothing is copied when they grow, none holds twice the memory it needs right
 //! after doubling, and queues that peak at different times reuse each other's blocks.
 
 use std::collections::{HashMap, VecDeque};
@@ -153,7 +153,7 @@ impl ByteFifo {
 /// Values parked in numbered slots; a freed slot is the next one reused (last freed,
 /// first reused, so a busy run keeps touching the same few cache lines). Once every
 /// slot is free again after a peak of more than a chunk, the table gives its memory
-/// back: a scale run's burst of messages in flight is not held for the rest of the run.
+/// back: a scale run's peak is not held for the rest of the run.
 #[derive(Debug)]
 pub(crate) struct Slots<T> {
     slots: Chunked<Option<T>>,

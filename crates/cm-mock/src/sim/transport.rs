@@ -299,9 +299,9 @@ struct QpHint {
 /// it can move to another thread, or into a task spawned on a multi-threaded runtime.
 ///
 /// Built for scale runs: an idle QP (receives posted, nothing in flight) costs it 24
-/// bytes plus four per QP number of the fabric from its first; what a QP has in flight (payloads,
-/// completions) lives in a part it holds only meanwhile, from a small pool of warm
-/// ones. A QP's state goes when its id is destroyed on the fabric, and its slot serves
+/// bytes plus four per QP number of the fabric from its own first; what a QP has in
+/// flight (payloads, completions) lives in a part it holds only meanwhile, from a small
+/// pool of warm ones. A QP's state goes when its id is destroyed on the fabric, and its slot serves
 /// the next QP created.
 pub struct SimTransport {
     node: SimNode,

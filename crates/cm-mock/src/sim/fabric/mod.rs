@@ -46,8 +46,7 @@ const EADDRINUSE: i32 = 98;
 
 /// Private data of a CM message, queued event or id: a handle into the fabric's
 /// [`PrivateBytes`]. Copying it is free and it owns no heap memory, so sending a REQ
-/// allocates nothing and the id and message tables need no drop pass. Eight bytes: an
-/// id holds two.
+/// allocates nothing, and a packed message or an id's extras hold eight bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Private {
     start: u32,
