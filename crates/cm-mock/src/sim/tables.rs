@@ -5,7 +5,7 @@
 //! integers need no hashing and keep neighbouring connections on neighbouring cache
 //! lines, so the cost per connection grows little as the run outgrows the caches.
 //! The id, QP and connection tables grow by fixed chunks, the schedule's queues by
-//! blocks: nothing is copied when they grow, none holds twice the memory it needs right
+//! blocks of bytes: nothing is copied when they grow, none holds twice the memory it needs right
 //! after doubling, and queues that peak at different times reuse each other's blocks.
 
 use std::collections::{HashMap, VecDeque};
@@ -73,81 +73,87 @@ impl<T> Chunked<T> {
     }
 }
 
-/// A FIFO made of fixed-size blocks: it grows without copying, and the blocks it
-/// empties go back to the allocator for any other queue or table to reuse, so queues
-/// that peak at different times share their memory. Pushes go to the `tail` block and
-/// pops come from the `head` block, each a plain ring buffer on the fast path; full
-/// blocks wait in between. Invariant: when `head` is empty, so is `full`, and every
-/// entry is in `tail`.
+/// A FIFO of records (byte strings) made of blocks: it grows without copying, and the
+/// blocks it empties go back to the allocator for any other queue or table to reuse,
+/// so queues that peak at different times share their memory. A record never straddles
+/// two blocks (one that does not fit starts the next block, and one larger than a
+/// block gets a block of its own), so a reader decodes it from one slice.
+#[derive(Debug, Default)]
+pub(crate) struct ByteFifo {
+    blocks: VecDeque<Block>,
+    /// Read position in the front block.
+    head: usize,
+}
+
+/// A block of a [`ByteFifo`] and how much of it is written.
 #[derive(Debug)]
-pub(crate) struct BlockQueue<T> {
-    head: VecDeque<T>,
-    full: VecDeque<VecDeque<T>>,
-    tail: VecDeque<T>,
+struct Block {
+    bytes: Box<[u8]>,
+    len: usize,
 }
 
-impl<T> Default for BlockQueue<T> {
-    fn default() -> Self {
-        BlockQueue {
-            head: VecDeque::new(),
-            full: VecDeque::new(),
-            tail: VecDeque::new(),
-        }
-    }
-}
+impl ByteFifo {
+    /// Bytes of one block.
+    const BLOCK: usize = 8192;
 
-impl<T> BlockQueue<T> {
-    /// Entries of one block.
-    const BLOCK: usize = 512;
-
-    /// Appends `value` at the back.
-    #[inline]
-    pub(crate) fn push_back(&mut self, value: T) {
-        if self.tail.len() >= Self::BLOCK {
-            if self.head.is_empty() {
-                std::mem::swap(&mut self.head, &mut self.tail);
-            } else {
-                let block = VecDeque::with_capacity(Self::BLOCK);
-                self.full
-                    .push_back(std::mem::replace(&mut self.tail, block));
-            }
-        }
-        self.tail.push_back(value);
-    }
-
-    /// The front entry.
-    #[inline]
-    pub(crate) fn front(&self) -> Option<&T> {
-        self.head.front().or_else(|| self.tail.front())
-    }
-
-    /// The back entry.
-    pub(crate) fn back(&self) -> Option<&T> {
-        self.tail
+    /// Appends the record `bytes` at the back.
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        let fits = self
+            .blocks
             .back()
-            .or_else(|| self.full.back().and_then(VecDeque::back))
-            .or_else(|| self.head.back())
+            .is_some_and(|block| block.bytes.len() - block.len >= bytes.len());
+        if !fits {
+            let size = bytes.len().max(Self::BLOCK);
+            self.blocks.push_back(Block {
+                bytes: vec![0; size].into_boxed_slice(),
+                len: 0,
+            });
+        }
+        if let Some(block) = self.blocks.back_mut() {
+            block.bytes[block.len..block.len + bytes.len()].copy_from_slice(bytes);
+            block.len += bytes.len();
+        }
     }
 
-    /// Takes the front entry.
+    /// The unread bytes of the front block, where the next record starts (empty when
+    /// the FIFO is).
     #[inline]
-    pub(crate) fn pop_front(&mut self) -> Option<T> {
-        let Some(value) = self.head.pop_front() else {
-            return self.tail.pop_front();
-        };
-        if self.head.is_empty() {
-            if let Some(next) = self.full.pop_front() {
-                self.head = next;
-            }
+    pub(crate) fn front(&mut self) -> &[u8] {
+        if self
+            .blocks
+            .front()
+            .is_some_and(|block| self.head == block.len)
+            && self.blocks.len() > 1
+        {
+            self.blocks.pop_front();
+            self.head = 0;
         }
-        Some(value)
+        self.blocks
+            .front()
+            .map_or(&[][..], |block| &block.bytes[self.head..block.len])
+    }
+
+    /// Marks `n` bytes of [`ByteFifo::front`] read. A FIFO read to its end starts its
+    /// last block over rather than allocating another.
+    #[inline]
+    pub(crate) fn consume(&mut self, n: usize) {
+        self.head += n;
+        let only = self.blocks.len() == 1;
+        if let Some(block) = self
+            .blocks
+            .front_mut()
+            .filter(|b| only && b.len == self.head)
+        {
+            block.len = 0;
+            self.head = 0;
+        }
     }
 }
 
 /// Values parked in numbered slots; a freed slot is the next one reused (last freed,
 /// first reused, so a busy run keeps touching the same few cache lines). Once every
 /// slot is free again after a peak of more than a chunk, the table gives its memory
-/// back: a scale run's burst of messages in flight is not held for the rest of the run.
+/// back: a scale run's peak is not held for the rest of the run.
 #[derive(Debug)]
 pub(crate) struct Slots<T> {
     slots: Chunked<Option<T>>,
@@ -209,7 +215,8 @@ impl<T> Slots<T> {
     }
 }
 
-/// One duplicate-REQ entry, stored at the active id's slot.
+/// One duplicate-REQ entry, stored at the active id's slot; free while `passive`'s
+/// slot is `u32::MAX` (never handed out).
 #[derive(Debug, Clone, Copy)]
 struct ReqEntry {
     from: NodeId,
@@ -217,22 +224,37 @@ struct ReqEntry {
     passive: SimIdKey,
 }
 
+impl ReqEntry {
+    const FREE: ReqEntry = ReqEntry {
+        from: NodeId(0),
+        generation: 0,
+        passive: SimIdKey {
+            index: u32::MAX,
+            generation: 0,
+        },
+    };
+
+    fn is_free(&self) -> bool {
+        self.passive.index == u32::MAX
+    }
+}
+
 /// The passive side's duplicate-REQ table: (active node, active id) → the passive id
-/// its REQ created. Indexed by the active id's slot; a second entry for one slot (the
-/// active id destroyed and its slot reused while the first passive id lives on) goes
-/// to a small map, so the table answers exactly as a map over the full key would.
+/// its REQ created. Indexed by the active id's slot, grown by chunks; a second entry
+/// for one slot (the active id destroyed and its slot reused while the first passive
+/// id lives on) goes to a small map, so the table answers exactly as a map over the
+/// full key would.
 #[derive(Debug, Default)]
 pub(crate) struct ReqTable {
-    by_slot: Vec<Option<ReqEntry>>,
+    by_slot: Chunked<ReqEntry>,
     spill: HashMap<(NodeId, SimIdKey), SimIdKey>,
 }
 
 impl ReqTable {
     fn entry(&self, from: NodeId, active: SimIdKey) -> Option<&ReqEntry> {
         self.by_slot
-            .get(active.index as usize)?
-            .as_ref()
-            .filter(|e| e.from == from && e.generation == active.generation)
+            .get(active.index as usize)
+            .filter(|e| !e.is_free() && e.from == from && e.generation == active.generation)
     }
 
     /// The passive id created by the REQ of `active` on node `from`.
@@ -248,17 +270,17 @@ impl ReqTable {
     /// checked that none is recorded).
     pub(crate) fn insert(&mut self, from: NodeId, active: SimIdKey, passive: SimIdKey) {
         let index = active.index as usize;
-        if index >= self.by_slot.len() {
-            self.by_slot.resize(index + 1, None);
+        while self.by_slot.len() <= index {
+            self.by_slot.push(ReqEntry::FREE);
         }
         let entry = ReqEntry {
             from,
             generation: active.generation,
             passive,
         };
-        match &mut self.by_slot[index] {
-            free @ None => *free = Some(entry),
-            Some(_) => {
+        match self.by_slot.get_mut(index) {
+            Some(free) if free.is_free() => *free = entry,
+            _ => {
                 self.spill.insert((from, active), passive);
             }
         }
@@ -267,7 +289,9 @@ impl ReqTable {
     /// Forgets the entry of `active` on node `from`.
     pub(crate) fn remove(&mut self, from: NodeId, active: SimIdKey) {
         if self.entry(from, active).is_some() {
-            self.by_slot[active.index as usize] = None;
+            if let Some(entry) = self.by_slot.get_mut(active.index as usize) {
+                *entry = ReqEntry::FREE;
+            }
         } else {
             self.spill.remove(&(from, active));
         }
@@ -298,30 +322,40 @@ mod tests {
     }
 
     #[test]
-    fn block_queue_is_a_fifo_across_blocks() {
-        let mut queue = BlockQueue::default();
-        // Fill and drain in rounds, and interleave, so entries cross blocks in every way
-        // (tail only, head and tail, full blocks in between).
+    fn byte_fifo_reads_back_its_records_in_order() {
+        let mut fifo = ByteFifo::default();
+        // Fill and drain in rounds, and interleave, so records fill blocks in every way;
+        // some are larger than a block.
         let mut expected = std::collections::VecDeque::new();
-        let mut next = 0;
+        let mut next = 0usize;
+        let read = |fifo: &mut ByteFifo, value: &[u8]| {
+            let front = fifo.front();
+            assert!(front.len() >= value.len());
+            assert_eq!(&front[..value.len()], value);
+            fifo.consume(value.len());
+        };
         for round in 1..6 {
-            for _ in 0..round * 700 {
-                queue.push_back(next);
-                expected.push_back(next);
-                assert_eq!(queue.back(), expected.back());
+            for _ in 0..round * 3_000 {
+                let len = if next % 1_000 == 999 {
+                    10_000
+                } else {
+                    next % 23
+                };
+                let value: Vec<u8> = (0..len).map(|b| (next + b) as u8).collect();
+                fifo.write(&value);
+                expected.push_back(value);
                 next += 1;
             }
-            for _ in 0..round * 500 {
-                assert_eq!(queue.front(), expected.front());
-                assert_eq!(queue.pop_front(), expected.pop_front());
+            for _ in 0..round * 2_000 {
+                read(&mut fifo, &expected.pop_front().unwrap());
             }
         }
-        while let Some(n) = expected.pop_front() {
-            assert_eq!(queue.pop_front(), Some(n));
+        while let Some(value) = expected.pop_front() {
+            read(&mut fifo, &value);
         }
-        assert_eq!(queue.pop_front(), None);
-        assert_eq!(queue.front(), None);
-        assert_eq!(queue.back(), None);
+        assert!(fifo.front().is_empty());
+        assert!(fifo.blocks.len() <= 1);
+        assert_eq!(fifo.head, 0);
     }
 
     #[test]

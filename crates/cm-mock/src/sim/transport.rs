@@ -229,6 +229,61 @@ impl Pool {
 /// No slot: the QP is not this transport's (or was freed).
 const NO_SLOT: u32 = u32::MAX;
 
+/// QP number → slot, as a table from the first QP number set: the QPs the fabric
+/// numbered before it (the other nodes') take no room.
+#[derive(Debug, Default)]
+struct QpSlots {
+    /// The QP number of entry 0.
+    base: u32,
+    slots: Chunked<u32>,
+}
+
+impl QpSlots {
+    /// The slot of `qp` ([`NO_SLOT`]: none).
+    fn get(&self, qp: QpNum) -> u32 {
+        qp.0.checked_sub(self.base)
+            .and_then(|index| self.slots.get(index as usize))
+            .copied()
+            .unwrap_or(NO_SLOT)
+    }
+
+    fn get_mut(&mut self, qp: QpNum) -> Option<&mut u32> {
+        let index = qp.0.checked_sub(self.base)?;
+        self.slots.get_mut(index as usize)
+    }
+
+    fn set(&mut self, qp: QpNum, slot: u32) {
+        if self.slots.len() == 0 {
+            self.base = qp.0;
+        } else if qp.0 < self.base {
+            // Below the first: the table starts over from `qp` (QPs are numbered in
+            // creation order, so this does not happen on one fabric).
+            let mut slots = Chunked::default();
+            for _ in qp.0..self.base {
+                slots.push(NO_SLOT);
+            }
+            for &old in self.slots.iter() {
+                slots.push(old);
+            }
+            self.slots = slots;
+            self.base = qp.0;
+        }
+        let index = (qp.0 - self.base) as usize;
+        while self.slots.len() <= index {
+            self.slots.push(NO_SLOT);
+        }
+        if let Some(entry) = self.slots.get_mut(index) {
+            *entry = slot;
+        }
+    }
+
+    /// Every entry, from the first QP number set.
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &u32> {
+        self.slots.iter()
+    }
+}
+
 /// The QP number of the id the transport last looked up, valid while the fabric
 /// destroys no id: the connection API posts a connection's receives (and arms its
 /// queues) one call after another, and those then take no lock.
@@ -244,9 +299,9 @@ struct QpHint {
 /// it can move to another thread, or into a task spawned on a multi-threaded runtime.
 ///
 /// Built for scale runs: an idle QP (receives posted, nothing in flight) costs it 24
-/// bytes plus four per QP number of the fabric; what a QP has in flight (payloads,
-/// completions) lives in a part it holds only meanwhile, from a small pool of warm
-/// ones. A QP's state goes when its id is destroyed on the fabric, and its slot serves
+/// bytes plus four per QP number of the fabric from its own first; what a QP has in
+/// flight (payloads, completions) lives in a part it holds only meanwhile, from a small
+/// pool of warm ones. A QP's state goes when its id is destroyed on the fabric, and its slot serves
 /// the next QP created.
 pub struct SimTransport {
     node: SimNode,
@@ -255,9 +310,9 @@ pub struct SimTransport {
     /// Every QP's state, in a dense slot (reused once the QP is destroyed).
     queues: Slots<Queues>,
     /// QP number → slot in `queues` ([`NO_SLOT`] for the other nodes' QPs). The fabric
-    /// numbers QPs densely from a small base, so a table beats a hash map: four bytes
-    /// per QP of the fabric, no hashing.
-    by_qp: Chunked<u32>,
+    /// numbers QPs densely, so a table beats a hash map: four bytes per QP of the
+    /// fabric from this transport's first, no hashing.
+    by_qp: QpSlots,
     /// The node's destroyed QPs, read from the fabric (kept for its room).
     destroyed: Vec<QpNum>,
     /// Empty [`Busy`] parts to reuse.
@@ -295,7 +350,7 @@ impl SimTransport {
             channel: side.channel,
             device: side.device,
             queues: Slots::default(),
-            by_qp: Chunked::default(),
+            by_qp: QpSlots::default(),
             destroyed: Vec::new(),
             pool: Pool::default(),
             tokens: VecDeque::new(),
@@ -390,7 +445,7 @@ impl SimTransport {
             op,
             reason: "the id has no QP",
         })?;
-        let slot = self.by_qp.get(qp.0 as usize).copied().unwrap_or(NO_SLOT);
+        let slot = self.by_qp.get(qp);
         let queues = self.queues.get_mut(slot).ok_or(CmError::InvalidArgument {
             op,
             reason: "the QP was not created by this transport",
@@ -406,11 +461,7 @@ impl SimTransport {
         let mut payload = Vec::new();
         while let Some(completion) = fabric.poll_cq_data(self.device.node, &mut payload) {
             let data = std::mem::take(&mut payload);
-            let slot = self
-                .by_qp
-                .get(completion.qp.0 as usize)
-                .copied()
-                .unwrap_or(NO_SLOT);
+            let slot = self.by_qp.get(completion.qp);
             let Some(queues) = self.queues.get_mut(slot) else {
                 continue;
             };
@@ -463,7 +514,7 @@ impl SimTransport {
             .lock()
             .take_destroyed_qps(node, &mut self.destroyed);
         for qp in self.destroyed.drain(..) {
-            if let Some(slot) = self.by_qp.get_mut(qp.0 as usize) {
+            if let Some(slot) = self.by_qp.get_mut(qp) {
                 self.queues.take(*slot);
                 *slot = NO_SLOT;
             }
@@ -627,13 +678,7 @@ impl Transport for SimTransport {
         }
         self.free_destroyed();
         let slot = self.queues.put(Queues::new(token, recv_depth));
-        let index = qp.0 as usize;
-        while self.by_qp.len() <= index {
-            self.by_qp.push(NO_SLOT);
-        }
-        if let Some(entry) = self.by_qp.get_mut(index) {
-            *entry = slot;
-        }
+        self.by_qp.set(qp, slot);
         Ok(qp)
     }
 

@@ -11,9 +11,9 @@ use cm_core::{
 };
 
 use super::{
-    gone, nanos, os, Action, ConnRecord, Fabric, MaybeConn, MaybeKey, MaybeQp, Message, Private,
-    Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED,
-    REJ_TIMEOUT,
+    gone, nanos, os, Action, ConnRecord, Fabric, IdData, IdExtras, IdState, MaybeConn, MaybeKey,
+    MaybeQp, Message, Private, Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE,
+    FIRST_QPN, REJ_CONSUMER_DEFINED, REJ_TIMEOUT,
 };
 use crate::sim::types::{ConnId, DeviceKind, MsgKind, NodeId, RecvCompletion, SimIdKey};
 
@@ -32,10 +32,7 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()
-            .map(|(completion, payload)| {
-                self.take_payload(payload);
-                completion
-            })
+            .map(|(completion, _)| completion)
     }
 
     /// The next receive completion and its payload, appended to `out`.
@@ -49,7 +46,7 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()?;
-        if let Some(bytes) = self.take_payload(payload) {
+        if let Some(bytes) = payload {
             if out.is_empty() {
                 // The payload's own memory, not a copy of it.
                 *out = bytes.into_vec();
@@ -79,13 +76,14 @@ impl Fabric {
         const OP: &str = "rdma_create_qp";
         let qpn = QpNum(FIRST_QPN + self.qps.len() as u32);
         let id = self.live(key, OP)?;
-        if !id.device {
+        if !id.state.has(IdState::DEVICE) {
             return Err(os(OP, errno::EINVAL));
         }
         if id.qp.get().is_some() {
             return Err(os(OP, errno::EBUSY));
         }
-        let node = id.node;
+        let place = id.place;
+        let node = self.node_of(key.index, place);
         if let Some(budget) = self.nodes[node.0 as usize].qp_budget.as_mut() {
             if *budget == 0 {
                 return Err(os(OP, errno::ENOMEM));
@@ -96,7 +94,7 @@ impl Fabric {
         id.qp = MaybeQp::new(Some(qpn));
         self.qps.push(Qp {
             node,
-            owner: key,
+            owner: key.index,
             state: QpState::Init,
             peer: MaybeQp::NONE,
             got_first_packet: false,
@@ -106,32 +104,28 @@ impl Fabric {
     }
 
     pub(crate) fn post_send(&mut self, key: SimIdKey, len: u32) -> Result<(), CmError> {
-        self.post_send_payload(key, len, Private::default())
+        self.post_send_payload(key, len, None)
     }
 
-    /// A SEND carrying `data` (stored once, like private data: the store grows with
-    /// every distinct payload, which suits tests, not long soaks).
+    /// A SEND carrying `data`, which travels with the message.
     pub(crate) fn post_send_data(&mut self, key: SimIdKey, data: &[u8]) -> Result<(), CmError> {
         let len = u32::try_from(data.len()).map_err(|_| os("ibv_post_send", errno::EINVAL))?;
         self.live(key, "ibv_post_send")?;
-        let payload = self.store_payload(data);
-        let sent = self.post_send_payload(key, len, payload);
-        if sent.is_err() {
-            self.take_payload(payload);
-        }
-        sent
+        let payload = (!data.is_empty()).then(|| Box::from(data));
+        self.post_send_payload(key, len, payload)
     }
 
     pub(super) fn post_send_payload(
         &mut self,
         key: SimIdKey,
         len: u32,
-        payload: Private,
+        payload: Option<Box<[u8]>>,
     ) -> Result<(), CmError> {
         const OP: &str = "ibv_post_send";
         let id = self.live(key, OP)?;
-        let (conn, node) = (id.conn.get(), id.node);
+        let (conn, place) = (id.conn.get(), id.place);
         let qpn = id.qp.get().ok_or(os(OP, errno::EINVAL))?;
+        let node = self.node_of(key.index, place);
         let qp = self.qp(qpn).ok_or(os(OP, errno::EINVAL))?;
         if !qp.alive || qp.state != QpState::Rts {
             return Err(os(OP, errno::EINVAL));
@@ -141,7 +135,7 @@ impl Fabric {
         let mut msg = Message::new(MsgKind::Data, conn, node, to);
         msg.qp = peer;
         msg.value = i32::try_from(len).unwrap_or(i32::MAX);
-        msg.private = payload;
+        msg.payload = payload;
         self.send(msg);
         Ok(())
     }
@@ -156,27 +150,28 @@ impl Fabric {
     pub(crate) fn bind(&mut self, key: SimIdKey, port: u16) -> Result<(), CmError> {
         const OP: &str = "rdma_bind_addr";
         let id = self.live(key, OP)?;
-        if id.cm_state != CmIdState::Idle {
+        if id.state.cm() != CmIdState::Idle {
             return Err(os(OP, errno::EINVAL));
         }
-        id.cm_state = CmIdState::AddrBound;
-        id.device = true;
-        id.port = port;
+        id.state.set_cm(CmIdState::AddrBound);
+        id.state.set(IdState::DEVICE, true);
+        id.set_port(port);
         Ok(())
     }
 
     pub(crate) fn listen(&mut self, key: SimIdKey) -> Result<(), CmError> {
         const OP: &str = "rdma_listen";
         let id = self.live(key, OP)?;
-        if id.cm_state != CmIdState::AddrBound {
+        if id.state.cm() != CmIdState::AddrBound {
             return Err(os(OP, errno::EINVAL));
         }
-        let at = (id.node, id.port);
+        let (place, port) = (id.place, id.port());
+        let at = (self.node_of(key.index, place), port);
         if self.listener(at).is_some() {
             return Err(os(OP, EADDRINUSE));
         }
         if let Some(id) = self.id_mut(key) {
-            id.cm_state = CmIdState::Listen;
+            id.state.set_cm(CmIdState::Listen);
         }
         self.listeners.push((at, key));
         self.set_ib(key, IbCmState::Listen);
@@ -198,11 +193,11 @@ impl Fabric {
         }
         let delay = nanos(self.config.resolve_delay);
         let id = self.live(key, OP)?;
-        if !matches!(id.cm_state, CmIdState::Idle | CmIdState::AddrBound) {
+        if !matches!(id.state.cm(), CmIdState::Idle | CmIdState::AddrBound) {
             return Err(os(OP, errno::EINVAL));
         }
-        id.cm_state = CmIdState::AddrQuery;
-        id.dst = Some((to, port));
+        id.state.set_cm(CmIdState::AddrQuery);
+        id.set_dst(to, port);
         self.schedule(delay, Action::AddrResolved(key));
         Ok(())
     }
@@ -211,10 +206,10 @@ impl Fabric {
         const OP: &str = "rdma_resolve_route";
         let delay = nanos(self.config.resolve_delay);
         let id = self.live(key, OP)?;
-        if id.cm_state != CmIdState::AddrResolved {
+        if id.state.cm() != CmIdState::AddrResolved {
             return Err(os(OP, errno::EINVAL));
         }
-        id.cm_state = CmIdState::RouteQuery;
+        id.state.set_cm(CmIdState::RouteQuery);
         self.schedule(delay, Action::RouteResolved(key));
         Ok(())
     }
@@ -224,7 +219,7 @@ impl Fabric {
         let conn = ConnId(self.conns.len() as u32);
         let private = self.privates.store(private);
         let id = self.live(key, OP)?;
-        if id.cm_state != CmIdState::RouteResolved {
+        if id.state.cm() != CmIdState::RouteResolved {
             return Err(os(OP, errno::EINVAL));
         }
         if id.qp.get().is_none() {
@@ -233,9 +228,9 @@ impl Fabric {
                 reason: "the simulated fabric needs a QP before connect (rdma_create_qp)",
             });
         }
-        id.cm_state = CmIdState::Connect;
+        id.state.set_cm(CmIdState::Connect);
         id.conn = MaybeConn::new(Some(conn));
-        id.private = private;
+        self.update_extras(key.index, |extras| extras.private = private);
         self.conns.push(ConnRecord::default());
         self.set_ib(key, IbCmState::ReqSent);
         self.send_req(key, false);
@@ -247,15 +242,18 @@ impl Fabric {
         const OP: &str = "rdma_accept";
         let private = self.privates.store(private);
         let id = self.live(key, OP)?;
-        if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
+        if !matches!(
+            id.state.ib(),
+            Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)
+        ) {
             return Err(os(OP, errno::EINVAL));
         }
         let qp = id.qp.get().ok_or(CmError::InvalidArgument {
             op: OP,
             reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
         })?;
-        id.private = private;
         let peer = id.remote_qp.get();
+        self.update_extras(key.index, |extras| extras.private = private);
         // librdmacm moves the QP to RTR and RTS before it sends the REP.
         if let Some(q) = self.qp_mut(qp) {
             q.peer = MaybeQp::new(peer);
@@ -270,7 +268,10 @@ impl Fabric {
     pub(crate) fn reject(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
         const OP: &str = "rdma_reject";
         let id = self.live(key, OP)?;
-        if !matches!(id.ib, Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)) {
+        if !matches!(
+            id.state.ib(),
+            Some(IbCmState::ReqRcvd | IbCmState::MraReqSent)
+        ) {
             return Err(os(OP, errno::EINVAL));
         }
         if let Some(mut msg) = self.to_peer(key, MsgKind::Rej) {
@@ -286,7 +287,7 @@ impl Fabric {
     pub(crate) fn disconnect(&mut self, key: SimIdKey) -> Result<(), CmError> {
         const OP: &str = "rdma_disconnect";
         let id = self.live(key, OP)?;
-        let (ib, qp) = (id.ib, id.qp.get());
+        let (ib, qp) = (id.state.ib(), id.qp.get());
         if ib.is_none() {
             return Err(os(OP, errno::EINVAL));
         }
@@ -311,15 +312,17 @@ impl Fabric {
 
     pub(crate) fn destroy(&mut self, key: SimIdKey) -> Result<(), CmError> {
         const OP: &str = "rdma_destroy_id";
-        let id = self.live(key, OP)?;
-        if id.unacked > 0 {
+        let id = self.id(key).ok_or_else(|| gone(OP))?;
+        let unacked = self.unacked_of(key.index, id.unacked);
+        if unacked > 0 {
             return Err(CmError::UnackedEvents {
                 op: OP,
-                unacked: id.unacked as usize,
+                unacked: unacked as usize,
             });
         }
-        let (ib, qp, node, port) = (id.ib, id.qp.get(), id.node, id.port);
-        let from_req = id.remote.filter(|_| id.from_req);
+        let node = self.node_of(key.index, id.place);
+        let (ib, qp, port) = (id.state.ib(), id.qp.get(), id.port());
+        let from_req = id.remote().filter(|_| id.state.has(IdState::FROM_REQ));
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;
         match ib {
@@ -354,6 +357,7 @@ impl Fabric {
             .expect("a live id's slot");
         slot.data = None;
         slot.generation = slot.generation.wrapping_add(1);
+        self.update_extras(key.index, |extras| *extras = IdExtras::default());
         self.free_ids.push(key.index);
         self.ids_destroyed += 1;
         Ok(())
@@ -362,16 +366,17 @@ impl Fabric {
     /// REJ to the peer; an active id whose peer is not known yet (REQ_SENT) addresses
     /// the REJ by its own id, which the passive side's duplicate-REQ table knows.
     pub(super) fn send_to_peer_or_req(&mut self, key: SimIdKey, reason: i32) {
-        if self.id(key).is_some_and(|id| id.remote.is_some()) {
+        if self.id(key).is_some_and(|id| id.remote().is_some()) {
             self.send_to_peer(key, MsgKind::Rej, reason);
         } else if let Some(id) = self.id(key) {
-            if let Some((to, _)) = id.dst {
-                let mut msg = Message::new(MsgKind::Rej, id.conn.get(), id.node, to);
+            if let Some((to, _)) = id.dst() {
+                let node = self.node_of(key.index, id.place);
+                let mut msg = Message::new(MsgKind::Rej, id.conn.get(), node, to);
                 msg.src = MaybeKey(key);
                 msg.value = reason;
                 // The passive id, if the REQ got there (as in the kernel, a REJ
                 // overtaking its REQ finds no id and is dropped).
-                msg.dst = MaybeKey::new(self.remote_reqs.get(id.node, key));
+                msg.dst = MaybeKey::new(self.remote_reqs.get(node, key));
                 self.send(msg);
             }
         }
@@ -395,12 +400,9 @@ impl Fabric {
         let mut keys = Vec::new();
         let mut unacked = 0;
         for (index, slot) in self.ids.iter().enumerate() {
-            if let Some(id) = slot
-                .data
-                .as_ref()
-                .filter(|id| id.channel as usize == channel)
-            {
-                unacked += id.unacked as usize;
+            let on_channel = |id: &&IdData| self.channel_of(index as u32, id.place) == channel;
+            if let Some(id) = slot.data.as_ref().filter(on_channel) {
+                unacked += self.unacked_of(index as u32, id.unacked) as usize;
                 keys.push(SimIdKey {
                     index: index as u32,
                     generation: slot.generation,
@@ -429,15 +431,16 @@ impl Fabric {
                 what: "channel",
             });
         }
-        let id = self.live(key, OP)?;
-        if id.unacked > 0 {
+        let id = self.id(key).ok_or_else(|| gone(OP))?;
+        let unacked = self.unacked_of(key.index, id.unacked);
+        if unacked > 0 {
             return Err(CmError::UnackedEvents {
                 op: OP,
-                unacked: id.unacked as usize,
+                unacked: unacked as usize,
             });
         }
-        let old = id.channel as usize;
-        id.channel = channel as u32;
+        let old = self.channel_of(key.index, id.place);
+        self.set_channel(key, channel);
         if old != channel {
             // Pending events follow the id (linear in the old queue, like the kernel).
             let queue = std::mem::take(&mut self.channels[old].queue);
@@ -476,20 +479,20 @@ impl Fabric {
             return Err(NotifyError::UnknownId);
         };
         // ucma: no device bound yet; rdma_notify: no IB CM id attached.
-        if !id.device {
+        if !id.state.has(IdState::DEVICE) {
             return Err(NotifyError::WrongState);
         }
-        let Some(state) = id.ib else {
+        let Some(state) = id.state.ib() else {
             return Err(NotifyError::WrongState);
         };
-        let node = &self.nodes[id.node.0 as usize];
+        let node = &self.nodes[self.node_of(key.index, id.place).0 as usize];
         if node.kind == DeviceKind::Iwarp {
             return Ok(NotifyOutcome::Established);
         }
         if event == AsyncEventType::CommEst && node.going_down {
             return Err(NotifyError::NoDevice);
         }
-        let result = ib_cm_notify(state, id.lap, event);
+        let result = ib_cm_notify(state, self.extras(key.index).lap, event);
         if result.is_ok() && notify_delivers_established(state, event) {
             self.cancel_timer(key);
             self.set_ib(key, IbCmState::Established);
@@ -524,8 +527,8 @@ impl Fabric {
                 QueuedKind::Event(t) => (t, queued.status, queued.private),
                 QueuedKind::ConnectResponse => self.process_connect_response(queued.id),
             };
-            let id = self.id_mut(queued.id)?;
-            id.unacked += 1;
+            self.count_unacked(queued.id, true);
+            let id = self.id(queued.id)?;
             let qp = id.qp.get();
             let context = (id.context != u32::MAX).then_some(id.context);
             self.stats.events_delivered += 1;
@@ -554,16 +557,22 @@ impl Fabric {
                 Private::default(),
             );
         };
-        let ready = matches!(id.ib, Some(IbCmState::RepRcvd | IbCmState::MraRepSent));
-        if !ready || id.cm_state != CmIdState::Connect {
+        let ready = matches!(
+            id.state.ib(),
+            Some(IbCmState::RepRcvd | IbCmState::MraRepSent)
+        );
+        if !ready || id.state.cm() != CmIdState::Connect {
             return (
                 CmEventType::ConnectError,
                 -errno::EINVAL,
                 Private::default(),
             );
         }
-        let private = std::mem::take(&mut id.peer_private);
         let (qp, peer) = (id.qp.get(), id.remote_qp.get());
+        let mut private = Private::default();
+        self.update_extras(key.index, |extras| {
+            private = std::mem::take(&mut extras.peer_private);
+        });
         if let Some(q) = qp.and_then(|q| self.qp_mut(q)) {
             q.peer = MaybeQp::new(peer);
             q.state = QpState::Rts;
@@ -581,9 +590,7 @@ impl Fabric {
     }
 
     pub(crate) fn ack(&mut self, key: SimIdKey) {
-        if let Some(id) = self.id_mut(key) {
-            id.unacked = id.unacked.saturating_sub(1);
-        }
+        self.count_unacked(key, false);
         self.stats.events_acked += 1;
     }
 
@@ -594,11 +601,11 @@ impl Fabric {
     // ----- inspection --------------------------------------------------------------
 
     pub(crate) fn ib_state(&self, key: SimIdKey) -> Result<Option<IbCmState>, CmError> {
-        self.id(key).map(|id| id.ib).ok_or(gone("ib_state"))
+        self.id(key).map(|id| id.state.ib()).ok_or(gone("ib_state"))
     }
 
     pub(crate) fn cm_state(&self, key: SimIdKey) -> Result<CmIdState, CmError> {
-        self.id(key).map(|id| id.cm_state).ok_or(gone("cm_state"))
+        self.id(key).map(|id| id.state.cm()).ok_or(gone("cm_state"))
     }
 
     /// From now on, remembers the QPs of `node` that are destroyed, for
@@ -635,11 +642,12 @@ impl Fabric {
     }
 
     pub(crate) fn id_node(&self, key: SimIdKey) -> Option<NodeId> {
-        self.id(key).map(|id| id.node)
+        self.id(key).map(|id| self.node_of(key.index, id.place))
     }
 
     pub(crate) fn id_unacked(&self, key: SimIdKey) -> Option<u32> {
-        self.id(key).map(|id| id.unacked)
+        self.id(key)
+            .map(|id| self.unacked_of(key.index, id.unacked))
     }
 
     pub(crate) fn force_ib_state(
@@ -648,14 +656,15 @@ impl Fabric {
         state: IbCmState,
     ) -> Result<(), CmError> {
         let id = self.live(key, "force_ib_state")?;
-        id.device = true;
+        id.state.set(IdState::DEVICE, true);
         self.cancel_timer(key);
         self.set_ib(key, state);
         Ok(())
     }
 
     pub(crate) fn set_lap_state(&mut self, key: SimIdKey, lap: LapState) -> Result<(), CmError> {
-        self.live(key, "set_lap_state")?.lap = lap;
+        self.live(key, "set_lap_state")?;
+        self.update_extras(key.index, |extras| extras.lap = lap);
         Ok(())
     }
 }

@@ -9,15 +9,15 @@ use cm_core::kernel_model::LapState;
 use cm_core::{errno, AsyncEvent, AsyncEventType, CmEventType, CmIdState, IbCmState, QpNum};
 
 use super::{
-    nanos, Action, Fabric, MaybeConn, MaybeKey, MaybeQp, Message, Private, QpState, QueuedKind,
-    TraceEvent, REJ_INVALID_SERVICE_ID, REJ_STALE_CONN,
+    nanos, Action, Fabric, IdState, MaybeConn, MaybeKey, MaybeQp, Message, Private, QpState,
+    QueuedKind, TraceEvent, REJ_INVALID_SERVICE_ID, REJ_STALE_CONN,
 };
 use crate::sim::types::{FaultAction, MsgKind, RecvCompletion, SimIdKey};
 
 impl Fabric {
     // ----- the wire ----------------------------------------------------------------
 
-    pub(super) fn send(&mut self, msg: Message) {
+    pub(super) fn send(&mut self, mut msg: Message) {
         let kind = msg.kind;
         let conn = msg.conn;
         self.stats.sent[kind.index()] += 1;
@@ -31,18 +31,7 @@ impl Fabric {
             to: msg.to,
             retransmit: msg.retransmit,
         });
-        let nth = match conn {
-            Some(c) => {
-                let record = self
-                    .conns
-                    .get_mut(c.0 as usize)
-                    .expect("a connection's record");
-                let n = record.sent[kind.index()];
-                record.sent[kind.index()] = n.saturating_add(1);
-                n
-            }
-            None => 0,
-        };
+        let nth = conn.map_or(0, |c| self.count_sent(c, kind));
         let mut fault = self
             .rules
             .iter()
@@ -53,40 +42,34 @@ impl Fabric {
         }
         let latency = nanos(self.config.wire_latency);
         match fault {
-            None => {
-                let slot = self.wire.put(msg);
-                self.schedule(latency, Action::Deliver(slot));
-            }
+            None => self.schedule(latency, Action::Deliver(msg)),
             Some(action) => {
                 self.record(|| TraceEvent::Fault { kind, conn, action });
                 match action {
-                    FaultAction::Drop => {
-                        self.stats.dropped += 1;
-                        self.discard_payload(&msg);
-                    }
+                    FaultAction::Drop => self.stats.dropped += 1,
                     FaultAction::Duplicate => {
                         self.stats.duplicated += 1;
+                        // The copy is never delivered as data: it needs no payload.
+                        let payload = msg.payload.take();
                         let mut copy = msg.clone();
                         copy.copy = true;
-                        let (slot, copy) = (self.wire.put(msg), self.wire.put(copy));
-                        self.schedule(latency, Action::Deliver(slot));
+                        msg.payload = payload;
+                        self.schedule(latency, Action::Deliver(msg));
                         self.schedule(latency.saturating_mul(2), Action::Deliver(copy));
                     }
                     FaultAction::Delay(extra) => {
                         self.stats.delayed += 1;
-                        let slot = self.wire.put(msg);
                         self.schedule_irregular(
                             latency.saturating_add(nanos(extra)),
-                            Action::Deliver(slot),
+                            Action::Deliver(msg),
                         );
                     }
                     FaultAction::Reorder => {
                         self.stats.delayed += 1;
                         let extra = self.rng.up_to(nanos(self.config.reorder_window));
-                        let slot = self.wire.put(msg);
                         self.schedule_irregular(
                             latency.saturating_add(extra),
-                            Action::Deliver(slot),
+                            Action::Deliver(msg),
                         );
                     }
                 }
@@ -116,8 +99,9 @@ impl Fabric {
     /// Builds the message `kind` from id `key` to its peer.
     pub(super) fn to_peer(&self, key: SimIdKey, kind: MsgKind) -> Option<Message> {
         let id = self.id(key)?;
-        let (peer_node, peer) = id.remote?;
-        let mut msg = Message::new(kind, id.conn.get(), id.node, peer_node);
+        let (peer_node, peer) = id.remote()?;
+        let node = self.node_of(key.index, id.place);
+        let mut msg = Message::new(kind, id.conn.get(), node, peer_node);
         msg.src = MaybeKey(key);
         msg.dst = MaybeKey(peer);
         Some(msg)
@@ -132,12 +116,13 @@ impl Fabric {
 
     pub(super) fn send_req(&mut self, key: SimIdKey, retransmit: bool) {
         let Some(id) = self.id(key) else { return };
-        let Some((to, port)) = id.dst else { return };
-        let mut msg = Message::new(MsgKind::Req, id.conn.get(), id.node, to);
+        let Some((to, port)) = id.dst() else { return };
+        let node = self.node_of(key.index, id.place);
+        let mut msg = Message::new(MsgKind::Req, id.conn.get(), node, to);
         msg.src = MaybeKey(key);
         msg.qp = id.qp.get().unwrap_or(QpNum(0));
         msg.port = port;
-        msg.private = id.private;
+        msg.private = self.extras(key.index).private;
         msg.retransmit = retransmit;
         self.send(msg);
     }
@@ -148,7 +133,7 @@ impl Fabric {
         };
         let Some(id) = self.id(key) else { return };
         msg.qp = id.qp.get().unwrap_or(QpNum(0));
-        msg.private = id.private;
+        msg.private = self.extras(key.index).private;
         msg.retransmit = retransmit;
         self.send(msg);
     }
@@ -187,18 +172,14 @@ impl Fabric {
         };
         self.now = self.now.max(at);
         match action {
-            Action::Deliver(slot) => {
-                if let Some(msg) = self.wire.take(slot) {
-                    self.deliver(msg);
-                }
-            }
+            Action::Deliver(msg) => self.deliver(msg),
             Action::Timer { id, gen } => self.on_timer(id, gen),
             Action::AddrResolved(key) => {
                 let resolved = self.id_mut(key).is_some_and(|id| {
-                    let querying = id.cm_state == CmIdState::AddrQuery;
+                    let querying = id.state.cm() == CmIdState::AddrQuery;
                     if querying {
-                        id.cm_state = CmIdState::AddrResolved;
-                        id.device = true;
+                        id.state.set_cm(CmIdState::AddrResolved);
+                        id.state.set(IdState::DEVICE, true);
                     }
                     querying
                 });
@@ -209,9 +190,9 @@ impl Fabric {
             }
             Action::RouteResolved(key) => {
                 let resolved = self.id_mut(key).is_some_and(|id| {
-                    let querying = id.cm_state == CmIdState::RouteQuery;
+                    let querying = id.state.cm() == CmIdState::RouteQuery;
                     if querying {
-                        id.cm_state = CmIdState::RouteResolved;
+                        id.state.set_cm(CmIdState::RouteResolved);
                     }
                     querying
                 });
@@ -223,7 +204,7 @@ impl Fabric {
             Action::EstablishWork(key) => {
                 // The kernel's work handler re-checks the state: a DREQ (or anything
                 // else) that moved the id on suppresses the event.
-                if self.id(key).and_then(|id| id.ib) == Some(IbCmState::Established) {
+                if self.id(key).and_then(|id| id.state.ib()) == Some(IbCmState::Established) {
                     let ev = QueuedKind::Event(CmEventType::Established);
                     self.queue_cm_event(key, ev, 0, Private::default());
                 }
@@ -241,12 +222,13 @@ impl Fabric {
         if id.timer_gen != gen {
             return;
         }
-        let (retrying, retries_left, ib) = (id.retrying, id.retries_left, id.ib);
-        let timeout = nanos(if id.mra_timeout {
+        let (retrying, retries, ib) = (id.state.retrying(), id.retries_left, id.state.ib());
+        let timeout = nanos(if id.state.has(IdState::MRA_TIMEOUT) {
             timeouts.1
         } else {
             timeouts.0
         });
+        let retries_left = self.retries_of(key.index, retries);
         match retrying {
             None => {
                 // TIMEWAIT is over.
@@ -257,12 +239,14 @@ impl Fabric {
                 }
             }
             Some(kind) if retries_left > 0 => {
-                id.retries_left -= 1;
+                self.set_retries(key, retries_left - 1);
                 self.resend(key, kind);
                 self.schedule(timeout, Action::Timer { id: key, gen });
             }
             Some(kind) => {
-                id.retrying = None;
+                if let Some(id) = self.id_mut(key) {
+                    id.state.set_retrying(None);
+                }
                 match kind {
                     MsgKind::Req | MsgKind::Rep => {
                         // REQ_ERROR / REP_ERROR: the IB CM id goes back to IDLE (the
@@ -286,8 +270,8 @@ impl Fabric {
     /// filtered).
     pub(super) fn disconnected(&mut self, key: SimIdKey, status: i32) {
         let Some(id) = self.id_mut(key) else { return };
-        if id.cm_state == CmIdState::Connect {
-            id.cm_state = CmIdState::Disconnect;
+        if id.state.cm() == CmIdState::Connect {
+            id.state.set_cm(CmIdState::Disconnect);
             let ev = QueuedKind::Event(CmEventType::Disconnected);
             self.push_event(key, None, ev, status, Private::default());
         }
@@ -295,7 +279,6 @@ impl Fabric {
 
     pub(super) fn ignore(&mut self, msg: &Message, reason: &'static str) {
         self.stats.ignored += 1;
-        self.discard_payload(msg);
         let (kind, conn) = (msg.kind, msg.conn);
         self.record(|| TraceEvent::Ignored { kind, conn, reason });
     }
@@ -313,7 +296,7 @@ impl Fabric {
         let Some(dst) = msg.dst.get().filter(|k| self.is_alive(*k)) else {
             return self.ignore(&msg, "no such id");
         };
-        let state = self.id(dst).and_then(|id| id.ib);
+        let state = self.id(dst).and_then(|id| id.state.ib());
         use IbCmState as S;
         match (msg.kind, state) {
             (MsgKind::Mra, Some(S::ReqSent)) if msg.value == MsgKind::Req.index() as i32 => {
@@ -361,7 +344,7 @@ impl Fabric {
     /// CM reports REJECTED (status = the reason) and librdmacm moves the QP to error.
     pub(super) fn rej_received(&mut self, key: SimIdKey, state: IbCmState, msg: Message) {
         use IbCmState as S;
-        let lap = self.id(key).map_or(LapState::Uninit, |id| id.lap);
+        let lap = self.extras(key.index).lap;
         let timewait = match state {
             S::ReqSent
             | S::MraReqRcvd
@@ -392,7 +375,7 @@ impl Fabric {
         if let Some(existing) = self.remote_reqs.get(msg.from, src) {
             // A retried REQ: answer with the delayed MRA if the application has not
             // accepted yet, else ignore it.
-            match self.id(existing).and_then(|id| id.ib) {
+            match self.id(existing).and_then(|id| id.state.ib()) {
                 Some(IbCmState::MraReqSent) => {
                     self.send_to_peer(existing, MsgKind::Mra, MsgKind::Req.index() as i32)
                 }
@@ -405,7 +388,7 @@ impl Fabric {
         }
         let listener = self
             .listener((msg.to, msg.port))
-            .filter(|l| self.id(*l).and_then(|id| id.ib) == Some(IbCmState::Listen));
+            .filter(|l| self.id(*l).and_then(|id| id.state.ib()) == Some(IbCmState::Listen));
         let Some(listener) = listener else {
             let mut rej = Message::new(MsgKind::Rej, msg.conn, msg.to, msg.from);
             rej.dst = MaybeKey(src);
@@ -413,16 +396,17 @@ impl Fabric {
             self.send(rej);
             return;
         };
-        let channel = self.id(listener).map_or(0, |l| l.channel as usize);
+        let channel = self
+            .id(listener)
+            .map_or(0, |l| self.channel_of(listener.index, l.place));
         let key = self.create_id(channel);
         if let Some(id) = self.id_mut(key) {
-            id.device = true;
-            id.cm_state = CmIdState::Connect;
+            id.state.set(IdState::DEVICE, true);
+            id.state.set_cm(CmIdState::Connect);
             id.conn = MaybeConn::new(msg.conn);
-            id.port = msg.port;
-            id.remote = Some((msg.from, src));
+            id.set_remote(msg.from, src);
             id.remote_qp = MaybeQp::new(Some(msg.qp));
-            id.from_req = true;
+            id.state.set(IdState::FROM_REQ, true);
         }
         self.remote_reqs.insert(msg.from, src, key);
         self.set_ib(key, IbCmState::ReqRcvd);
@@ -436,9 +420,9 @@ impl Fabric {
     pub(super) fn rep_received(&mut self, key: SimIdKey, msg: Message) {
         self.cancel_timer(key);
         if let Some(id) = self.id_mut(key) {
-            id.remote = Some((msg.from, msg.src.get().unwrap_or(key)));
+            id.set_remote(msg.from, msg.src.get().unwrap_or(key));
             id.remote_qp = MaybeQp::new(Some(msg.qp));
-            id.peer_private = msg.private;
+            self.update_extras(key.index, |extras| extras.peer_private = msg.private);
         }
         self.set_ib(key, IbCmState::RepRcvd);
         if self.config.delayed_mra {
@@ -470,13 +454,18 @@ impl Fabric {
         };
         self.nodes[node.0 as usize]
             .completions
-            .push_back((completion, msg.private));
+            .push_back((completion, msg.payload));
         self.arrivals.bump_node(node);
         self.stats.recv_completions += 1;
         let qpn = msg.qp;
         self.record(|| TraceEvent::RecvCompletion { node, qp: qpn });
+        // A live QP's owner is live: its slot holds it.
+        let owner = self
+            .ids
+            .get(owner as usize)
+            .and_then(|slot| slot.data.as_ref());
         let cm_waiting = matches!(
-            self.id(owner).and_then(|id| id.ib),
+            owner.and_then(|id| id.state.ib()),
             Some(IbCmState::RepSent | IbCmState::MraRepRcvd)
         );
         if first && cm_waiting && self.config.comm_est {
