@@ -455,8 +455,5 @@ fn only_the_endpoints_own_failure_ends_it() {
         "{ended:?}"
     );
     let again = rig.server.next_event(SECOND);
-    assert!(
-        matches!(&again, Err(e) if e.ends_endpoint()),
-        "{again:?}"
-    );
+    assert!(matches!(&again, Err(e) if e.ends_endpoint()), "{again:?}");
 }

@@ -36,10 +36,13 @@ pub struct SimDeviceReader {
 }
 
 /// A connection's buffers on the simulation: the sizes only (payloads travel with the
-/// simulated packets).
+/// simulated packets), in eight bytes, as a scale run holds one per connection and
+/// side ([`QueueCaps::validate`] bounds the depths to 16384).
 #[derive(Debug)]
 pub struct SimBuffers {
-    caps: QueueCaps,
+    recv_depth: NonZeroU16,
+    send_depth: u16,
+    buffer_size: u32,
 }
 
 /// A QP's state on the transport, kept small because a scale run holds one per
@@ -684,7 +687,18 @@ impl Transport for SimTransport {
 
     fn register_buffers(&mut self, _id: &SimCmId, caps: &QueueCaps) -> Result<SimBuffers, CmError> {
         caps.validate()?;
-        Ok(SimBuffers { caps: *caps })
+        let out_of_range = || CmError::InvalidArgument {
+            op: "register_buffers",
+            reason: "queue depth out of range",
+        };
+        Ok(SimBuffers {
+            recv_depth: u16::try_from(caps.recv_depth)
+                .ok()
+                .and_then(NonZeroU16::new)
+                .ok_or_else(out_of_range)?,
+            send_depth: u16::try_from(caps.send_depth).map_err(|_| out_of_range())?,
+            buffer_size: caps.buffer_size,
+        })
     }
 
     fn post_recv(
@@ -694,7 +708,7 @@ impl Transport for SimTransport {
         slot: u32,
         wr_id: u64,
     ) -> Result<(), CmError> {
-        if slot >= buffers.caps.recv_depth {
+        if slot >= u32::from(buffers.recv_depth.get()) {
             return Err(CmError::InvalidArgument {
                 op: "ibv_post_recv",
                 reason: "no such receive buffer",
@@ -717,7 +731,7 @@ impl Transport for SimTransport {
         data: &[u8],
         wr_id: u64,
     ) -> Result<(), CmError> {
-        if slot >= buffers.caps.send_depth || data.len() > buffers.caps.buffer_size as usize {
+        if slot >= u32::from(buffers.send_depth) || data.len() > buffers.buffer_size as usize {
             return Err(CmError::InvalidArgument {
                 op: "ibv_post_send",
                 reason: "no such send buffer, or the message does not fit it",

@@ -380,7 +380,8 @@ impl<T: Transport> Endpoint<T> {
             if let Some(deadline) = entry.deadline.get() {
                 self.deadlines.push(Reverse((deadline, conn)));
             }
-            if self.notify {
+            // Read only while busy polling: kept only with it on.
+            if self.notify && self.options.busy_poll.is_some() {
                 self.awaiting.push_back(conn);
                 self.compact_awaiting();
             }

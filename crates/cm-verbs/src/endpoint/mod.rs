@@ -649,9 +649,9 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Turns busy polling on (`Some(budget)`: a waiting call spins on its sources, and
-    /// on the receive queues of accepted connections not yet established, for up to
-    /// `budget` before it sleeps; see [`EndpointOptions::busy_poll`]) or off (`None`),
-    /// from the next wait on. O(1).
+    /// on the receive queues of the connections accepted while it is on and not yet
+    /// established, for up to `budget` before it sleeps; see
+    /// [`EndpointOptions::busy_poll`]) or off (`None`), from the next wait on. O(1).
     pub fn set_busy_poll(&mut self, budget: Option<Duration>) {
         self.options.busy_poll = budget;
     }

@@ -548,7 +548,8 @@ pub struct EndpointOptions {
     /// Busy polling: a waiting call spins on its sources (non-blocking reads) for up
     /// to this long before it sleeps in the transport, as latency-bound RDMA servers
     /// do; it trades a core for the wake-up latency. Each round first polls the
-    /// receive queues of the accepted connections not yet established (at most
+    /// receive queues of the connections accepted with it on and not yet established
+    /// (no list of them is kept with it off; at most
     /// [`PASS_BATCH`](crate::PASS_BATCH) of them, in turn): a receive there is
     /// forwarded with notify at once and the CM channel read for its ESTABLISHED,
     /// without waiting for the completion event; then one zero-timeout look at every
