@@ -23,7 +23,7 @@ use std::time::Duration;
 use cm_core::{AsyncEventType, CmError, QpNum, QueueCaps, Transport};
 use cm_verbs::{
     CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, Endpoint, EstablishedVia,
-    Event, ListenOptions, PrivateData,
+    Event, ListenOptions, PrivateData, Trigger,
 };
 
 use crate::steps::{Span, Step, StepTotals};
@@ -87,22 +87,19 @@ pub struct Plan<A> {
 }
 
 /// One connection as the run sees it (a retried address resolution keeps its slot).
-/// Compact, a run may hold a million: the steps' timings are summed up on the session
-/// ([`Session::step_totals`]) rather than kept here, and what is rare (a failure, a
-/// close for another reason than the usual two, echoes waiting for a buffer) is boxed.
+/// Compact, a run may hold a million (64 bytes): the steps' timings are summed up on
+/// the session ([`Session::step_totals`]) rather than kept here, what is rare (a
+/// failure, a close for another reason than the usual two, echoes waiting for a
+/// buffer, an unusual way of getting established, a setup slower than four seconds)
+/// is boxed, and small values take the bytes they need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConnRecord {
     /// The endpoint's handle of the current attempt (`None`: connect failed at once).
     pub handle: Option<ConnectionId>,
-    /// Its QP, once known.
-    pub qp: Option<QpNum>,
-    /// How it became established (the first report).
-    pub established: Option<EstablishedVia>,
+    /// Its QP number once known ([`NO_QP`]: not yet).
+    qp: u32,
     /// Address resolution attempts so far.
     pub attempts: u32,
-    /// [`Event::Established`] reports received (exactly one for an established
-    /// connection).
-    pub established_reports: u32,
     /// Messages posted.
     pub sends_posted: u32,
     /// Sends reported complete ([`Event::Sent`]'s counts).
@@ -111,22 +108,64 @@ pub struct ConnRecord {
     pub received: u32,
     /// What the caller of [`Session::handle_ready`] tagged it with (`u32::MAX`: nothing).
     tag: u32,
-    /// How long its [`Step::Established`] took, in nanoseconds (`u64::MAX`: not timed).
-    established_in: u64,
+    /// How long its [`Step::Established`] took, in nanoseconds (`u32::MAX`: not timed;
+    /// [`FAR`]: longer, in `rare`).
+    established_in: u32,
     /// When its exchange began, in nanoseconds (`u64::MAX`: not yet).
     exchange_start: u64,
     /// When it is given up if nothing happens (set once established), in nanoseconds
     /// (`u64::MAX`: not set).
     idle_deadline: u64,
-    /// How it ended: the two usual reasons here, any other in `rare`.
-    closed: Closed,
     /// What few connections have: a failure, an unusual close, echoes waiting.
     rare: Option<Box<Rare>>,
-    /// Whether its exchange completed.
-    exchanged: bool,
-    /// Whether it has its entry in the session's idle heap.
-    idle_queued: bool,
-    disconnect_called: bool,
+    /// How it became established (the first report), as a [`Via`] code.
+    established: u8,
+    /// [`Event::Established`] reports received, saturating (exactly one for an
+    /// established connection).
+    established_reports: u8,
+    /// How it ended: the two usual reasons here, any other in `rare`.
+    closed: Closed,
+    /// [`Flag`]s.
+    flags: u8,
+}
+
+/// A [`ConnRecord`]'s QP number before it is known (QP numbers are 24-bit).
+const NO_QP: u32 = u32::MAX;
+/// A [`ConnRecord::established_in`] kept in `rare` (four seconds or more).
+const FAR: u32 = u32::MAX - 1;
+
+/// The bits of [`ConnRecord::flags`].
+#[derive(Debug, Clone, Copy)]
+enum Flag {
+    /// Its exchange completed.
+    Exchanged = 1,
+    /// It has its entry in the session's idle heap.
+    IdleQueued = 2,
+    /// This side called disconnect on it.
+    DisconnectCalled = 4,
+}
+
+/// How a connection became established, in a byte: the usual ways have a code, any
+/// other is kept whole in [`Rare::established`].
+struct Via;
+
+impl Via {
+    const NONE: u8 = 0;
+    const OTHER: u8 = u8::MAX;
+    const USUAL: [EstablishedVia; 5] = [
+        EstablishedVia::Handshake,
+        EstablishedVia::Notify(Trigger::AsyncEvent(AsyncEventType::CommEst)),
+        EstablishedVia::Notify(Trigger::ReceiveCompletion),
+        EstablishedVia::RtuWonRace(Trigger::AsyncEvent(AsyncEventType::CommEst)),
+        EstablishedVia::RtuWonRace(Trigger::ReceiveCompletion),
+    ];
+
+    fn code(via: EstablishedVia) -> u8 {
+        Self::USUAL
+            .iter()
+            .position(|usual| *usual == via)
+            .map_or(Self::OTHER, |index| index as u8 + 1)
+    }
 }
 
 /// How a connection ended, in a byte: nearly all end disconnected or timed out.
@@ -148,6 +187,10 @@ struct Rare {
     closed: Option<CloseReason>,
     /// Echoes waiting for a free send buffer.
     pending: VecDeque<Vec<u8>>,
+    /// How it became established, when no [`Via`] code says it.
+    established: Option<EstablishedVia>,
+    /// How long its [`Step::Established`] took, in nanoseconds, when it did not fit.
+    established_in: Option<u64>,
 }
 
 /// An unset instant or duration of a [`ConnRecord`].
@@ -162,22 +205,63 @@ impl ConnRecord {
     fn new(handle: Option<ConnectionId>, attempts: u32) -> Self {
         ConnRecord {
             handle,
-            qp: None,
-            established: None,
+            qp: NO_QP,
             attempts,
-            established_reports: 0,
             sends_posted: 0,
             sends_done: 0,
             received: 0,
             tag: u32::MAX,
-            established_in: UNSET,
+            established_in: u32::MAX,
             exchange_start: UNSET,
             idle_deadline: UNSET,
-            closed: Closed::Open,
             rare: None,
-            exchanged: false,
-            idle_queued: false,
-            disconnect_called: false,
+            established: Via::NONE,
+            established_reports: 0,
+            closed: Closed::Open,
+            flags: 0,
+        }
+    }
+
+    /// Its QP, once known.
+    pub fn qp(&self) -> Option<QpNum> {
+        (self.qp != NO_QP).then_some(QpNum(self.qp))
+    }
+
+    fn set_qp(&mut self, qp: Option<QpNum>) {
+        self.qp = qp.map_or(NO_QP, |qp| qp.0);
+    }
+
+    /// How it became established (the first report).
+    pub fn established(&self) -> Option<EstablishedVia> {
+        match self.established {
+            Via::NONE => None,
+            Via::OTHER => self.rare.as_ref().and_then(|r| r.established),
+            code => Via::USUAL.get(usize::from(code) - 1).copied(),
+        }
+    }
+
+    fn set_established(&mut self, via: EstablishedVia) {
+        self.established = Via::code(via);
+        if self.established == Via::OTHER {
+            self.rare.get_or_insert_default().established = Some(via);
+        }
+    }
+
+    /// [`Event::Established`] reports received (exactly one for an established
+    /// connection; counted up to 255).
+    pub fn established_reports(&self) -> u32 {
+        u32::from(self.established_reports)
+    }
+
+    fn flag(&self, flag: Flag) -> bool {
+        self.flags & flag as u8 != 0
+    }
+
+    fn set_flag(&mut self, flag: Flag, on: bool) {
+        if on {
+            self.flags |= flag as u8;
+        } else {
+            self.flags &= !(flag as u8);
         }
     }
 
@@ -205,7 +289,25 @@ impl ConnRecord {
     /// How long its [`Step::Established`] took (from the return of the connect or
     /// accept call to established), once it is.
     pub fn established_in(&self) -> Option<Duration> {
-        (self.established_in != UNSET).then(|| Duration::from_nanos(self.established_in))
+        match self.established_in {
+            u32::MAX => None,
+            FAR => self
+                .rare
+                .as_ref()
+                .and_then(|r| r.established_in)
+                .map(Duration::from_nanos),
+            nanos => Some(Duration::from_nanos(u64::from(nanos))),
+        }
+    }
+
+    fn set_established_in(&mut self, nanos: u64) {
+        match u32::try_from(nanos).ok().filter(|&n| n < FAR) {
+            Some(near) => self.established_in = near,
+            None => {
+                self.established_in = FAR;
+                self.rare.get_or_insert_default().established_in = Some(nanos);
+            }
+        }
     }
 
     /// What [`Session::handle_ready`]'s caller tagged it with.
@@ -473,7 +575,7 @@ impl<T: Transport> Session<T> {
                     return Some(Duration::from_nanos(at))
                 }
                 _ => {
-                    conn.idle_queued = false;
+                    conn.set_flag(Flag::IdleQueued, false);
                     self.idle.pop();
                 }
             }
@@ -532,7 +634,7 @@ impl<T: Transport> Session<T> {
             if conn.is_done() {
                 continue;
             }
-            if conn.established.is_none() {
+            if conn.established().is_none() {
                 conn.set_failure(format!(
                     "connection {index}: still not established when the run ended"
                 ));
@@ -645,7 +747,10 @@ impl<T: Transport> Session<T> {
                 .and_then(|info| info.peer_addr);
         }
         match self.endpoint.accept_request(handle, &PrivateData::empty()) {
-            Ok(()) => self.conns[index].qp = self.endpoint.info(handle).ok().and_then(|i| i.qp),
+            Ok(()) => {
+                let qp = self.endpoint.info(handle).ok().and_then(|i| i.qp);
+                self.conns[index].set_qp(qp);
+            }
             // Its Closed (SetupFailed) follows.
             Err(error) => {
                 self.conns[index].set_failure(format!("connection {index}: accept: {error}"));
@@ -663,19 +768,21 @@ impl<T: Transport> Session<T> {
         }
         let now = self.now();
         let conn = &mut self.conns[index];
-        conn.established_reports += 1;
-        if conn.established.is_some() {
+        conn.established_reports = conn.established_reports.saturating_add(1);
+        if conn.established().is_some() {
             // Reported twice: counted (the exactly-once check sees it), answered once.
             return;
         }
-        conn.established = Some(via);
+        conn.set_established(via);
         self.settled += 1;
         if let Some(info) = &info {
-            conn.qp = conn.qp.or(info.qp);
+            if conn.qp().is_none() {
+                conn.set_qp(info.qp);
+            }
             for (step, start, end) in setup_spans(&info.times) {
                 if let (Some(start), Some(end)) = (start, end) {
                     if step == Step::Established {
-                        self.conns[index].established_in = nanos(end.saturating_sub(start));
+                        self.conns[index].set_established_in(nanos(end.saturating_sub(start)));
                     }
                     self.step_done(index, step, start, end);
                 }
@@ -779,16 +886,16 @@ impl<T: Transport> Session<T> {
         let initiates = !self.plan.server || messages > 0;
         let now = self.now();
         let conn = &mut self.conns[index];
-        if conn.established.is_none() || conn.sends_done < messages || conn.received < messages {
+        if conn.established().is_none() || conn.sends_done < messages || conn.received < messages {
             return;
         }
-        if messages > 0 && !conn.exchanged && conn.exchange_start != UNSET {
-            conn.exchanged = true;
+        if messages > 0 && !conn.flag(Flag::Exchanged) && conn.exchange_start != UNSET {
+            conn.set_flag(Flag::Exchanged, true);
             let start = Duration::from_nanos(conn.exchange_start);
             self.step_done(index, Step::Exchange, start, now);
         }
         let conn = &self.conns[index];
-        if initiates && self.plan.disconnect_when_done && !conn.disconnect_called {
+        if initiates && self.plan.disconnect_when_done && !conn.flag(Flag::DisconnectCalled) {
             self.disconnect(index);
         }
     }
@@ -797,7 +904,7 @@ impl<T: Transport> Session<T> {
     /// endpoint then reports its end).
     fn disconnect(&mut self, index: usize) {
         let conn = &self.conns[index];
-        if conn.is_done() || conn.disconnect_called {
+        if conn.is_done() || conn.flag(Flag::DisconnectCalled) {
             return;
         }
         let Some(handle) = conn.handle else {
@@ -813,7 +920,7 @@ impl<T: Transport> Session<T> {
                 return;
             }
         }
-        self.conns[index].disconnect_called = true;
+        self.conns[index].set_flag(Flag::DisconnectCalled, true);
         self.unmap_handle(handle);
         let now = self.now();
         // Closed right after the call: the step is the call itself.
@@ -823,7 +930,7 @@ impl<T: Transport> Session<T> {
 
     /// Whether the connection's exchange is complete (always, with no messages).
     fn exchanged(&self, conn: &ConnRecord) -> bool {
-        self.plan.messages == 0 || conn.exchanged
+        self.plan.messages == 0 || conn.flag(Flag::Exchanged)
     }
 
     fn on_closed(&mut self, handle: ConnectionId, reason: CloseReason) {
@@ -860,7 +967,7 @@ impl<T: Transport> Session<T> {
         let conn = &mut self.conns[index];
         if conn.failure().is_none() {
             let why = match &reason {
-                CloseReason::Disconnected if conn.established.is_none() => {
+                CloseReason::Disconnected if conn.established().is_none() => {
                     Some("disconnected before it was established".into())
                 }
                 CloseReason::Disconnected => None,
@@ -872,7 +979,7 @@ impl<T: Transport> Session<T> {
         }
         self.close(index, reason);
         let conn = &self.conns[index];
-        if conn.established.is_some() && conn.failure().is_none() && !self.exchanged(conn) {
+        if conn.established().is_some() && conn.failure().is_none() && !self.exchanged(conn) {
             let messages = self.plan.messages;
             let why = format!(
                 "connection {index}: disconnected before the exchange completed (sent {}/{messages}, received {}/{messages})",
@@ -888,7 +995,7 @@ impl<T: Transport> Session<T> {
         if conn.is_done() {
             return;
         }
-        if conn.established.is_none() {
+        if conn.established().is_none() {
             self.settled += 1;
         }
         conn.closed = match reason {
@@ -907,8 +1014,8 @@ impl<T: Transport> Session<T> {
         let deadline = nanos(self.now().saturating_add(IDLE_TIMEOUT));
         let conn = &mut self.conns[index];
         conn.idle_deadline = deadline;
-        if self.idle_kept && !conn.idle_queued {
-            conn.idle_queued = true;
+        if self.idle_kept && !conn.flag(Flag::IdleQueued) {
+            conn.set_flag(Flag::IdleQueued, true);
             self.idle.push(Reverse((deadline, index as u32)));
         }
     }
@@ -920,8 +1027,8 @@ impl<T: Transport> Session<T> {
         }
         self.idle_kept = true;
         for (index, conn) in self.conns.iter_mut().enumerate() {
-            if conn.idle_deadline != UNSET && !conn.is_done() && !conn.idle_queued {
-                conn.idle_queued = true;
+            if conn.idle_deadline != UNSET && !conn.is_done() && !conn.flag(Flag::IdleQueued) {
+                conn.set_flag(Flag::IdleQueued, true);
                 self.idle.push(Reverse((conn.idle_deadline, index as u32)));
             }
         }
@@ -935,7 +1042,7 @@ impl<T: Transport> Session<T> {
                 break;
             };
             let index = index as usize;
-            self.conns[index].idle_queued = false;
+            self.conns[index].set_flag(Flag::IdleQueued, false);
             let conn = &self.conns[index];
             let messages = self.plan.messages;
             let why = format!(
@@ -1032,6 +1139,33 @@ mod tests {
     use super::*;
     use cm_mock::sim::{SimConfig, SimPair, SimTransport};
 
+    #[test]
+    fn a_record_keeps_the_unusual_exactly_beside_the_usual() {
+        let mut record = ConnRecord::new(None, 1);
+        assert_eq!((record.established(), record.established_in()), (None, None));
+        assert_eq!(record.qp(), None);
+        for via in Via::USUAL {
+            record.set_established(via);
+            assert_eq!(record.established(), Some(via));
+        }
+        assert!(record.rare.is_none(), "the usual ways take no box");
+        let unusual = EstablishedVia::Notify(Trigger::AsyncEvent(AsyncEventType::PathMig));
+        record.set_established(unusual);
+        assert_eq!(record.established(), Some(unusual));
+        record.set_established_in(70_000);
+        assert_eq!(record.established_in(), Some(Duration::from_nanos(70_000)));
+        let slow = 5_000_000_123;
+        record.set_established_in(slow);
+        assert_eq!(record.established_in(), Some(Duration::from_nanos(slow)));
+        record.set_qp(Some(QpNum(0xff_ffff)));
+        assert_eq!(record.qp(), Some(QpNum(0xff_ffff)));
+        record.set_flag(Flag::IdleQueued, true);
+        record.set_flag(Flag::Exchanged, true);
+        record.set_flag(Flag::IdleQueued, false);
+        assert!(record.flag(Flag::Exchanged) && !record.flag(Flag::IdleQueued));
+        assert!(!record.flag(Flag::DisconnectCalled));
+    }
+
     /// The real mode's exchange (the client sends, the server echoes, the client
     /// disconnects once its messages came back) on the simulated transport.
     #[test]
@@ -1065,7 +1199,7 @@ mod tests {
         while ready(&mut client) + ready(&mut server) > 0 || fabric.step() {}
         assert!(client.finished() && server.finished());
         for conn in client.conns().iter().chain(server.conns()) {
-            assert_eq!(conn.established_reports, 1, "{conn:?}");
+            assert_eq!(conn.established_reports(), 1, "{conn:?}");
             assert_eq!((conn.sends_posted, conn.received), (2, 2), "{conn:?}");
             assert_eq!(conn.closed(), Some(CloseReason::Disconnected), "{conn:?}");
             assert_eq!(conn.failure(), None);

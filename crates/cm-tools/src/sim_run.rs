@@ -394,7 +394,7 @@ impl World {
         for (index, record) in self.client.conns().iter().enumerate() {
             let number = record.tag().map_or(index, |n| n as usize);
             if let Some(outcome) = outcomes.get_mut(number) {
-                outcome.active_established = record.established_reports;
+                outcome.active_established = record.established_reports();
                 outcome.active_failure = failure(record);
             }
         }
@@ -404,10 +404,10 @@ impl World {
             let Some(outcome) = number.and_then(|n| outcomes.get_mut(n as usize)) else {
                 continue;
             };
-            outcome.passive_established = record.established_reports;
+            outcome.passive_established = record.established_reports();
             outcome.passive_failure = failure(record);
-            outcome.forced = matches!(record.established, Some(EstablishedVia::Notify(_)));
-            outcome.raced = matches!(record.established, Some(EstablishedVia::RtuWonRace(_)));
+            outcome.forced = matches!(record.established(), Some(EstablishedVia::Notify(_)));
+            outcome.raced = matches!(record.established(), Some(EstablishedVia::RtuWonRace(_)));
             if outcome.forced {
                 latencies.extend(record.established_in());
             }
@@ -474,7 +474,7 @@ impl Inputs {
 /// disconnected (by either side).
 fn failure(record: &ConnRecord) -> Option<CloseReason> {
     match record.closed() {
-        Some(CloseReason::Disconnected) if record.established.is_some() => None,
+        Some(CloseReason::Disconnected) if record.established().is_some() => None,
         other => other,
     }
 }

@@ -53,7 +53,7 @@ fn write_timeline(
     let origin = mono.saturating_sub(session.now());
     let first = session.conns().first().map(|conn| {
         (
-            conn.established,
+            conn.established(),
             Step::ALL.map(|step| session.first_span(step)),
         )
     });
@@ -176,7 +176,7 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
     let count = |pick: fn(EstablishedVia) -> bool| {
         conns
             .iter()
-            .filter(|c| c.established.is_some_and(pick))
+            .filter(|c| c.established().is_some_and(pick))
             .count()
     };
     let established = count(|_| true);
