@@ -1142,7 +1142,10 @@ mod tests {
     #[test]
     fn a_record_keeps_the_unusual_exactly_beside_the_usual() {
         let mut record = ConnRecord::new(None, 1);
-        assert_eq!((record.established(), record.established_in()), (None, None));
+        assert_eq!(
+            (record.established(), record.established_in()),
+            (None, None)
+        );
         assert_eq!(record.qp(), None);
         for via in Via::USUAL {
             record.set_established(via);

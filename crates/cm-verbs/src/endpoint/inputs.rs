@@ -9,8 +9,7 @@ use std::cmp::Reverse;
 
 use super::{
     failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Nanos, Owner, Private, PrivateData, QpErrorDetail, Step, PASS_BATCH,
-    POLL_BATCH,
+    Event, ListenerId, Nanos, Owner, PrivateData, QpErrorDetail, Step, PASS_BATCH, POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
 
@@ -59,7 +58,7 @@ impl<T: Transport> Endpoint<T> {
                     if let Some(entry) = self.live_mut(conn) {
                         // The latest failure stands for the earlier ones (the
                         // counters count them all).
-                        entry.notify_failed = Some(error);
+                        entry.rare.set_notify_failed(Some(error));
                         self.mark_ready(conn);
                     }
                 }
@@ -331,7 +330,9 @@ impl<T: Transport> Endpoint<T> {
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Passive, ConnState::Requested, options.caps, now);
         entry.listener = Some(listener);
-        entry.private = Private::new(PrivateData::from(event.private_data()));
+        entry
+            .rare
+            .set_private(PrivateData::from(event.private_data()));
         if !options.auto_accept {
             entry.deadline = Nanos::new(options.request_timeout.map(|t| now.saturating_add(t)));
         }
@@ -513,7 +514,7 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn connect_resolved(&mut self, conn: ConnectionId) -> Result<(), cm_core::CmError> {
         self.setup_qp(conn, Role::Active)?;
         let entry = self.live_mut(conn).expect("set up above");
-        let request = entry.private.take();
+        let request = entry.rare.take_private();
         let id = entry.id.clone();
         let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes())?;
@@ -540,7 +541,7 @@ impl<T: Transport> Endpoint<T> {
         entry.deadline = Nanos::NONE;
         entry.pending.established = true;
         if entry.role == Role::Active {
-            entry.private = Private::new(PrivateData::from(private_data));
+            entry.rare.set_private(PrivateData::from(private_data));
         }
         let passive = entry.role == Role::Passive;
         let listener = entry.listener;

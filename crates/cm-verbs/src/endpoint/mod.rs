@@ -136,14 +136,12 @@ struct Conn<T: Transport> {
     inbox: Inbox,
     /// What it has to report.
     pending: Pending,
-    /// The latest notify failure not yet reported ([`Event::NotifyFailed`], about its
-    /// QP); beside `pending` rather than in it, which a closed connection keeps too.
-    notify_failed: Option<cm_core::NotifyError>,
     /// Active side: the resolution timeout, until connect.
     resolve_timeout: Micros,
-    /// Private data: the REQ's to send (active side, until connect), then the peer's
-    /// (the REQ's on a passive side, the REP's on an active side) until reported.
-    private: Private,
+    /// Private data (the REQ's to send on an active side until connect, then the
+    /// peer's until reported) and a notify failure not yet reported
+    /// ([`Event::NotifyFailed`], about its QP): seldom there, boxed together.
+    rare: Rare,
     times: Times,
 }
 
@@ -281,22 +279,72 @@ impl Inbox {
     }
 }
 
-/// Private data kept on a connection: nothing at all (eight bytes) when empty, which
-/// it nearly always is.
+/// What a connection seldom has, kept together: its private data (nearly always
+/// empty) and a notify failure not yet reported. Nothing at all (eight bytes) while
+/// both are empty, which is nearly always.
 #[derive(Debug, Default)]
-struct Private(Option<Box<PrivateData>>);
+struct Rare(Option<Box<RareParts>>);
 
-impl Private {
-    fn new(data: PrivateData) -> Self {
-        Private((!data.as_bytes().is_empty()).then(|| Box::new(data)))
+#[derive(Debug, Default)]
+struct RareParts {
+    private: PrivateData,
+    notify_failed: Option<cm_core::NotifyError>,
+}
+
+impl Rare {
+    /// Keeps `data` (the REQ's to send, or the peer's until reported).
+    fn set_private(&mut self, data: PrivateData) {
+        if data.as_bytes().is_empty() {
+            if let Some(parts) = self.0.as_deref_mut() {
+                parts.private = data;
+            }
+            self.shrink();
+        } else {
+            self.0.get_or_insert_default().private = data;
+        }
     }
 
-    fn get(&self) -> PrivateData {
-        self.0.as_deref().cloned().unwrap_or_default()
+    fn private(&self) -> PrivateData {
+        self.0
+            .as_deref()
+            .map(|parts| parts.private.clone())
+            .unwrap_or_default()
     }
 
-    fn take(&mut self) -> PrivateData {
-        self.0.take().map(|data| *data).unwrap_or_default()
+    fn take_private(&mut self) -> PrivateData {
+        let data = self
+            .0
+            .as_deref_mut()
+            .map(|parts| std::mem::take(&mut parts.private))
+            .unwrap_or_default();
+        self.shrink();
+        data
+    }
+
+    /// The latest notify failure not yet reported ([`Event::NotifyFailed`]).
+    fn notify_failed(&self) -> Option<cm_core::NotifyError> {
+        self.0.as_deref().and_then(|parts| parts.notify_failed)
+    }
+
+    fn set_notify_failed(&mut self, error: Option<cm_core::NotifyError>) {
+        match error {
+            Some(error) => self.0.get_or_insert_default().notify_failed = Some(error),
+            None => {
+                if let Some(parts) = self.0.as_deref_mut() {
+                    parts.notify_failed = None;
+                }
+                self.shrink();
+            }
+        }
+    }
+
+    /// The box goes once it holds nothing.
+    fn shrink(&mut self) {
+        if self.0.as_deref().is_some_and(|parts| {
+            parts.private.as_bytes().is_empty() && parts.notify_failed.is_none()
+        }) {
+            self.0 = None;
+        }
     }
 }
 
@@ -324,9 +372,8 @@ impl<T: Transport> Conn<T> {
             via: None,
             inbox: Inbox::default(),
             pending: Pending::default(),
-            notify_failed: None,
             resolve_timeout: Micros(0),
-            private: Private::default(),
+            rare: Rare::default(),
         }
     }
 }
@@ -790,7 +837,7 @@ impl<T: Transport> Endpoint<T> {
         let now = self.transport.now();
         let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
         entry.deadline = Nanos::new(options.timeout.map(|t| now.saturating_add(t)));
-        entry.private = Private::new(options.private_data);
+        entry.rare.set_private(options.private_data);
         entry.resolve_timeout = Micros::new(options.resolve_timeout);
         let conn = self.insert(entry);
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
@@ -1347,10 +1394,15 @@ mod tests {
         one.push_back((5, vec![5]));
         assert_eq!((one.capacity(), one.pop_front()), (1, Some((5, vec![5]))));
         assert!(one.is_empty() && one.pop_front().is_none());
-        let mut private = Private::new(PrivateData::from(&b"hi"[..]));
-        assert_eq!(private.get().as_bytes(), b"hi");
-        assert_eq!(private.take().as_bytes(), b"hi");
-        assert!(private.0.is_none());
-        assert!(Private::new(PrivateData::empty()).0.is_none());
+        let mut rare = Rare::default();
+        rare.set_private(PrivateData::from(&b"hi"[..]));
+        rare.set_notify_failed(Some(cm_core::NotifyError::WrongState));
+        assert_eq!(rare.private().as_bytes(), b"hi");
+        assert_eq!(rare.take_private().as_bytes(), b"hi");
+        assert_eq!(rare.notify_failed(), Some(cm_core::NotifyError::WrongState));
+        rare.set_notify_failed(None);
+        assert!(rare.0.is_none(), "the box goes with its last part");
+        rare.set_private(PrivateData::empty());
+        assert!(rare.0.is_none());
     }
 }

@@ -234,7 +234,7 @@ impl<T: Transport> Endpoint<T> {
             return Some(Event::Request {
                 listener,
                 conn,
-                private_data: entry.private.get(),
+                private_data: entry.rare.private(),
             });
         }
         if entry.pending.established {
@@ -243,15 +243,15 @@ impl<T: Transport> Endpoint<T> {
                 conn,
                 role: entry.role,
                 via: entry.established_via().unwrap_or(EstablishedVia::Handshake),
-                private_data: entry.private.take(),
+                private_data: entry.rare.take_private(),
             });
         }
         if let Some(data) = self.take_message(conn) {
             return Some(Event::Received { conn, data });
         }
         let entry = self.live_mut(conn)?;
-        if let (Some(error), Some(qp)) = (entry.notify_failed, entry.qp.get()) {
-            entry.notify_failed = None;
+        if let (Some(error), Some(qp)) = (entry.rare.notify_failed(), entry.qp.get()) {
+            entry.rare.set_notify_failed(None);
             return Some(Event::NotifyFailed { conn, qp, error });
         }
         if entry.pending.sent > 0 {
@@ -267,7 +267,7 @@ impl<T: Transport> Endpoint<T> {
             let p = &entry.pending;
             return p.request
                 || p.established
-                || entry.notify_failed.is_some()
+                || entry.rare.notify_failed().is_some()
                 || p.sent > 0
                 || (entry.state == ConnState::Established && !entry.inbox.is_empty());
         }

@@ -159,7 +159,7 @@ impl<T: Transport> Endpoint<T> {
             role,
             state,
             via,
-            mut private,
+            mut rare,
             inbox,
             pending,
             ..
@@ -190,7 +190,7 @@ impl<T: Transport> Endpoint<T> {
             reason,
             role,
             established: via.filter(|_| state == ConnState::Established),
-            peer_private: private.take(),
+            peer_private: rare.take_private(),
             inbox,
             pending: Pending {
                 established: pending.established,
