@@ -122,8 +122,8 @@ impl<T: Transport> Endpoint<T> {
         let slots = &self.slots;
         self.awaiting.retain(|conn| {
             slots.get(conn.index()).is_some_and(|s| {
-                s.generation == conn.generation()
-                    && matches!(&s.entry, Some(Entry::Live(c)) if c.state == ConnState::Accepted)
+                s.generation() == conn.generation()
+                    && matches!(s.entry(), Some(Entry::Live(c)) if c.state == ConnState::Accepted)
             })
         });
     }
@@ -604,8 +604,8 @@ impl<T: Transport> Endpoint<T> {
         let slots = &self.slots;
         self.deadlines.retain(|Reverse((due, conn))| {
             slots.get(conn.index()).is_some_and(|s| {
-                s.generation == conn.generation()
-                    && matches!(&s.entry, Some(Entry::Live(c)) if c.deadline.get() == Some(*due) && c.state != ConnState::Established)
+                s.generation() == conn.generation()
+                    && matches!(s.entry(), Some(Entry::Live(c)) if c.deadline.get() == Some(*due) && c.state != ConnState::Established)
             })
         });
     }

@@ -111,6 +111,8 @@ struct Listener<T: Transport> {
 }
 
 struct Conn<T: Transport> {
+    /// Its slot's generation (see [`Slot`]).
+    generation: u32,
     id: T::Id,
     role: Role,
     state: ConnState,
@@ -357,6 +359,7 @@ impl<T: Transport> Conn<T> {
     /// A connection that has just begun, on its id, with nothing set up yet.
     fn new(id: T::Id, role: Role, state: ConnState, caps: QueueCaps, now: Duration) -> Self {
         Conn {
+            generation: 0,
             times: Times::new(now),
             id,
             role,
@@ -515,9 +518,55 @@ impl SlotIndex {
     }
 }
 
-struct Slot<T: Transport> {
-    generation: u32,
-    entry: Option<Entry<T>>,
+/// A slot of the connection table. Its generation (which completes a handle) lives
+/// inside whatever occupies it, in padding a connection's entry has anyway, rather
+/// than beside it: eight bytes less per slot.
+enum Slot<T: Transport> {
+    Vacant(u32),
+    Occupied(Entry<T>),
+}
+
+impl<T: Transport> Slot<T> {
+    fn generation(&self) -> u32 {
+        match self {
+            Slot::Vacant(generation) => *generation,
+            Slot::Occupied(Entry::Live(c)) => c.generation,
+            Slot::Occupied(Entry::Closed(c)) => c.generation,
+        }
+    }
+
+    fn entry(&self) -> Option<&Entry<T>> {
+        match self {
+            Slot::Occupied(entry) => Some(entry),
+            Slot::Vacant(_) => None,
+        }
+    }
+
+    fn entry_mut(&mut self) -> Option<&mut Entry<T>> {
+        match self {
+            Slot::Occupied(entry) => Some(entry),
+            Slot::Vacant(_) => None,
+        }
+    }
+
+    /// The occupant, the slot left vacant with its generation.
+    fn take(&mut self) -> Option<Entry<T>> {
+        let generation = self.generation();
+        match std::mem::replace(self, Slot::Vacant(generation)) {
+            Slot::Occupied(entry) => Some(entry),
+            Slot::Vacant(_) => None,
+        }
+    }
+
+    /// Occupies the slot with `entry`, which takes its generation.
+    fn put(&mut self, mut entry: Entry<T>) {
+        let generation = self.generation();
+        match &mut entry {
+            Entry::Live(c) => c.generation = generation,
+            Entry::Closed(c) => c.generation = generation,
+        }
+        *self = Slot::Occupied(entry);
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

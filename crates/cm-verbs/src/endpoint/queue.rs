@@ -47,6 +47,8 @@ pub(super) struct Pending {
 /// id, QP and memory are gone, what it has to report is kept.
 #[derive(Debug)]
 pub(super) struct ClosedConn {
+    /// Its slot's generation (see [`Slot`](super::Slot)).
+    pub(super) generation: u32,
     pub(super) reason: CloseReason,
     pub(super) role: Role,
     pub(super) established: Option<EstablishedVia>,
@@ -112,8 +114,8 @@ impl<T: Transport> Endpoint<T> {
         let slots = &self.slots;
         self.ready.retain(|entry| match *entry {
             Ready::Conn(conn, ticket) => slots.get(conn.index()).is_some_and(|s| {
-                s.generation == conn.generation()
-                    && match &s.entry {
+                s.generation() == conn.generation()
+                    && match s.entry() {
                         Some(Entry::Live(c)) => c.pending.ticket == ticket,
                         Some(Entry::Closed(c)) => c.pending.ticket == ticket,
                         None => false,
@@ -137,7 +139,7 @@ impl<T: Transport> Endpoint<T> {
         self.accepted.retain(|conn| {
             slots
                 .get(conn.index())
-                .is_some_and(|s| s.generation == conn.generation() && s.entry.is_some())
+                .is_some_and(|s| s.generation() == conn.generation() && s.entry().is_some())
         });
     }
 

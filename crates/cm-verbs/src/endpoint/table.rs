@@ -112,8 +112,10 @@ impl<T: Transport> Endpoint<T> {
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(index, slot)| match &slot.entry {
-                Some(Entry::Live(c)) => Some((ConnectionId::new(index as u32, slot.generation), c)),
+            .filter_map(|(index, slot)| match slot.entry() {
+                Some(Entry::Live(c)) => {
+                    Some((ConnectionId::new(index as u32, slot.generation()), c))
+                }
                 _ => None,
             })
     }
@@ -186,7 +188,8 @@ impl<T: Transport> Endpoint<T> {
             VecDeque::new()
         };
         let ticket = pending.ticket;
-        self.slots[conn.index()].entry = Some(Entry::Closed(ClosedConn {
+        self.slots[conn.index()].put(Entry::Closed(ClosedConn {
+            generation: 0,
             reason,
             role,
             established: via.filter(|_| state == ConnState::Established),
@@ -207,10 +210,10 @@ impl<T: Transport> Endpoint<T> {
     /// puts a closed record there or frees it).
     fn remove_live(&mut self, conn: ConnectionId) -> Option<Conn<T>> {
         let slot = self.slots.get_mut(conn.index())?;
-        if slot.generation != conn.generation() || !matches!(slot.entry, Some(Entry::Live(_))) {
+        if slot.generation() != conn.generation() || !matches!(slot.entry(), Some(Entry::Live(_))) {
             return None;
         }
-        let Some(Entry::Live(entry)) = slot.entry.take() else {
+        let Some(Entry::Live(entry)) = slot.take() else {
             return None;
         };
         self.live_conns -= 1;
@@ -232,7 +235,7 @@ impl<T: Transport> Endpoint<T> {
     /// Frees a closed connection's record (its close has been reported); its reason.
     pub(super) fn free_closed(&mut self, conn: ConnectionId) -> CloseReason {
         let slot = &mut self.slots[conn.index()];
-        let Some(Entry::Closed(closed)) = slot.entry.take() else {
+        let Some(Entry::Closed(closed)) = slot.take() else {
             unreachable!("free_closed is called on a closed record");
         };
         self.closed_conns -= 1;
@@ -243,8 +246,7 @@ impl<T: Transport> Endpoint<T> {
 
     fn free_slot(&mut self, conn: ConnectionId) {
         let slot = &mut self.slots[conn.index()];
-        slot.entry = None;
-        slot.generation = slot.generation.wrapping_add(1);
+        *slot = Slot::Vacant(slot.generation().wrapping_add(1));
         self.free_slots.push(conn.index() as u32);
         // Entries naming it are stale now: once they outnumber the live ones, they go
         // (amortised O(1): a sweep at least halves its queue).
@@ -258,23 +260,20 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn conn_of_qp(&self, qp: QpNum) -> Option<ConnectionId> {
         let index = self.by_qp.get(qp)?.get();
         let slot = self.slots.get(index as usize)?;
-        Some(ConnectionId::new(index, slot.generation))
+        Some(ConnectionId::new(index, slot.generation()))
     }
 
     pub(super) fn insert(&mut self, conn: Conn<T>) -> ConnectionId {
         let key = self.transport.id_key(&conn.id);
         let index = match self.free_slots.pop() {
             Some(index) => index as usize,
-            None => self.slots.push(Slot {
-                generation: 0,
-                entry: None,
-            }),
+            None => self.slots.push(Slot::Vacant(0)),
         };
         let kept = self.transport.set_id_context(&conn.id, index as u32);
         let slot = &mut self.slots[index];
-        slot.entry = Some(Entry::Live(conn));
+        slot.put(Entry::Live(conn));
         self.live_conns += 1;
-        let conn = ConnectionId::new(index as u32, slot.generation);
+        let conn = ConnectionId::new(index as u32, slot.generation());
         if !kept {
             self.by_id.insert(key, Owner::Conn(conn));
         }
@@ -285,9 +284,9 @@ impl<T: Transport> Endpoint<T> {
     /// the slot: the connection may have gone since).
     pub(super) fn conn_with_id(&self, index: u32, id: &T::Id) -> Option<ConnectionId> {
         let slot = self.slots.get(index as usize)?;
-        match &slot.entry {
+        match slot.entry() {
             Some(Entry::Live(c)) if self.transport.id_key(&c.id) == self.transport.id_key(id) => {
-                Some(ConnectionId::new(index, slot.generation))
+                Some(ConnectionId::new(index, slot.generation()))
             }
             _ => None,
         }
@@ -295,15 +294,15 @@ impl<T: Transport> Endpoint<T> {
 
     fn entry(&self, conn: ConnectionId) -> Option<&Entry<T>> {
         let slot = self.slots.get(conn.index())?;
-        (slot.generation == conn.generation())
-            .then_some(slot.entry.as_ref())
+        (slot.generation() == conn.generation())
+            .then_some(slot.entry())
             .flatten()
     }
 
     fn entry_mut(&mut self, conn: ConnectionId) -> Option<&mut Entry<T>> {
         let slot = self.slots.get_mut(conn.index())?;
-        if slot.generation == conn.generation() {
-            slot.entry.as_mut()
+        if slot.generation() == conn.generation() {
+            slot.entry_mut()
         } else {
             None
         }
@@ -352,10 +351,10 @@ impl<T: Transport> Endpoint<T> {
     /// The transport and a live connection, borrowed together.
     pub(super) fn split(&mut self, conn: ConnectionId) -> Option<(&mut T, &mut Conn<T>)> {
         let slot = self.slots.get_mut(conn.index())?;
-        if slot.generation != conn.generation() {
+        if slot.generation() != conn.generation() {
             return None;
         }
-        match slot.entry.as_mut()? {
+        match slot.entry_mut()? {
             Entry::Live(c) => Some((&mut self.transport, c)),
             Entry::Closed(_) => None,
         }
