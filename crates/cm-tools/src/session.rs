@@ -443,6 +443,12 @@ impl<T: Transport> Session<T> {
         &self.conns
     }
 
+    /// The records of the connections, ending the session: its endpoint, and all the
+    /// endpoint holds, are dropped.
+    pub fn into_conns(self) -> Vec<ConnRecord> {
+        self.conns
+    }
+
     /// `step` summed over every connection that passed it.
     pub fn step_totals(&self, step: Step) -> StepTotals {
         self.steps[step.index()]

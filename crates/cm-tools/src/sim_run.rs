@@ -390,16 +390,39 @@ impl World {
     }
 
     fn report(mut self, config: &SimRun, teardown_failures: u64) -> SimReport {
+        let counters = self.server.endpoint().counters();
+        let (virtual_time, fabric_stats) = (self.fabric.now(), self.fabric.stats());
+        let (trace, trace_entries, trace_entries_recorded, trace_entries_held_max) =
+            match self.trace.take() {
+                Some(keeper) => (
+                    Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
+                    keeper.kept,
+                    keeper.recorded,
+                    keeper.held_max,
+                ),
+                None => (None, Vec::new(), 0, 0),
+            };
+        // The endpoints and the fabric go before the outcomes are gathered: a run's
+        // peak memory is then its peak of connections, not that plus its report.
+        let World {
+            server,
+            client,
+            fabric,
+            ..
+        } = self;
+        drop(fabric);
+        let (client, server) = (client.into_conns(), server.into_conns());
         let mut outcomes = vec![ConnOutcome::default(); config.connections as usize];
-        for (index, record) in self.client.conns().iter().enumerate() {
+        for (index, record) in client.iter().enumerate() {
             let number = record.tag().map_or(index, |n| n as usize);
             if let Some(outcome) = outcomes.get_mut(number) {
                 outcome.active_established = record.established_reports();
                 outcome.active_failure = failure(record);
             }
         }
+        drop(client);
         let mut latencies = Vec::new();
-        for record in self.server.conns() {
+        for record in &server {
             let number = record.tag();
             let Some(outcome) = number.and_then(|n| outcomes.get_mut(n as usize)) else {
                 continue;
@@ -412,25 +435,15 @@ impl World {
                 latencies.extend(record.established_in());
             }
         }
-        let counters = self.server.endpoint().counters();
-        let (trace, trace_entries, trace_entries_recorded, trace_entries_held_max) =
-            match self.trace.take() {
-                Some(keeper) => (
-                    Some(keeper.kept.iter().map(|e| format!("{e}\n")).collect()),
-                    keeper.kept,
-                    keeper.recorded,
-                    keeper.held_max,
-                ),
-                None => (None, Vec::new(), 0, 0),
-            };
+        drop(server);
         SimReport {
             run: config.clone(),
             outcomes,
             pump: counters,
             comm_est_ignored: counters.unrouted,
             trigger_to_established: LatencySummary::from_durations(&mut latencies),
-            virtual_time: self.fabric.now(),
-            fabric: self.fabric.stats(),
+            virtual_time,
+            fabric: fabric_stats,
             teardown_failures,
             trace,
             trace_entries,
