@@ -1134,7 +1134,6 @@ impl<T: Transport> Endpoint<T> {
         let deadline = timeout.map(|t| start.saturating_add(t));
         let mut spin = Spin::new(self.options.busy_poll, start);
         let mut spinning = self.options.busy_poll.is_some();
-        let forced_at_start = self.pump.counters().forced;
         let mut round: u32 = 0;
         // What is already there is answered without reading anything.
         if let Some(found) = take(self) {
@@ -1148,13 +1147,20 @@ impl<T: Transport> Endpoint<T> {
             // Spinning, the receive queues of the accepted connections come first: a
             // receive there forces the establish without the completion event's reads
             // (the event comes anyway and finds the queue empty).
-            let forced_now = spinning && self.poll_awaiting();
+            if spinning && self.poll_awaiting() {
+                let mut first_error = None;
+                self.read_cm_events(&mut first_error);
+                if let Some(found) = take(self) {
+                    return found;
+                }
+                if let Some(error) = first_error {
+                    return Err(ConnError::Endpoint(error));
+                }
+            }
             // Spinning, a look at every source (a zero-timeout wait: one poll(2) on a
             // device) every few rounds says which to read, rather than a read of each
             // on every round: the rounds between poll the receive queues alone.
-            let ready = if forced_now {
-                false
-            } else if spinning {
+            let ready = if spinning {
                 round = round.wrapping_add(1);
                 round % Spin::LOOK_EVERY == 1
                     && self
@@ -1183,13 +1189,6 @@ impl<T: Transport> Endpoint<T> {
             let now = self.transport.now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(ConnError::Timeout);
-            }
-            // Once a trigger forced an establish, only the kernel's ESTABLISHED is
-            // left to come, later (its worker delivers it): sleeping lets that worker
-            // run, where a spinning thread would compete with it for the CPU, and the
-            // wake-up comes with the event.
-            if self.pump.counters().forced != forced_at_start {
-                spin.stop();
             }
             spinning = spin.keep_spinning(now);
             if more || spinning {
@@ -1224,9 +1223,8 @@ impl<T: Transport> Endpoint<T> {
     /// Handles what is ready on every source, at most [`PASS_BATCH`] from each: CM
     /// events first (an RTU read now is not mistaken for a lost one), then asynchronous
     /// events (COMM_EST) and completions (a receive on a connection not yet
-    /// established is the other trigger), then deadlines. The ESTABLISHED a trigger
-    /// forced is read by a later pass: the kernel's worker delivers it after notify
-    /// returns, so reading at once would nearly always find nothing. O(1) per event handled, whatever the number of
+    /// established is the other trigger), then the CM again if a trigger forced an
+    /// establish (its ESTABLISHED may be there already), then deadlines. O(1) per event handled, whatever the number of
     /// connections.
     pub fn process(&mut self) -> Result<(), ConnError> {
         self.process_pass().map(|_| ())
@@ -1238,6 +1236,7 @@ impl<T: Transport> Endpoint<T> {
         let mut first_error = None;
         // CM events first: an RTU read now is not mistaken for a lost one.
         more |= self.read_cm_events(&mut first_error);
+        let forced_before = self.pump.counters().forced;
         // A device whose reader fails is lost, once the pass has read the others.
         let mut failed = Vec::new();
         // Then the triggers, COMM_EST just before the completions: on a device that
@@ -1252,6 +1251,12 @@ impl<T: Transport> Endpoint<T> {
                 .and_then(ConnectionId::from_token)
                 .map(|conn| ep.on_cq_event(conn)))
         });
+        // A trigger that forced an establish: its ESTABLISHED may be there already
+        // (the kernel's worker may have run on another CPU meanwhile), and reading it
+        // now saves the application a wait.
+        if self.pump.counters().forced != forced_before {
+            more |= self.read_cm_events(&mut first_error);
+        }
         for (key, error) in failed {
             if self.device_keys.contains(&key) {
                 log::warn!("reading device {key:?} failed, it is taken as lost: {error}");
@@ -1355,11 +1360,6 @@ impl Spin {
             last: now,
             still: 0,
         }
-    }
-
-    /// No more spinning in this wait.
-    fn stop(&mut self) {
-        self.until = None;
     }
 
     fn keep_spinning(&mut self, now: Duration) -> bool {

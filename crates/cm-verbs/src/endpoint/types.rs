@@ -552,10 +552,8 @@ pub struct EndpointOptions {
     /// (no list of them is kept with it off; at most
     /// [`PASS_BATCH`](crate::PASS_BATCH) of them, in turn): a receive there is
     /// forwarded with notify at once and the CM channel read for its ESTABLISHED,
-    /// without waiting for the completion event; then one zero-timeout look at every
-    /// source says which to read. Once a notify forced an establish, the wait sleeps
-    /// until the kernel delivers ESTABLISHED rather than compete with its worker for
-    /// the CPU. `None` (the default): sleep at once.
+    /// without waiting for the completion event; every eighth round one zero-timeout
+    /// look at every source says which to read. `None` (the default): sleep at once.
     pub busy_poll: Option<Duration>,
 }
 
