@@ -1122,9 +1122,9 @@ impl<T: Transport> Endpoint<T> {
         self.wait_for(timeout, |ep| ep.try_recv(conn))
     }
 
-    /// Asks `take` for what it looks for; until it has it, handles what the transport
-    /// says is ready and waits in the transport in between (spinning first, when busy
-    /// polling is on).
+    /// Asks `take` for what it looks for; until it has it, handles everything ready
+    /// and waits in the transport in between (spinning first, when busy polling is
+    /// on).
     pub(crate) fn wait_for<R>(
         &mut self,
         timeout: Option<Duration>,
@@ -1139,10 +1139,6 @@ impl<T: Transport> Endpoint<T> {
         if let Some(found) = take(self) {
             return found;
         }
-        // Whether a wait has said which sources to read (the transport then reads only
-        // those); until one has, a zero-timeout wait looks first: one poll(2) rather
-        // than a read of every source, most of them empty.
-        let mut looked = false;
         loop {
             // Spinning, the receive queues of the accepted connections come first: a
             // receive there forces the establish without the completion event's reads
@@ -1167,14 +1163,9 @@ impl<T: Transport> Endpoint<T> {
                         .transport
                         .wait(&self.devices, Some(Duration::ZERO))
                         .map_err(ConnError::Endpoint)?
-            } else if !looked {
-                self.transport
-                    .wait(&self.devices, Some(Duration::ZERO))
-                    .map_err(ConnError::Endpoint)?
             } else {
                 true
             };
-            looked = false;
             let more = if ready {
                 self.process_pass()?
             } else {
@@ -1200,7 +1191,7 @@ impl<T: Transport> Endpoint<T> {
                 .min()
                 .map(|d| d.saturating_sub(now));
             match self.transport.wait(&self.devices, wait) {
-                Ok(_) => looked = true,
+                Ok(_) => {}
                 // The simulation: nothing can ever happen. With a deadline that is a
                 // timeout; without one the wait would never end.
                 Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
