@@ -3,6 +3,7 @@
 use cm_core::{CmEvent, CmEventType};
 use cm_mock::sim::{SimCmId, SimConfig, SimPair};
 use cm_tools::sim_run::SimRun;
+use cm_tools::stats::peak_rss_bytes;
 
 pub use cm_mock::KernelLikeId;
 
@@ -124,14 +125,6 @@ pub const MILLION_PEAK_RSS_MB: &str = "million/peak_rss_mb";
 pub const MILLION: u32 = 1_000_000;
 /// Set in the environment of the process the bench starts for the million run.
 pub const MILLION_CHILD_VAR: &str = "CMNOTIFY_BENCH_MILLION_CHILD";
-
-/// The process's peak resident set (`VmHWM` of `/proc/self/status`), bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
 
 /// The million run as `cmnotify -c 1000000` runs it (its defaults: every RTU lost,
 /// data sent, teardown); prints `<nanoseconds> <peak RSS bytes> <established>` for the

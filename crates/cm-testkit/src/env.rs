@@ -24,6 +24,8 @@ pub const SKIP_LOG: &str = "CMNOTIFY_SKIP_LOG";
 pub const BENCH_OUT: &str = "CMNOTIFY_BENCH_OUT";
 /// `1`: the benches' quick smoke mode (set by xtask).
 pub const BENCH_SMOKE: &str = "CMNOTIFY_BENCH_SMOKE";
+/// The `cmnotify` executable the million run runs (built and set by xtask).
+pub const CMNOTIFY_BIN: &str = "CMNOTIFY_BIN";
 
 /// The value of `name`, if set and valid UTF-8.
 pub fn var(name: &str) -> Option<String> {

@@ -103,6 +103,12 @@ struct Cli {
     #[arg(long)]
     json: bool,
 
+    /// At the end, print on stderr what the run cost this machine, as one line:
+    /// `cmnotify: resources: wall_ns=N peak_rss_bytes=M` (wall time, peak resident
+    /// memory).
+    #[arg(long)]
+    resources: bool,
+
     /// (rdma) Run as the server (passive side); without it, run as the client.
     #[arg(short = 's', long)]
     server: bool,
@@ -174,10 +180,19 @@ fn main() -> ExitCode {
     if let Some(capture) = &cli.capture {
         return draw_capture(capture, cli.ladder.as_deref().unwrap_or(Path::new("-")));
     }
-    match cli.backend {
+    let started = std::time::Instant::now();
+    let code = match cli.backend {
         Backend::Sim => run_sim(&cli),
         Backend::Rdma => run_rdma(&cli),
+    };
+    if cli.resources {
+        eprintln!(
+            "cmnotify: resources: wall_ns={} peak_rss_bytes={}",
+            started.elapsed().as_nanos(),
+            cm_tools::stats::peak_rss_bytes().unwrap_or(0)
+        );
     }
+    code
 }
 
 /// `--capture FILE --ladder TARGET`: the real kernel's ladder, and its summary on

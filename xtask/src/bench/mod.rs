@@ -178,6 +178,16 @@ fn bench(smoke: bool, vm: bool) -> Result<Written, String> {
         .env("GLIBC_TUNABLES", WARM_HEAP_TUNABLES);
     if smoke {
         cmd.env(cm_testkit::env::BENCH_SMOKE, "1");
+    } else {
+        // The million run runs `cmnotify` itself, as a user does (release, as benches).
+        status(
+            cargo(&["build", "--release", "-p", "cm-tools", "--bin", "cmnotify"])
+                .env("CARGO_TARGET_DIR", &target),
+        )?;
+        cmd.env(
+            cm_testkit::env::CMNOTIFY_BIN,
+            target.join("release").join("cmnotify"),
+        );
     }
     status(&mut cmd)?;
 
