@@ -1142,7 +1142,8 @@ impl<T: Transport> Endpoint<T> {
         loop {
             // Spinning, the receive queues of the accepted connections come first: a
             // receive there forces the establish without the completion event's reads
-            // (the event comes anyway and finds the queue empty).
+            // (the event comes anyway and finds the queue empty), and the ESTABLISHED
+            // the kernel then delivers is read at once.
             if spinning && self.poll_awaiting() {
                 let mut first_error = None;
                 self.read_cm_events(&mut first_error);
