@@ -10,6 +10,7 @@
 //! an application's tests swap the backend and keep their code. It reads no clock of
 //! its own (time comes from the transport) and waits only in [`Transport::wait`].
 
+mod compact;
 mod inputs;
 mod queue;
 mod slots;
@@ -28,6 +29,7 @@ use cm_core::{CmEventType, QpNum, QueueCaps, RejectReason, Transport, WorkComple
 
 use crate::{NotifyPump, PumpCounters, Role};
 
+use compact::{Inbox, Micros, Nanos, QpSlot, Rare, SlotIndex, Step, Times};
 use queue::{ClosedConn, Pending, Ready};
 pub use queue::{CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG};
 pub use types::{
@@ -147,209 +149,6 @@ struct Conn<T: Transport> {
     times: Times,
 }
 
-/// An optional time or duration in eight bytes (nanoseconds; `u64::MAX` is none, later
-/// saturates just below): half an `Option<Duration>`, on every connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Nanos(u64);
-
-impl Nanos {
-    const NONE: Nanos = Nanos(u64::MAX);
-
-    fn new(at: Option<Duration>) -> Self {
-        // A time is never taken for none, however far.
-        at.map_or(Nanos::NONE, |at| Nanos(nanos(at).min(u64::MAX - 1)))
-    }
-
-    fn get(self) -> Option<Duration> {
-        (self != Nanos::NONE).then(|| Duration::from_nanos(self.0))
-    }
-}
-
-/// A connection's QP number in four bytes (IB QP numbers are 24-bit, so `u32::MAX`
-/// is free to stand for none): half an `Option<QpNum>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct QpSlot(u32);
-
-impl QpSlot {
-    const NONE: QpSlot = QpSlot(u32::MAX);
-
-    fn new(qp: QpNum) -> Self {
-        debug_assert_ne!(qp.0, u32::MAX, "QP numbers are 24-bit");
-        QpSlot(qp.0)
-    }
-
-    fn get(self) -> Option<QpNum> {
-        (self != QpSlot::NONE).then_some(QpNum(self.0))
-    }
-}
-
-/// A duration in whole microseconds, rounded up, in four bytes (up to 71 minutes, then
-/// saturated): resolution timeouts, which librdmacm takes in milliseconds anyway.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Micros(u32);
-
-impl Micros {
-    fn new(duration: Duration) -> Self {
-        let micros = duration.as_nanos().div_ceil(1000);
-        Micros(u32::try_from(micros).unwrap_or(u32::MAX))
-    }
-
-    fn get(self) -> Duration {
-        Duration::from_micros(u64::from(self.0))
-    }
-}
-
-/// A connection's received messages, with the receive slot each used: nothing at all
-/// (eight bytes) while there is none, which is nearly always, and one allocation for
-/// the usual one message. The box is there only while it holds a message.
-#[derive(Debug, Default)]
-struct Inbox(Option<Box<Held>>);
-
-/// A received message and the receive slot it used.
-type Received = (u32, Vec<u8>);
-
-/// What an [`Inbox`] holds.
-#[derive(Debug)]
-enum Held {
-    One(Received),
-    Many(VecDeque<Received>),
-}
-
-impl Inbox {
-    fn capacity(&self) -> usize {
-        match self.0.as_deref() {
-            None => 0,
-            Some(Held::One(_)) => 1,
-            Some(Held::Many(q)) => q.capacity(),
-        }
-    }
-
-    /// Room is made as messages come: one needs no queue.
-    fn reserve_exact(&mut self, additional: usize) {
-        if let Some(Held::Many(q)) = self.0.as_deref_mut() {
-            q.reserve_exact(additional);
-        }
-    }
-
-    fn push_back(&mut self, message: Received) {
-        match self.0.take().map(|held| *held) {
-            None => self.0 = Some(Box::new(Held::One(message))),
-            Some(Held::One(first)) => {
-                self.0 = Some(Box::new(Held::Many(VecDeque::from([first, message]))));
-            }
-            Some(Held::Many(mut q)) => {
-                q.push_back(message);
-                self.0 = Some(Box::new(Held::Many(q)));
-            }
-        }
-    }
-
-    fn pop_front(&mut self) -> Option<Received> {
-        let message = match self.0.as_deref_mut()? {
-            Held::Many(q) => q.pop_front(),
-            Held::One(_) => match self.0.take().map(|held| *held) {
-                Some(Held::One(message)) => Some(message),
-                _ => None,
-            },
-        };
-        if matches!(self.0.as_deref(), Some(Held::Many(q)) if q.is_empty()) {
-            self.0 = None;
-        }
-        message
-    }
-
-    /// Without reading the box: it is there only while it holds a message.
-    fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn len(&self) -> usize {
-        match self.0.as_deref() {
-            None => 0,
-            Some(Held::One(_)) => 1,
-            Some(Held::Many(q)) => q.len(),
-        }
-    }
-
-    /// The messages, oldest first, without their slots.
-    fn into_messages(self) -> VecDeque<Vec<u8>> {
-        match self.0.map(|held| *held) {
-            None => VecDeque::new(),
-            Some(Held::One((_, data))) => VecDeque::from([data]),
-            Some(Held::Many(q)) => q.into_iter().map(|(_, data)| data).collect(),
-        }
-    }
-}
-
-/// What a connection seldom has, kept together: its private data (nearly always
-/// empty) and a notify failure not yet reported. Nothing at all (eight bytes) while
-/// both are empty, which is nearly always.
-#[derive(Debug, Default)]
-struct Rare(Option<Box<RareParts>>);
-
-#[derive(Debug, Default)]
-struct RareParts {
-    private: PrivateData,
-    notify_failed: Option<cm_core::NotifyError>,
-}
-
-impl Rare {
-    /// Keeps `data` (the REQ's to send, or the peer's until reported).
-    fn set_private(&mut self, data: PrivateData) {
-        if data.as_bytes().is_empty() {
-            if let Some(parts) = self.0.as_deref_mut() {
-                parts.private = data;
-            }
-            self.shrink();
-        } else {
-            self.0.get_or_insert_default().private = data;
-        }
-    }
-
-    fn private(&self) -> PrivateData {
-        self.0
-            .as_deref()
-            .map(|parts| parts.private.clone())
-            .unwrap_or_default()
-    }
-
-    fn take_private(&mut self) -> PrivateData {
-        let data = self
-            .0
-            .as_deref_mut()
-            .map(|parts| std::mem::take(&mut parts.private))
-            .unwrap_or_default();
-        self.shrink();
-        data
-    }
-
-    /// The latest notify failure not yet reported ([`Event::NotifyFailed`]).
-    fn notify_failed(&self) -> Option<cm_core::NotifyError> {
-        self.0.as_deref().and_then(|parts| parts.notify_failed)
-    }
-
-    fn set_notify_failed(&mut self, error: Option<cm_core::NotifyError>) {
-        match error {
-            Some(error) => self.0.get_or_insert_default().notify_failed = Some(error),
-            None => {
-                if let Some(parts) = self.0.as_deref_mut() {
-                    parts.notify_failed = None;
-                }
-                self.shrink();
-            }
-        }
-    }
-
-    /// The box goes once it holds nothing.
-    fn shrink(&mut self) {
-        if self.0.as_deref().is_some_and(|parts| {
-            parts.private.as_bytes().is_empty() && parts.notify_failed.is_none()
-        }) {
-            self.0 = None;
-        }
-    }
-}
-
 impl<T: Transport> Conn<T> {
     /// How it was established, once it is.
     fn established_via(&self) -> Option<EstablishedVia> {
@@ -375,122 +174,10 @@ impl<T: Transport> Conn<T> {
             via: None,
             inbox: Inbox::default(),
             pending: Pending::default(),
-            resolve_timeout: Micros(0),
+            resolve_timeout: Micros::new(Duration::ZERO),
             rare: Rare::default(),
         }
     }
-}
-
-/// When a connection passed each step of its setup, compactly: the start in
-/// nanoseconds on the transport's clock and each step as nanoseconds after it
-/// ([`Times::NOT_YET`] for a step not passed); a step more than four seconds after the
-/// start (or before it) moves every time to a boxed table, exact. [`ConnTimes`] per
-/// connection would double the size of its entry.
-#[derive(Debug, Clone)]
-enum Times {
-    /// Every step passed so far within four seconds of the start.
-    Near {
-        started: u64,
-        steps: [u32; Step::COUNT],
-    },
-    /// The start, then each step ([`Times::NONE`]: not passed), in nanoseconds.
-    Far(Box<[u64; Step::COUNT + 1]>),
-}
-
-/// The steps [`Times`] records, in [`ConnTimes`]' order.
-#[derive(Debug, Clone, Copy)]
-enum Step {
-    AddrResolved,
-    RouteResolved,
-    CreateQpCalled,
-    QpCreated,
-    ConnectCalled,
-    ConnectReturned,
-    Established,
-}
-
-impl Step {
-    const COUNT: usize = 7;
-}
-
-impl Times {
-    const NONE: u64 = u64::MAX;
-    /// A step not passed, in `steps`.
-    const NOT_YET: u32 = u32::MAX;
-
-    fn new(started: Duration) -> Self {
-        Times::Near {
-            started: nanos(started),
-            steps: [Self::NOT_YET; Step::COUNT],
-        }
-    }
-
-    fn mark(&mut self, step: Step, at: Duration) {
-        let at = nanos(at);
-        let (started, steps) = match self {
-            Times::Far(exact) => {
-                exact[step as usize + 1] = at;
-                return;
-            }
-            Times::Near { started, steps } => (*started, steps),
-        };
-        match at
-            .checked_sub(started)
-            .and_then(|after| u32::try_from(after).ok())
-            .filter(|&after| after != Self::NOT_YET)
-        {
-            Some(after) => steps[step as usize] = after,
-            None => {
-                let mut exact = [Self::NONE; Step::COUNT + 1];
-                exact[0] = started;
-                for (slot, &after) in steps.iter().enumerate() {
-                    if after != Self::NOT_YET {
-                        exact[slot + 1] = started + u64::from(after);
-                    }
-                }
-                exact[step as usize + 1] = at;
-                *self = Times::Far(Box::new(exact));
-            }
-        }
-    }
-
-    fn started(&self) -> u64 {
-        match self {
-            Times::Near { started, .. } => *started,
-            Times::Far(exact) => exact[0],
-        }
-    }
-
-    /// The time of `step`, in nanoseconds ([`Times::NONE`]: not passed).
-    fn at(&self, step: Step) -> u64 {
-        match self {
-            Times::Far(exact) => exact[step as usize + 1],
-            Times::Near { steps, .. } if steps[step as usize] == Self::NOT_YET => Self::NONE,
-            Times::Near { started, steps } => started + u64::from(steps[step as usize]),
-        }
-    }
-
-    fn public(&self) -> ConnTimes {
-        let step = |s: Step| {
-            let at = self.at(s);
-            (at != Self::NONE).then(|| Duration::from_nanos(at))
-        };
-        ConnTimes {
-            started: Duration::from_nanos(self.started()),
-            addr_resolved: step(Step::AddrResolved),
-            route_resolved: step(Step::RouteResolved),
-            create_qp_called: step(Step::CreateQpCalled),
-            qp_created: step(Step::QpCreated),
-            connect_called: step(Step::ConnectCalled),
-            connect_returned: step(Step::ConnectReturned),
-            established: step(Step::Established),
-        }
-    }
-}
-
-/// A time as nanoseconds (584 years fit; later saturates just below "none").
-fn nanos(at: Duration) -> u64 {
-    u64::try_from(at.as_nanos()).unwrap_or(Times::NONE - 1)
 }
 
 /// A slot's occupant: a live connection, or one that closed and whose close the
@@ -500,22 +187,6 @@ fn nanos(at: Duration) -> u64 {
 enum Entry<T: Transport> {
     Live(Conn<T>),
     Closed(ClosedConn),
-}
-
-/// A connection's slot index, stored one above so that it is never zero: the QP
-/// table's empty entries then cost nothing beside it (four bytes per QP number).
-#[derive(Debug, Clone, Copy)]
-struct SlotIndex(std::num::NonZeroU32);
-
-impl SlotIndex {
-    fn of(conn: ConnectionId) -> Self {
-        let index = u32::try_from(conn.index()).expect("slot indexes are 32-bit");
-        SlotIndex(std::num::NonZeroU32::new(index.wrapping_add(1)).expect("below u32::MAX"))
-    }
-
-    fn get(self) -> u32 {
-        self.0.get() - 1
-    }
 }
 
 /// A slot of the connection table. Its generation (which completes a handle) lives
@@ -1379,71 +1050,5 @@ fn failure_reason(kind: CmEventType, status: i32, private_data: &[u8]) -> CloseR
             private_data: PrivateData::from(private_data),
         },
         _ => CloseReason::ConnectError { status },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_stay_exact_near_and_far_from_the_start() {
-        let start = Duration::from_secs(3);
-        let mut times = Times::new(start);
-        times.mark(Step::AddrResolved, start + Duration::from_nanos(7));
-        assert!(matches!(times, Times::Near { .. }));
-        // More than four seconds later: every step moves to the exact table.
-        times.mark(Step::Established, start + Duration::from_secs(9));
-        assert!(matches!(times, Times::Far(_)));
-        times.mark(Step::ConnectCalled, start + Duration::from_millis(1));
-        let public = times.public();
-        assert_eq!(public.started, start);
-        assert_eq!(public.addr_resolved, Some(start + Duration::from_nanos(7)));
-        assert_eq!(
-            public.connect_called,
-            Some(start + Duration::from_millis(1))
-        );
-        assert_eq!(public.established, Some(start + Duration::from_secs(9)));
-        assert_eq!(public.route_resolved, None);
-        let mut early = Times::new(start);
-        early.mark(Step::QpCreated, Duration::from_secs(1));
-        assert_eq!(early.public().qp_created, Some(Duration::from_secs(1)));
-    }
-
-    #[test]
-    fn compact_fields_answer_as_the_plain_ones() {
-        assert_eq!(Nanos::new(None).get(), None);
-        let at = Some(Duration::new(5, 17));
-        assert_eq!(Nanos::new(at).get(), at);
-        assert!(Nanos::new(Some(Duration::MAX)).get().is_some());
-        let mut inbox = Inbox::default();
-        assert!(inbox.is_empty() && inbox.capacity() == 0);
-        inbox.reserve_exact(1);
-        inbox.push_back((3, vec![1]));
-        inbox.push_back((4, vec![2]));
-        assert_eq!(inbox.len(), 2);
-        assert_eq!(inbox.pop_front(), Some((3, vec![1])));
-        assert_eq!(inbox.into_messages(), [vec![2]]);
-        let mut inbox = Inbox::default();
-        for slot in 0..3 {
-            inbox.push_back((slot, vec![slot as u8]));
-        }
-        assert_eq!((inbox.len(), inbox.pop_front()), (3, Some((0, vec![0]))));
-        inbox.push_back((3, vec![3]));
-        assert_eq!(inbox.into_messages(), [vec![1], vec![2], vec![3]]);
-        let mut one = Inbox::default();
-        one.push_back((5, vec![5]));
-        assert_eq!((one.capacity(), one.pop_front()), (1, Some((5, vec![5]))));
-        assert!(one.is_empty() && one.pop_front().is_none());
-        let mut rare = Rare::default();
-        rare.set_private(PrivateData::from(&b"hi"[..]));
-        rare.set_notify_failed(Some(cm_core::NotifyError::WrongState));
-        assert_eq!(rare.private().as_bytes(), b"hi");
-        assert_eq!(rare.take_private().as_bytes(), b"hi");
-        assert_eq!(rare.notify_failed(), Some(cm_core::NotifyError::WrongState));
-        rare.set_notify_failed(None);
-        assert!(rare.0.is_none(), "the box goes with its last part");
-        rare.set_private(PrivateData::empty());
-        assert!(rare.0.is_none());
     }
 }
