@@ -6,7 +6,11 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cm_testkit::{addresses, CmMadRule};
@@ -20,6 +24,56 @@ use cm_verbs::{Endpoint, EstablishedVia, ListenOptions, QueueCaps, APPLICATION_W
 mod example;
 
 const WAIT: Option<Duration> = common::WAIT;
+
+/// Where each thread of a test is: a test that hangs then says where, instead of being
+/// killed silently by the VM's limit.
+#[derive(Clone, Default)]
+struct Steps(Arc<Mutex<BTreeMap<String, &'static str>>>);
+
+impl Steps {
+    fn mark(&self, who: &str, step: &'static str) {
+        self.0.lock().unwrap().insert(who.to_owned(), step);
+    }
+}
+
+/// Watches a test: unless `done` is set within `limit`, prints every thread's step and
+/// whether each endpoint's lock still answers (straight to stderr: the test harness
+/// captures `eprintln!`), then ends the process as failed.
+fn watchdog(
+    test: &'static str,
+    limit: Duration,
+    steps: Steps,
+    endpoints: Vec<(&'static str, EndpointHandle<RdmaTransport>)>,
+) -> Arc<AtomicBool> {
+    let done = Arc::new(AtomicBool::new(false));
+    let finished = Arc::clone(&done);
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit {
+            if finished.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut out = format!("{test}: no end after {limit:?}; where each thread is:\n");
+        for (who, step) in steps.0.lock().unwrap().iter() {
+            out += &format!("  {who}: {step}\n");
+        }
+        for (name, endpoint) in endpoints {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(endpoint.with_endpoint(|ep| format!("{:?}", ep.stats())));
+            });
+            match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(stats) => out += &format!("  {name} endpoint: lock answers, {stats}\n"),
+                Err(_) => out += &format!("  {name} endpoint: lock held (no answer in 5 s)\n"),
+            }
+        }
+        let _ = std::io::stderr().write_all(out.as_bytes());
+        std::process::exit(101);
+    });
+    done
+}
 
 #[test]
 fn threads_serving_one_device_each_get_their_rescue() {
@@ -35,26 +89,44 @@ fn threads_serving_one_device_each_get_their_rescue() {
     // on the other device.
     let server = EndpointHandle::spawn_thread(common::endpoint()).expect("server endpoint");
     let client = EndpointHandle::spawn_thread(common::endpoint()).expect("client endpoint");
+    let steps = Steps::default();
+    // Every call below has its own 60 s limit: four minutes means one hangs.
+    let done = watchdog(
+        TEST,
+        Duration::from_secs(240),
+        steps.clone(),
+        vec![("server", server.clone()), ("client", client.clone())],
+    );
     let servers: Vec<_> = (0..THREADS)
         .map(|n| {
             let addr = SocketAddr::new(addrs.addr_a, 7531 + n);
             let listener = server
                 .listen(addr, ListenOptions::default())
                 .expect("listen");
+            let steps = steps.clone();
             std::thread::spawn(move || {
+                let who = format!("serving thread {n}");
+                steps.mark(&who, "accept");
                 let conn = listener.blocking_accept(WAIT).expect("accept");
-                eprintln!("serving thread {n}: accepted {}", conn.id());
+                eprintln!("{who}: accepted {}", conn.id());
+                steps.mark(&who, "established");
                 let via = conn.blocking_established(WAIT).expect("established");
+                steps.mark(&who, "recv");
                 let message = conn.blocking_recv(WAIT).expect("message");
+                steps.mark(&who, "send");
                 conn.blocking_send(&message, WAIT).expect("echo");
-                eprintln!("serving thread {n}: echoed");
+                eprintln!("{who}: echoed");
                 // Until the client leaves.
+                steps.mark(&who, "recv until the client leaves");
                 let end = loop {
                     if let Err(end) = conn.blocking_recv(WAIT) {
                         break end;
                     }
                 };
-                eprintln!("serving thread {n}: {end}");
+                eprintln!("{who}: {end}");
+                steps.mark(&who, "dropping the connection and the listener");
+                drop((conn, listener));
+                steps.mark(&who, "done");
                 via
             })
         })
@@ -64,15 +136,23 @@ fn threads_serving_one_device_each_get_their_rescue() {
             let client = client.clone();
             let dst = SocketAddr::new(addrs.addr_a, 7531 + n);
             let src = addrs.addr_b;
+            let steps = steps.clone();
             std::thread::spawn(move || {
+                let who = format!("client thread {n}");
+                steps.mark(&who, "connect");
                 let conn = client.connect(dst, common::from(src)).expect("connect");
+                steps.mark(&who, "established");
                 conn.blocking_established(WAIT).expect("client established");
-                eprintln!("client thread {n}: established");
+                eprintln!("{who}: established");
                 let message = format!("thread {n}").into_bytes();
+                steps.mark(&who, "send");
                 conn.blocking_send(&message, WAIT).expect("send");
+                steps.mark(&who, "recv");
                 assert_eq!(conn.blocking_recv(WAIT).expect("echo"), message);
+                steps.mark(&who, "close");
                 conn.close().expect("close");
-                eprintln!("client thread {n}: closed");
+                eprintln!("{who}: closed");
+                steps.mark(&who, "done");
             })
         })
         .collect();
@@ -87,8 +167,10 @@ fn threads_serving_one_device_each_get_their_rescue() {
             "thread {n}'s connection rescued by notify: {via:?}"
         );
     }
+    steps.mark("test thread", "reading the counters");
     assert!(rule.hits().expect("counter") >= u64::from(THREADS));
     let counters = server.with_endpoint(|ep| ep.counters());
+    done.store(true, Ordering::SeqCst);
     assert_eq!(counters.forced, u64::from(THREADS), "{counters:?}");
 }
 
