@@ -36,6 +36,36 @@ impl Steps {
     }
 }
 
+/// Each thread of this process: its name, its state and where the kernel has it waiting
+/// (`wchan`, and its kernel stack where readable: root in the VM), so a hang says
+/// whether it waits in user space (a futex) or in the kernel.
+fn threads_of_this_process() -> String {
+    let read = |path: std::path::PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+    let mut out = String::from("  threads:\n");
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let stat = read(dir.join("stat"));
+        // The state is the first field after the parenthesised name.
+        let state = stat
+            .rsplit_once(')')
+            .map_or("?", |(_, rest)| rest.trim_start());
+        let state = state.split_whitespace().next().unwrap_or("?");
+        out += &format!(
+            "    {} {}: state {state}, wchan {}\n",
+            task.file_name().to_string_lossy(),
+            read(dir.join("comm")).trim(),
+            read(dir.join("wchan")).trim()
+        );
+        for line in read(dir.join("stack")).lines() {
+            out += &format!("      {line}\n");
+        }
+    }
+    out
+}
+
 /// Watches a test: unless `done` is set within `limit`, prints every thread's step and
 /// whether each endpoint's lock still answers (straight to stderr: the test harness
 /// captures `eprintln!`), then ends the process as failed.
@@ -69,6 +99,7 @@ fn watchdog(
                 Err(_) => out += &format!("  {name} endpoint: lock held (no answer in 5 s)\n"),
             }
         }
+        out += &threads_of_this_process();
         let _ = std::io::stderr().write_all(out.as_bytes());
         std::process::exit(101);
     });
