@@ -127,19 +127,28 @@ impl WakeReader {
     }
 
     /// Consumes pending requests; whether there was one.
+    ///
+    /// The socket is emptied first and the flag cleared after. The other order loses
+    /// wake-ups: a request between the clear and the read would see the flag clear,
+    /// write its byte and set the flag, the read would take the byte, and the flag
+    /// would stay set with the socket empty, so every later request would be coalesced
+    /// into a wake-up that never comes. In this order a request during the drain is
+    /// folded into the wake-up under way (the waiter has not looked at anything yet),
+    /// and a byte written after the read is seen by the next wait.
     pub(crate) fn drain(&mut self) -> Result<bool, CmError> {
-        // Cleared first: a request racing with the drain writes a new byte, seen next time.
-        let requested = self.shared.pending.swap(false, Ordering::AcqRel);
         let mut sink = [0u8; 16];
+        let mut read_any = false;
         loop {
             match self.reader.read(&mut sink) {
-                Ok(0) => return Ok(requested),
-                Ok(_) => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(requested),
+                Ok(0) => break,
+                Ok(_) => read_any = true,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error("read(wake-up socket)", &e)),
             }
         }
+        let requested = self.shared.pending.swap(false, Ordering::AcqRel);
+        Ok(requested || read_any)
     }
 }
 
@@ -323,6 +332,61 @@ mod tests {
         channel_writer.write_all(b"c").unwrap();
         let ready = waiter.wait().unwrap();
         assert!(ready.async_events && ready.cm_events && !ready.shutdown);
+    }
+
+    /// A request racing a drain must never leave the request flag set with no byte in
+    /// the socket: every later request would then be coalesced into a wake-up that never
+    /// comes, and the waiter would sleep through them all (an endpoint's driver did,
+    /// holding its lock). The reader drains only when the socket polls readable, as a
+    /// waiter does; once both threads stop, a set flag must have its byte.
+    #[test]
+    fn a_request_racing_a_drain_is_never_lost() {
+        let (mut reader, writer) = WakeReader::new().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let draining = {
+            let (stop, started) = (Arc::clone(&stop), Arc::clone(&started));
+            std::thread::spawn(move || {
+                started.wait();
+                while !stop.load(Ordering::Acquire) {
+                    let ready =
+                        cm_sys::poll_readable(&[reader.as_fd()], Some(Duration::ZERO)).unwrap();
+                    if ready.is_ready(0) {
+                        reader.drain().unwrap();
+                    }
+                }
+                reader
+            })
+        };
+        started.wait();
+        for n in 0..200_000 {
+            writer.request().unwrap();
+            // Now and then let the reader run, so that requests land during drains.
+            if n % 8 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Ordering::Release);
+        let reader = draining.join().unwrap();
+        let readable = cm_sys::poll_readable(&[reader.as_fd()], Some(Duration::ZERO))
+            .unwrap()
+            .is_ready(0);
+        if writer.pending.load(Ordering::Acquire) {
+            assert!(
+                readable,
+                "a request is pending with nothing to wake the waiter"
+            );
+        }
+        // And the waiter still wakes for the next one.
+        let mut reader = reader;
+        reader.drain().unwrap();
+        writer.request().unwrap();
+        assert!(
+            cm_sys::poll_readable(&[reader.as_fd()], Some(Duration::ZERO))
+                .unwrap()
+                .is_ready(0),
+            "a request after the drains wakes the waiter"
+        );
     }
 
     #[test]
