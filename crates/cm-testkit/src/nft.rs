@@ -25,6 +25,8 @@ pub enum MadAction {
 pub struct CmMadRule {
     nft: String,
     table: String,
+    /// Set once the table is deleted (by [`CmMadRule::remove`] or the drop).
+    removed: std::sync::atomic::AtomicBool,
 }
 
 impl CmMadRule {
@@ -56,6 +58,7 @@ impl CmMadRule {
         let guard = CmMadRule {
             nft: nft.to_owned(),
             table: table.to_owned(),
+            removed: std::sync::atomic::AtomicBool::new(false),
         };
         // A table left by a killed run would make `add chain` fail: start clean.
         let _ = std::process::Command::new(nft)
@@ -111,11 +114,20 @@ impl CmMadRule {
             }
         })
     }
+
+    /// Deletes the rule's table now (once: later calls and the drop do nothing), for a
+    /// test that ends its process without unwinding (a watchdog's exit), which would
+    /// leave the rule dropping MADs for every test after it.
+    pub fn remove(&self) {
+        if !self.removed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            let _ = self.run(&["delete", "table", "inet", &self.table]);
+        }
+    }
 }
 
 impl Drop for CmMadRule {
     fn drop(&mut self) {
-        let _ = self.run(&["delete", "table", "inet", &self.table]);
+        self.remove();
     }
 }
 

@@ -68,12 +68,14 @@ fn threads_of_this_process() -> String {
 
 /// Watches a test: unless `done` is set within `limit`, prints every thread's step and
 /// whether each endpoint's lock still answers (straight to stderr: the test harness
-/// captures `eprintln!`), then ends the process as failed.
+/// captures `eprintln!`), removes `rule` (the exit skips its drop), then ends the
+/// process as failed.
 fn watchdog(
     test: &'static str,
     limit: Duration,
     steps: Steps,
     endpoints: Vec<(&'static str, EndpointHandle<RdmaTransport>)>,
+    rule: Arc<CmMadRule>,
 ) -> Arc<AtomicBool> {
     let done = Arc::new(AtomicBool::new(false));
     let finished = Arc::clone(&done);
@@ -101,6 +103,9 @@ fn watchdog(
         }
         out += &threads_of_this_process();
         let _ = std::io::stderr().write_all(out.as_bytes());
+        // The exit skips every drop: the RTU drop would outlive the test and take the
+        // RTUs of every test after it.
+        rule.remove();
         std::process::exit(101);
     });
     done
@@ -116,6 +121,7 @@ fn threads_serving_one_device_each_get_their_rescue() {
     let Some(rule) = CmMadRule::drop_rtus(TEST, "handles_threads", addrs.addr_a) else {
         return;
     };
+    let rule = Arc::new(rule);
     // One endpoint on the server's device, shared by every serving thread; the clients
     // on the other device.
     let server = EndpointHandle::spawn_thread(common::endpoint()).expect("server endpoint");
@@ -127,6 +133,7 @@ fn threads_serving_one_device_each_get_their_rescue() {
         Duration::from_secs(240),
         steps.clone(),
         vec![("server", server.clone()), ("client", client.clone())],
+        Arc::clone(&rule),
     );
     let servers: Vec<_> = (0..THREADS)
         .map(|n| {
