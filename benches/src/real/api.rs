@@ -9,11 +9,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cm_verbs::rdma::RdmaTransport;
+use cm_verbs::Transport;
 use cm_verbs::{
     ConnError, ConnectionId, Endpoint, EstablishedVia, Event, ListenOptions, PrivateData,
 };
 
 use super::fixture::{Setup, WAIT};
+use super::Phases;
 
 /// `op: error` for the endpoint's errors.
 fn conn_err(op: &str) -> impl Fn(cm_verbs::ConnError) -> String + '_ {
@@ -66,29 +68,38 @@ impl ApiServer {
     /// The client's send to [`Endpoint::accept`] returning the connection: everything
     /// in between (the wait, the completion event, re-arming and polling the queues,
     /// the notify, reading ESTABLISHED) is the endpoint's. The connection must have
-    /// been established by the notify path.
+    /// been established by the notify path. Returns the send to the notify's return (the
+    /// endpoint's own record of it, on its clock) and the send to `accept` returning.
     pub(super) fn send_to_established(
         &mut self,
         conn: ConnectionId,
         sent: Instant,
-    ) -> Result<Duration, String> {
+    ) -> Result<Phases, String> {
         let accepted = self
             .endpoint
             .accept(Some(WAIT))
             .map_err(conn_err("accept"))?;
-        let elapsed = sent.elapsed();
+        let returned = Instant::now();
+        let established = returned - sent;
+        // The endpoint's clock, read right after ours: its record of the notify,
+        // placed on ours.
+        let clock_now = self.endpoint.transport().now();
         if accepted != conn {
             return Err(format!("accepted {accepted}, expected {conn}"));
         }
-        match self
-            .endpoint
-            .info(conn)
-            .map_err(conn_err("info"))?
-            .established
-        {
-            Some(EstablishedVia::Notify(_)) => Ok(elapsed),
-            other => Err(format!("established via {other:?} with the RTU dropped")),
-        }
+        let info = self.endpoint.info(conn).map_err(conn_err("info"))?;
+        let Some(EstablishedVia::Notify(_)) = info.established else {
+            return Err(format!(
+                "established via {:?} with the RTU dropped",
+                info.established
+            ));
+        };
+        let forced = info.times.established.ok_or("no establish time")?;
+        let notified = established.saturating_sub(clock_now.saturating_sub(forced));
+        Ok(Phases {
+            notified,
+            established,
+        })
     }
 
     /// Waits until the endpoint closed `conn` on the client's DISCONNECTED (it answers

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cm_core::{AsyncEventType, CmEventType, NotifyOutcome};
 use cm_sys::{
@@ -19,6 +19,7 @@ use cm_sys::{
 use super::fixture::{
     accept, err, expect_event, listener, nonblocking_events, spin_receive, Setup, WAIT,
 };
+use super::Phases;
 
 /// The server of the hand-written loop: reads its own channel, accepts, sees the
 /// receive completion, calls notify and waits until ESTABLISHED. Like the pump's event
@@ -133,16 +134,17 @@ impl HandServer {
     /// forwarded with notify, then (as the endpoint does, and any server must) the
     /// message is copied out and the receive posted again. Only what poll says is
     /// readable is read. `id` and `memory` must come from [`HandServer::accept_one`]
-    /// with `waiting`.
+    /// with `waiting`. Returns the send to the notify's return and the send to
+    /// ESTABLISHED read.
     pub(super) fn send_to_established(
         &mut self,
         id: &CmId,
         memory: &MemoryRegion,
         sent: Instant,
-    ) -> Result<Duration, String> {
+    ) -> Result<Phases, String> {
         let deadline = sent + WAIT;
         let qp = id.qp_num();
-        let mut notified = false;
+        let mut notified = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let ready = cm_sys::poll_readable(
@@ -155,7 +157,7 @@ impl HandServer {
             )
             .map_err(err("poll"))?;
             if ready.is_empty() {
-                return Err(format!("no ESTABLISHED (notified: {notified})"));
+                return Err(format!("no ESTABLISHED (notified: {})", notified.is_some()));
             }
             if ready.is_ready(1) {
                 self.forward_comm_est(id, qp)?;
@@ -181,8 +183,7 @@ impl HandServer {
                             continue;
                         }
                         for completion in &self.polled {
-                            if !notified {
-                                notified = true;
+                            if notified.is_none() {
                                 match id.notify(AsyncEventType::CommEst) {
                                     Ok(NotifyOutcome::Established) => {}
                                     other => {
@@ -191,6 +192,7 @@ impl HandServer {
                                         ))
                                     }
                                 }
+                                notified = Some(sent.elapsed());
                             }
                             let message = id
                                 .read_memory(memory, 0..completion.byte_len as usize)
@@ -206,11 +208,14 @@ impl HandServer {
                 continue;
             }
             if self.established()?.is_some() {
-                let elapsed = sent.elapsed();
-                if !notified {
+                let established = sent.elapsed();
+                let Some(notified) = notified else {
                     return Err("ESTABLISHED before the receive completion".into());
-                }
-                return Ok(elapsed);
+                };
+                return Ok(Phases {
+                    notified,
+                    established,
+                });
             }
         }
     }

@@ -101,6 +101,16 @@ const ROUNDS: [Path; 10] = [
 /// whole send → ESTABLISHED, so it never sleeps in the measurement.
 const BUSY_POLL: Duration = Duration::from_millis(20);
 
+/// Where the time of one waiting path's sample went, both from the client's send.
+#[derive(Debug, Clone, Copy)]
+struct Phases {
+    /// To `rdma_notify` returning (the receive completion's wake-up, its reads and the
+    /// notify itself).
+    notified: Duration,
+    /// To ESTABLISHED read (and, for the API, `accept` returning).
+    established: Duration,
+}
+
 /// Samples of every path.
 ///
 /// What is measured. The pump and its hand loop both spin on the receive CQ and time
@@ -129,6 +139,9 @@ struct Samples {
     hand_waiting: Vec<Duration>,
     hand_spinning: Vec<Duration>,
     api_busy: Vec<Duration>,
+    /// Client's send → `rdma_notify` returned, of `api` and `hand_waiting`.
+    api_notified: Vec<Duration>,
+    hand_waiting_notified: Vec<Duration>,
 }
 
 /// Measures everything: `connections` lost-RTU connections per path (five paths),
@@ -184,11 +197,9 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                     })?;
                 let (server, memory) = server_side.ok_or("not accepted")?;
                 if waiting {
-                    samples.hand_waiting.push(hand.send_to_established(
-                        &server,
-                        &memory,
-                        client.sent,
-                    )?);
+                    let phases = hand.send_to_established(&server, &memory, client.sent)?;
+                    samples.hand_waiting.push(phases.established);
+                    samples.hand_waiting_notified.push(phases.notified);
                 } else {
                     let (trigger, established) = hand.trigger_to_established(&server)?;
                     samples.hand.push(established - trigger);
@@ -226,7 +237,11 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                         Ok(())
                     })?;
                 let conn = server_side.ok_or("not accepted")?;
-                into.push(server.send_to_established(conn, client.sent)?);
+                let phases = server.send_to_established(conn, client.sent)?;
+                into.push(phases.established);
+                if !busy {
+                    samples.api_notified.push(phases.notified);
+                }
                 disconnect(&client, &client_channel, || server.answer_disconnect(conn))?;
             }
         }
@@ -256,15 +271,23 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
     let (low, high) = ratio_interval(&samples.api, &samples.hand_waiting);
     let difference =
         figures.api_ns.unwrap_or_default() - figures.hand_waiting_ns.unwrap_or_default();
+    let micros = |samples: &mut Vec<Duration>| median(samples).as_secs_f64() * 1e6;
+    let (api_notified, hand_notified) = (
+        micros(&mut samples.api_notified),
+        micros(&mut samples.hand_waiting_notified),
+    );
     figures.api_spread = format!(
         "{} samples each; the medians differ by {:+.0} µs; p25–p75 API {}, waiting hand loop \
          {}, spinning hand loop {}; the ratio within both medians' 95% intervals: \
-         {low:.2}–{high:.2}",
+         {low:.2}–{high:.2}; send → notify returned: API {api_notified:.0} µs, hand loop \
+         {hand_notified:.0} µs (the rest, to ESTABLISHED read: {:.0} / {:.0} µs)",
         connections,
         difference / 1e3,
         interquartile(&samples.api),
         interquartile(&samples.hand_waiting),
-        interquartile(&samples.hand_spinning)
+        interquartile(&samples.hand_spinning),
+        figures.api_ns.unwrap_or_default() / 1e3 - api_notified,
+        figures.hand_waiting_ns.unwrap_or_default() / 1e3 - hand_notified,
     );
     let step = |f: fn(&SetupSteps) -> Duration| {
         let mut samples: Vec<Duration> = steps_seen.iter().map(f).collect();
