@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cm_mock::sim::{SimConfig, SimFabric, SimPair, SimTransport};
+use cm_mock::sim::{SimConfig, SimFabric, SimTransport, SimTransports};
 use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
 
 /// Figure key: the soak's resident memory at its end over its middle.
@@ -40,13 +40,13 @@ impl EchoFixture {
     /// both sides; the last one is the working connection.
     pub fn new(idle: usize) -> Self {
         const PORT: u16 = 7471;
-        let SimPair {
+        let SimTransports {
             fabric,
             server,
             client,
-        } = SimPair::new(SimConfig::default(), 1);
-        let mut server = Endpoint::new(SimTransport::on_side(server));
-        let mut client = Endpoint::new(SimTransport::on_side(client));
+        } = SimTransports::new(SimConfig::default(), 1);
+        let mut server = Endpoint::new(server);
+        let mut client = Endpoint::new(client);
         let to = server.transport().addr(PORT);
         // Every connection is opened at once: all of them in setup together.
         let options = ListenOptions {

@@ -30,7 +30,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimPair, SimTransport};
+use cm_mock::sim::{
+    FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
+};
 use cm_verbs::core::EventElement;
 use cm_verbs::{
     AsyncEvent, AsyncEventType, ConnError, ConnectOptions, ConnectionId, Endpoint, Event,
@@ -440,13 +442,11 @@ fn drive(other: &Weak<Mutex<SimEndpoint>>) {
 
 impl World {
     fn new(setup: &Setup) -> Self {
-        let SimPair {
+        let SimTransports {
             fabric,
-            server,
-            client,
-        } = SimPair::new(setup.config.clone(), setup.seed);
-        let (mut server, mut client) =
-            (SimTransport::on_side(server), SimTransport::on_side(client));
+            mut server,
+            mut client,
+        } = SimTransports::new(setup.config.clone(), setup.seed);
         // Each transport's hook drives the other endpoint: the client's is made first,
         // so that the server's hook can name it.
         let mut server_ep = None;

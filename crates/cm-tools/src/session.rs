@@ -1143,7 +1143,7 @@ fn log_line(line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cm_mock::sim::{SimConfig, SimPair, SimTransport};
+    use cm_mock::sim::{SimConfig, SimTransport, SimTransports};
 
     #[test]
     fn a_record_keeps_the_unusual_exactly_beside_the_usual() {
@@ -1179,12 +1179,11 @@ mod tests {
     /// disconnects once its messages came back) on the simulated transport.
     #[test]
     fn the_real_modes_exchange_runs_on_the_simulated_transport() {
-        let SimPair {
+        let SimTransports {
             fabric,
             server,
             client,
-        } = SimPair::new(SimConfig::default(), 3);
-        let server = SimTransport::on_side(server);
+        } = SimTransports::new(SimConfig::default(), 3);
         let addr = server.addr(7471);
         let plan = |server: bool| Plan {
             server,
@@ -1201,7 +1200,7 @@ mod tests {
             disconnect_when_done: true,
         };
         let mut server = Session::new(Endpoint::new(server), plan(true));
-        let mut client = Session::new(Endpoint::new(SimTransport::on_side(client)), plan(false));
+        let mut client = Session::new(Endpoint::new(client), plan(false));
         server.start().unwrap();
         client.start().unwrap();
         let ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| None).unwrap();

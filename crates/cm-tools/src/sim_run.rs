@@ -13,7 +13,7 @@ use std::time::Duration;
 use cm_core::QpNum;
 use cm_mock::sim::{
     ConnId, FaultAction, FaultOdds, FaultRule, MsgKind, SimAddr, SimConfig, SimFabric, SimPair,
-    SimSide, SimStats, SimTransport, TraceEntry, TraceEvent,
+    SimSide, SimStats, SimTransport, SimTransports, TraceEntry, TraceEvent,
 };
 use cm_verbs::{CloseReason, ConnectionId, Endpoint, EstablishedVia, Event, PumpCounters};
 
@@ -238,11 +238,13 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         SimConfig::default()
     };
     sim_config.trace = config.trace_conn.is_some();
-    let SimPair {
+    let pair = SimPair::new(sim_config, config.seed);
+    let inputs = (Inputs::of(&pair.server), Inputs::of(&pair.client));
+    let SimTransports {
         fabric,
         server,
         client,
-    } = SimPair::new(sim_config, config.seed);
+    } = pair.into();
     if config.rtu_loss > 0.0 {
         fabric.set_fault_odds(MsgKind::Rtu, FaultOdds::drop(config.rtu_loss));
     }
@@ -256,17 +258,12 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
         fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop).on_conn(ConnId(conn)));
     }
 
-    let inputs = (Inputs::of(&server), Inputs::of(&client));
-    let server = SimTransport::on_side(server);
     let addr = server.addr(PORT);
     let mut world = World {
         server_inputs: inputs.0,
         client_inputs: inputs.1,
         server: Session::new(Endpoint::new(server), plan(config, true, addr)),
-        client: Session::new(
-            Endpoint::new(SimTransport::on_side(client)),
-            plan(config, false, addr),
-        ),
+        client: Session::new(Endpoint::new(client), plan(config, false, addr)),
         trace: config.trace_conn.map(|conn| TraceKeeper {
             conn: ConnId(conn),
             handle: None,

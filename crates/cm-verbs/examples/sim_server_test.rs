@@ -1,19 +1,19 @@
 //! A unit test of a server on the simulated fabric: every RTU is lost on the wire, and
 //! the server's connection is still reported established once, rescued by notify.
-use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
+use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransports};
 use cm_verbs::{ConnError, ConnectOptions, Endpoint, EstablishedVia, Event, ListenOptions};
 
 /// Runs a server and a client on one fabric until nothing is left to happen; how the
 /// server's connections were established.
 pub(crate) fn serve_on_the_simulated_fabric() -> Result<Vec<EstablishedVia>, ConnError> {
-    let SimPair {
+    let SimTransports {
         fabric,
         server,
         client,
-    } = SimPair::new(SimConfig::default(), 1);
+    } = SimTransports::new(SimConfig::default(), 1);
     fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    let mut server = Endpoint::new(SimTransport::on_side(server));
-    let mut client = Endpoint::new(SimTransport::on_side(client));
+    let mut server = Endpoint::new(server);
+    let mut client = Endpoint::new(client);
     let addr = server.transport().addr(7471);
     server.listen(addr, ListenOptions::default())?;
     client.connect(addr, ConnectOptions::default())?;

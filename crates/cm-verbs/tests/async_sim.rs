@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex};
 
 use cm_verbs::async_endpoint::{AsyncEndpoint, AsyncWait};
-use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
+use cm_verbs::sim::{
+    FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport, SimTransports,
+};
 use cm_verbs::{ConnError, ConnectOptions, Endpoint, EstablishedVia, Event, ListenOptions};
 
 /// The server under test, as an application writes it: accept, read one message, echo
@@ -44,16 +46,15 @@ struct Clients {
 /// (each connection sends one message once established and leaves once it is echoed),
 /// and the clients.
 fn every_rtu_lost(seed: u64) -> (SimTransport, Clients) {
-    let SimPair {
+    let SimTransports {
         fabric,
-        server,
+        server: mut transport,
         client,
-    } = SimPair::new(SimConfig::default(), seed);
+    } = SimTransports::new(SimConfig::default(), seed);
     fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
     // The clients: one endpoint, driven whenever the server's wait moves the fabric.
-    let clients = Arc::new(Mutex::new(Endpoint::new(SimTransport::on_side(client))));
+    let clients = Arc::new(Mutex::new(Endpoint::new(client)));
     let echoes = Arc::new(Mutex::new(Vec::new()));
-    let mut transport = SimTransport::on_side(server);
     let (driven, heard) = (Arc::clone(&clients), Arc::clone(&echoes));
     transport.on_step(move || {
         let mut clients = driven.lock().unwrap();

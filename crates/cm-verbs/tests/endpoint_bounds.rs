@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
+use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
     ListenOptions, QueueCaps, CLOSED_BACKLOG,
@@ -41,18 +41,17 @@ fn drive(peer: &Mutex<SimEndpoint>, behaviour: &Mutex<Behaviour>) {
 /// `main` on the server node (listening on [`PORT`]) when `main_serves`, else on the
 /// client node with the server driven.
 fn sim(config: SimConfig, seed: u64, main_serves: bool, behaviour: Behaviour) -> Sim {
-    let SimPair {
+    let SimTransports {
         fabric,
         server,
         client,
-    } = SimPair::new(config, seed);
-    let (main_side, peer_side) = if main_serves {
+    } = SimTransports::new(config, seed);
+    let (mut transport, peer) = if main_serves {
         (server, client)
     } else {
         (client, server)
     };
-    let peer = Arc::new(Mutex::new(Endpoint::new(SimTransport::on_side(peer_side))));
-    let mut transport = SimTransport::on_side(main_side);
+    let peer = Arc::new(Mutex::new(Endpoint::new(peer)));
     let behaviour = Arc::new(Mutex::new(behaviour));
     let (driven, acting) = (Arc::clone(&peer), Arc::clone(&behaviour));
     transport.on_step(move || drive(&driven, &acting));

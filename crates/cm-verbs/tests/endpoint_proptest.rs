@@ -16,7 +16,7 @@ mod input;
 
 use std::time::Duration;
 
-use cm_mock::sim::{SimConfig, SimFabric, SimPair, SimTransport};
+use cm_mock::sim::{SimConfig, SimFabric, SimPair, SimTransport, SimTransports};
 use cm_verbs::core::EventElement;
 use cm_verbs::{
     AsyncEvent, AsyncEventType, ConnectOptions, Endpoint, Event, ListenOptions, ListenerId,
@@ -143,13 +143,13 @@ fn connected(
     n: usize,
     timeout: Option<Duration>,
 ) -> (SimFabric, SimEndpoint, SimEndpoint, ListenerId) {
-    let SimPair {
+    let SimTransports {
         fabric,
         server,
         client,
-    } = SimPair::new(SimConfig::default(), 1);
-    let mut server = Endpoint::new(SimTransport::on_side(server));
-    let mut client = Endpoint::new(SimTransport::on_side(client));
+    } = SimTransports::new(SimConfig::default(), 1);
+    let mut server = Endpoint::new(server);
+    let mut client = Endpoint::new(client);
     let addr = server.transport().addr(PORT);
     let listener = server.listen(addr, ListenOptions::default()).unwrap();
     let options = ConnectOptions {

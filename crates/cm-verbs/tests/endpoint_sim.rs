@@ -5,7 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimPair, SimTransport};
+use cm_mock::sim::{
+    FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
+};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
     ListenOptions, PrivateData, RejectReason, Role, Trigger,
@@ -27,14 +29,13 @@ struct Pair {
 }
 
 fn pair(config: SimConfig, seed: u64, messages: &'static [&'static [u8]]) -> Pair {
-    let SimPair {
+    let SimTransports {
         fabric,
-        server,
+        server: mut transport,
         client,
-    } = SimPair::new(config, seed);
-    let client = Arc::new(Mutex::new(Endpoint::new(SimTransport::on_side(client))));
+    } = SimTransports::new(config, seed);
+    let client = Arc::new(Mutex::new(Endpoint::new(client)));
     let client_events = Arc::new(Mutex::new(Vec::new()));
-    let mut transport = SimTransport::on_side(server);
     let (driven, seen) = (Arc::clone(&client), Arc::clone(&client_events));
     transport.on_step(move || {
         let mut client = driven.lock().unwrap();

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use cm_verbs::handle::{Connection, EndpointHandle, Listener};
-use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimPair, SimTransport};
+use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
 use cm_verbs::{ConnError, ConnectOptions, Endpoint, EstablishedVia, ListenOptions, QueueCaps};
 
 #[allow(dead_code)]
@@ -23,13 +23,13 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// A server and a client endpoint on one simulated fabric, every RTU dropped.
 fn pair_losing_rtus(seed: u64) -> (SimTransport, SimTransport) {
-    let SimPair {
+    let SimTransports {
         fabric,
         server,
         client,
-    } = SimPair::new(SimConfig::default(), seed);
+    } = SimTransports::new(SimConfig::default(), seed);
     fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
-    (SimTransport::on_side(server), SimTransport::on_side(client))
+    (server, client)
 }
 
 /// Who drives the handles of a test.

@@ -84,7 +84,7 @@ use cm_core::{
 };
 
 use fabric::Fabric;
-pub use pair::{SimPair, SimSide};
+pub use pair::{SimPair, SimSide, SimTransports};
 pub use rng::SplitMix64;
 pub use trace::{Trace, TraceEntry, TraceEvent};
 pub use transport::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};

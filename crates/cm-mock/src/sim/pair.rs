@@ -1,11 +1,14 @@
 //! The two-node set-up nearly every simulation test starts from: a server and a client,
-//! each with one event channel and its device, and the handshake steps as helpers.
+//! each with one event channel and its device, and the handshake steps as helpers; or
+//! the same two sides as transports, for tests of the connection API.
 
 use std::time::Duration;
 
 use cm_core::{CmError, CmEvent, CmEventSource, CmEventType};
 
-use super::{SimChannel, SimCmEvent, SimCmId, SimConfig, SimDevice, SimFabric, SimNode};
+use super::{
+    SimChannel, SimCmEvent, SimCmId, SimConfig, SimDevice, SimFabric, SimNode, SimTransport,
+};
 
 /// One side of a [`SimPair`]: a node, an event channel on it and its device.
 #[derive(Debug, Clone)]
@@ -172,5 +175,36 @@ impl SimPair {
     /// Runs until nothing is scheduled ([`SimFabric::run_until_idle`]).
     pub fn run_until_idle(&self) -> usize {
         self.fabric.run_until_idle()
+    }
+}
+
+/// The two sides of a [`SimPair`] as transports ([`SimTransport::on_side`]), for tests
+/// that run the connection API on both: node 0 the server, node 1 the client.
+#[derive(Debug)]
+pub struct SimTransports {
+    /// The fabric (faults, clock, trace, stats).
+    pub fabric: SimFabric,
+    /// Node 0's transport: the passive side.
+    pub server: SimTransport,
+    /// Node 1's transport: the active side.
+    pub client: SimTransport,
+}
+
+impl SimTransports {
+    /// A fresh fabric with `config` and `seed` and its two nodes, made as
+    /// [`SimPair::new`] makes them, each side a transport.
+    pub fn new(config: SimConfig, seed: u64) -> Self {
+        SimPair::new(config, seed).into()
+    }
+}
+
+/// For a test that needs a side as a [`SimSide`] before it becomes a transport.
+impl From<SimPair> for SimTransports {
+    fn from(pair: SimPair) -> Self {
+        SimTransports {
+            server: SimTransport::on_side(pair.server),
+            client: SimTransport::on_side(pair.client),
+            fabric: pair.fabric,
+        }
     }
 }

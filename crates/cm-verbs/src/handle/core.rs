@@ -463,7 +463,7 @@ mod tests {
     use std::sync::Arc;
     use std::task::{Wake, Waker};
 
-    use cm_mock::sim::{SimConfig, SimPair, SimTransport};
+    use cm_mock::sim::{SimConfig, SimTransports};
 
     use super::{Core, WaitOn};
     use crate::{ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
@@ -482,13 +482,13 @@ mod tests {
     #[test]
     fn news_wakes_only_the_calls_waiting_on_its_connection() {
         const CONNECTIONS: usize = 200;
-        let SimPair {
+        let SimTransports {
             fabric,
             server,
             client,
-        } = SimPair::new(SimConfig::default(), 7);
-        let mut server = Endpoint::new(SimTransport::on_side(server));
-        let mut client = Endpoint::new(SimTransport::on_side(client));
+        } = SimTransports::new(SimConfig::default(), 7);
+        let mut server = Endpoint::new(server);
+        let mut client = Endpoint::new(client);
         let addr = server.transport().addr(7471);
         server.listen(addr, ListenOptions::default()).unwrap();
         let outs: Vec<ConnectionId> = (0..CONNECTIONS)
