@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use cm_testkit::{addresses, CmMadRule};
@@ -68,14 +68,14 @@ fn threads_of_this_process() -> String {
 
 /// Watches a test: unless `done` is set within `limit`, prints every thread's step and
 /// whether each endpoint's lock still answers (straight to stderr: the test harness
-/// captures `eprintln!`), removes `rule` (the exit skips its drop), then ends the
-/// process as failed.
+/// captures `eprintln!`), removes `rule` if the test still holds it (the exit skips its
+/// drop), then ends the process as failed.
 fn watchdog(
     test: &'static str,
     limit: Duration,
     steps: Steps,
     endpoints: Vec<(&'static str, EndpointHandle<RdmaTransport>)>,
-    rule: Arc<CmMadRule>,
+    rule: Weak<CmMadRule>,
 ) -> Arc<AtomicBool> {
     let done = Arc::new(AtomicBool::new(false));
     let finished = Arc::clone(&done);
@@ -104,8 +104,10 @@ fn watchdog(
         out += &threads_of_this_process();
         let _ = std::io::stderr().write_all(out.as_bytes());
         // The exit skips every drop: the RTU drop would outlive the test and take the
-        // RTUs of every test after it.
-        rule.remove();
+        // RTUs of every test after it. (Weak: a test that ended dropped its rule itself.)
+        if let Some(rule) = rule.upgrade() {
+            rule.remove();
+        }
         std::process::exit(101);
     });
     done
@@ -133,7 +135,7 @@ fn threads_serving_one_device_each_get_their_rescue() {
         Duration::from_secs(240),
         steps.clone(),
         vec![("server", server.clone()), ("client", client.clone())],
-        Arc::clone(&rule),
+        Arc::downgrade(&rule),
     );
     let servers: Vec<_> = (0..THREADS)
         .map(|n| {
