@@ -801,15 +801,16 @@ impl<T: Transport> Endpoint<T> {
         timeout: Option<Duration>,
         mut take: impl FnMut(&mut Self) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
-        let start = self.transport.now();
-        let deadline = timeout.map(|t| start.saturating_add(t));
-        let mut spin = Spin::new(self.options.busy_poll, start);
-        let mut spinning = self.options.busy_poll.is_some();
-        let mut round: u32 = 0;
         // What is already there is answered without reading anything.
         if let Some(found) = take(self) {
             return found;
         }
+        let mut now = self.transport.now();
+        let deadline = timeout.map(|t| now.saturating_add(t));
+        let mut spin = Spin::new(self.options.busy_poll, now);
+        let mut spinning = self.options.busy_poll.is_some();
+        let mut round: u32 = 0;
+        let mut more = false;
         loop {
             // Spinning, the receive queues of the accepted connections come first: a
             // receive there forces the establish without the completion event's reads
@@ -817,61 +818,80 @@ impl<T: Transport> Endpoint<T> {
             // the kernel then delivers is read at once.
             if spinning && self.poll_awaiting() {
                 let mut first_error = None;
-                self.read_cm_events(&mut first_error);
-                if let Some(found) = take(self) {
+                let mut found = None;
+                self.read_cm_events(&mut first_error, &mut |ep| {
+                    found = take(ep);
+                    found.is_some()
+                });
+                if let Some(found) = found.or_else(|| take(self)) {
                     return found;
                 }
                 if let Some(error) = first_error {
                     return Err(ConnError::Endpoint(error));
                 }
             }
-            // Spinning, a look at every source (a zero-timeout wait: one poll(2) on a
-            // device) every few rounds says which to read, rather than a read of each
-            // on every round: the rounds between poll the receive queues alone.
             let ready = if spinning {
+                // A look at every source (a zero-timeout wait: one poll(2) on a
+                // device) every few rounds says which to read, rather than a read of
+                // each on every round: the rounds between poll the receive queues
+                // alone.
                 round = round.wrapping_add(1);
                 round % Spin::LOOK_EVERY == 1
                     && self
                         .transport
                         .wait(&self.devices, Some(Duration::ZERO))
                         .map_err(ConnError::Endpoint)?
+            } else if more {
+                // A source had more than its batch: read on without waiting.
+                true
             } else {
+                // The wait comes before the first read: it says which sources have
+                // something (and returns at once if any has), so no source is read
+                // only to find it empty. A deadline already due, or a waker that
+                // already fired, is handled first.
+                let wait = [deadline, self.next_deadline()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(|d| d.saturating_sub(now));
+                if wait != Some(Duration::ZERO) && !self.woken.load(Ordering::Acquire) {
+                    match self.transport.wait(&self.devices, wait) {
+                        Ok(_) => {}
+                        // The simulation: nothing can ever happen. With a deadline
+                        // that is a timeout; without one the wait would never end.
+                        Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
+                            return Err(ConnError::Timeout)
+                        }
+                        Err(e @ cm_core::CmError::Idle { .. }) => return Err(e.into()),
+                        Err(e) => return Err(ConnError::Endpoint(e)),
+                    }
+                }
                 true
             };
-            let more = if ready {
-                self.process_pass()?
+            let mut found = None;
+            more = if ready {
+                // The CM reads stop at the event that answers: the call returns
+                // without reading the channel again to find it empty.
+                self.process_pass_until(&mut |ep| {
+                    if found.is_none() {
+                        found = take(ep);
+                    }
+                    found.is_some()
+                })?
             } else {
                 self.expire()
             };
-            if let Some(found) = take(self) {
+            if let Some(found) = found.or_else(|| take(self)) {
                 return found;
             }
             if self.woken.swap(false, Ordering::AcqRel) {
                 return Err(ConnError::Woken);
             }
-            let now = self.transport.now();
+            now = self.transport.now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(ConnError::Timeout);
             }
             spinning = spin.keep_spinning(now);
-            if more || spinning {
-                continue;
-            }
-            let wait = [deadline, self.next_deadline()]
-                .into_iter()
-                .flatten()
-                .min()
-                .map(|d| d.saturating_sub(now));
-            match self.transport.wait(&self.devices, wait) {
-                Ok(_) => {}
-                // The simulation: nothing can ever happen. With a deadline that is a
-                // timeout; without one the wait would never end.
-                Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
-                    return Err(ConnError::Timeout)
-                }
-                Err(e @ cm_core::CmError::Idle { .. }) => return Err(e.into()),
-                Err(e) => return Err(ConnError::Endpoint(e)),
-            }
         }
     }
 
@@ -895,10 +915,20 @@ impl<T: Transport> Endpoint<T> {
 
     /// One pass of [`Endpoint::process`]; whether a source had more than its batch.
     pub(crate) fn process_pass(&mut self) -> Result<bool, ConnError> {
+        self.process_pass_until(&mut |_| false)
+    }
+
+    /// One pass whose CM reads stop at the event after which `answered` (asked after
+    /// each) says the waiting caller has its answer: the channel is not read again only
+    /// to find it empty. The other sources still have their turn.
+    fn process_pass_until(
+        &mut self,
+        answered: &mut dyn FnMut(&mut Self) -> bool,
+    ) -> Result<bool, ConnError> {
         let mut more = false;
         let mut first_error = None;
         // CM events first: an RTU read now is not mistaken for a lost one.
-        more |= self.read_cm_events(&mut first_error);
+        more |= self.read_cm_events(&mut first_error, answered);
         let forced_before = self.pump.counters().forced;
         // A device whose reader fails is lost, once the pass has read the others.
         let mut failed = Vec::new();
@@ -918,7 +948,7 @@ impl<T: Transport> Endpoint<T> {
         // (the kernel's worker may have run on another CPU meanwhile), and reading it
         // now saves the application a wait.
         if self.pump.counters().forced != forced_before {
-            more |= self.read_cm_events(&mut first_error);
+            more |= self.read_cm_events(&mut first_error, answered);
         }
         for (key, error) in failed {
             if self.device_keys.contains(&key) {
@@ -984,12 +1014,22 @@ impl<T: Transport> Endpoint<T> {
         more
     }
 
-    /// Reads at most [`PASS_BATCH`] CM events; whether more were waiting. The first
-    /// error is kept in `first_error` and ends the read.
-    fn read_cm_events(&mut self, first_error: &mut Option<cm_core::CmError>) -> bool {
+    /// Reads at most [`PASS_BATCH`] CM events, stopping after the one for which
+    /// `answered` is true; whether more may be waiting (the batch was full, or the read
+    /// stopped early). The first error is kept in `first_error` and ends the read.
+    fn read_cm_events(
+        &mut self,
+        first_error: &mut Option<cm_core::CmError>,
+        answered: &mut dyn FnMut(&mut Self) -> bool,
+    ) -> bool {
         for _ in 0..PASS_BATCH {
             match self.transport.next_cm_event() {
-                Ok(Some(event)) => self.on_cm_event(event),
+                Ok(Some(event)) => {
+                    self.on_cm_event(event);
+                    if answered(self) {
+                        return true;
+                    }
+                }
                 Ok(None) => return false,
                 Err(error) => {
                     first_error.get_or_insert(error);
