@@ -31,7 +31,7 @@ use fixture::{connect_and_send, disconnect, err, Client, SetupSteps, SETTLE};
 pub use fixture::{setup, Setup};
 use hand::HandServer;
 use pump::PumpServer;
-use stats::{interquartile, median, nanos, ratio_interval};
+use stats::{interquartile, median, nanos, ratio_interval, thread_cpu_time};
 
 /// Figures of one real run.
 #[derive(Debug, Clone, Default)]
@@ -142,6 +142,10 @@ struct Samples {
     /// Client's send → `rdma_notify` returned, of `api` and `hand_waiting`.
     api_notified: Vec<Duration>,
     hand_waiting_notified: Vec<Duration>,
+    /// The server thread's CPU time within the call that waits for ESTABLISHED, of
+    /// `api` and `hand_waiting`.
+    api_cpu: Vec<Duration>,
+    hand_waiting_cpu: Vec<Duration>,
 }
 
 /// Measures everything: `connections` lost-RTU connections per path (five paths),
@@ -197,7 +201,11 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                     })?;
                 let (server, memory) = server_side.ok_or("not accepted")?;
                 if waiting {
+                    let cpu_before = thread_cpu_time();
                     let phases = hand.send_to_established(&server, &memory, client.sent)?;
+                    if let Some(cpu) = cpu_since(cpu_before) {
+                        samples.hand_waiting_cpu.push(cpu);
+                    }
                     samples.hand_waiting.push(phases.established);
                     samples.hand_waiting_notified.push(phases.notified);
                 } else {
@@ -237,10 +245,13 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                         Ok(())
                     })?;
                 let conn = server_side.ok_or("not accepted")?;
+                let cpu_before = thread_cpu_time();
                 let phases = server.send_to_established(conn, client.sent)?;
+                let cpu = cpu_since(cpu_before);
                 into.push(phases.established);
                 if !busy {
                     samples.api_notified.push(phases.notified);
+                    samples.api_cpu.extend(cpu);
                 }
                 disconnect(&client, &client_channel, || server.answer_disconnect(conn))?;
             }
@@ -276,11 +287,20 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
         micros(&mut samples.api_notified),
         micros(&mut samples.hand_waiting_notified),
     );
+    let cpu = if samples.api_cpu.is_empty() || samples.hand_waiting_cpu.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the server thread's CPU time in the waiting call: API {:.0} µs, hand loop {:.0} µs",
+            micros(&mut samples.api_cpu),
+            micros(&mut samples.hand_waiting_cpu)
+        )
+    };
     figures.api_spread = format!(
         "{} samples each; the medians differ by {:+.0} µs; p25–p75 API {}, waiting hand loop \
          {}, spinning hand loop {}; the ratio within both medians' 95% intervals: \
          {low:.2}–{high:.2}; send → notify returned: API {api_notified:.0} µs, hand loop \
-         {hand_notified:.0} µs (the rest, to ESTABLISHED read: {:.0} / {:.0} µs)",
+         {hand_notified:.0} µs (the rest, to ESTABLISHED read: {:.0} / {:.0} µs){cpu}",
         connections,
         difference / 1e3,
         interquartile(&samples.api),
@@ -303,6 +323,11 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
         ),
     ];
     Ok(figures)
+}
+
+/// The thread's CPU time since `before` (`None` where it is not kept).
+fn cpu_since(before: Option<Duration>) -> Option<Duration> {
+    Some(thread_cpu_time()?.saturating_sub(before?))
 }
 
 /// Where the raw-call baseline is measured instead.

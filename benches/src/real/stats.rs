@@ -54,6 +54,15 @@ pub(super) fn nanos(d: Duration) -> f64 {
     d.as_secs_f64() * 1e9
 }
 
+/// The calling thread's time on a CPU so far (the first field of
+/// `/proc/thread-self/schedstat`, in ns; `None` where the kernel does not keep it):
+/// what a path costs in processing, apart from the time it sleeps.
+pub(super) fn thread_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = stat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
