@@ -63,6 +63,18 @@ pub(super) fn thread_cpu_time() -> Option<Duration> {
     Some(Duration::from_nanos(nanos))
 }
 
+/// The calling thread's read-class and write-class system calls so far (`syscr` and
+/// `syscw` of `/proc/thread-self/io`; `None` where the kernel does not count them): on
+/// the real path every CM and verbs command is a write and every event read a read.
+pub(super) fn thread_syscalls() -> Option<(u64, u64)> {
+    let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+    };
+    Some((field("syscr:")?, field("syscw:")?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -834,16 +834,13 @@ impl<T: Transport> Endpoint<T> {
                 // A look at every source (a zero-timeout wait: one poll(2) on a
                 // device) every few rounds says which to read, rather than a read of
                 // each on every round: the rounds between poll the receive queues
-                // alone, and read no clock. With no receive queue to poll (the
-                // establish was forced, its ESTABLISHED is what comes next) every round
-                // looks.
+                // alone.
                 round = round.wrapping_add(1);
-                if !self.awaiting.is_empty() && round % Spin::LOOK_EVERY != 1 {
-                    continue;
-                }
-                self.transport
-                    .wait(&self.devices, Some(Duration::ZERO))
-                    .map_err(ConnError::Endpoint)?
+                round % Spin::LOOK_EVERY == 1
+                    && self
+                        .transport
+                        .wait(&self.devices, Some(Duration::ZERO))
+                        .map_err(ConnError::Endpoint)?
             } else if more {
                 // A source had more than its batch: read on without waiting.
                 true
@@ -1054,8 +1051,7 @@ struct Spin {
 }
 
 impl Spin {
-    /// Rounds that look at every source without the clock moving before the spin gives
-    /// up (the clock is read only on those).
+    /// Rounds without the clock moving before the spin gives up.
     const STILL_ROUNDS: u32 = 64;
     /// Every how many rounds the spin looks at every source (the others poll the
     /// receive queues of the accepted connections only).
