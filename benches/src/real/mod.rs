@@ -31,7 +31,7 @@ use fixture::{connect_and_send, disconnect, err, Client, SetupSteps, SETTLE};
 pub use fixture::{setup, Setup};
 use hand::HandServer;
 use pump::PumpServer;
-use stats::{interquartile, median, nanos, ratio_interval, thread_cpu_time, thread_syscalls};
+use stats::{interquartile, median, nanos, ratio_interval};
 
 /// Figures of one real run.
 #[derive(Debug, Clone, Default)]
@@ -142,55 +142,6 @@ struct Samples {
     /// Client's send → `rdma_notify` returned, of `api` and `hand_waiting`.
     api_notified: Vec<Duration>,
     hand_waiting_notified: Vec<Duration>,
-    /// What the server thread spent within the call that waits for ESTABLISHED, of
-    /// `api` and `hand_waiting`.
-    api_cost: Vec<CallCost>,
-    hand_waiting_cost: Vec<CallCost>,
-}
-
-/// What one call cost the calling thread: CPU time, read-class and write-class system
-/// calls (each `None` where the kernel does not keep it).
-#[derive(Debug, Clone, Copy, Default)]
-struct CallCost {
-    cpu: Option<Duration>,
-    reads: Option<u64>,
-    writes: Option<u64>,
-}
-
-impl CallCost {
-    /// Runs `call`, measuring what it cost this thread.
-    fn of<R>(call: impl FnOnce() -> R) -> (R, CallCost) {
-        let (cpu, calls) = (thread_cpu_time(), thread_syscalls());
-        let answer = call();
-        let (cpu_after, calls_after) = (thread_cpu_time(), thread_syscalls());
-        let delta = |before: Option<u64>, after: Option<u64>| Some(after?.saturating_sub(before?));
-        let cost = CallCost {
-            cpu: cpu.zip(cpu_after).map(|(b, a)| a.saturating_sub(b)),
-            reads: delta(calls.map(|c| c.0), calls_after.map(|c| c.0)),
-            writes: delta(calls.map(|c| c.1), calls_after.map(|c| c.1)),
-        };
-        (answer, cost)
-    }
-
-    /// "CPU x µs, r reads, w writes" (medians), or what is missing.
-    fn summary(costs: &[CallCost]) -> String {
-        let mut cpu: Vec<Duration> = costs.iter().filter_map(|c| c.cpu).collect();
-        let middle = |values: Vec<u64>| {
-            let mut values = values;
-            values.sort_unstable();
-            values.get(values.len() / 2).copied()
-        };
-        let reads = middle(costs.iter().filter_map(|c| c.reads).collect());
-        let writes = middle(costs.iter().filter_map(|c| c.writes).collect());
-        let cpu = (!cpu.is_empty()).then(|| median(&mut cpu).as_secs_f64() * 1e6);
-        match (cpu, reads, writes) {
-            (Some(cpu), Some(reads), Some(writes)) => {
-                format!("CPU {cpu:.0} µs, {reads} reads, {writes} writes")
-            }
-            (Some(cpu), _, _) => format!("CPU {cpu:.0} µs"),
-            _ => "not kept by this kernel".into(),
-        }
-    }
 }
 
 /// Measures everything: `connections` lost-RTU connections per path (five paths),
@@ -246,10 +197,7 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                     })?;
                 let (server, memory) = server_side.ok_or("not accepted")?;
                 if waiting {
-                    let (phases, cost) =
-                        CallCost::of(|| hand.send_to_established(&server, &memory, client.sent));
-                    let phases = phases?;
-                    samples.hand_waiting_cost.push(cost);
+                    let phases = hand.send_to_established(&server, &memory, client.sent)?;
                     samples.hand_waiting.push(phases.established);
                     samples.hand_waiting_notified.push(phases.notified);
                 } else {
@@ -289,12 +237,10 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
                         Ok(())
                     })?;
                 let conn = server_side.ok_or("not accepted")?;
-                let (phases, cost) = CallCost::of(|| server.send_to_established(conn, client.sent));
-                let phases = phases?;
+                let phases = server.send_to_established(conn, client.sent)?;
                 into.push(phases.established);
                 if !busy {
                     samples.api_notified.push(phases.notified);
-                    samples.api_cost.push(cost);
                 }
                 disconnect(&client, &client_channel, || server.answer_disconnect(conn))?;
             }
@@ -330,16 +276,11 @@ pub fn measure(setup: &Setup, connections: usize) -> Result<RealFigures, String>
         micros(&mut samples.api_notified),
         micros(&mut samples.hand_waiting_notified),
     );
-    let cpu = format!(
-        "; the server thread in the waiting call: API {}, hand loop {}",
-        CallCost::summary(&samples.api_cost),
-        CallCost::summary(&samples.hand_waiting_cost)
-    );
     figures.api_spread = format!(
         "{} samples each; the medians differ by {:+.0} µs; p25–p75 API {}, waiting hand loop \
          {}, spinning hand loop {}; the ratio within both medians' 95% intervals: \
          {low:.2}–{high:.2}; send → notify returned: API {api_notified:.0} µs, hand loop \
-         {hand_notified:.0} µs (the rest, to ESTABLISHED read: {:.0} / {:.0} µs){cpu}",
+         {hand_notified:.0} µs (the rest, to ESTABLISHED read: {:.0} / {:.0} µs)",
         connections,
         difference / 1e3,
         interquartile(&samples.api),

@@ -54,27 +54,6 @@ pub(super) fn nanos(d: Duration) -> f64 {
     d.as_secs_f64() * 1e9
 }
 
-/// The calling thread's time on a CPU so far (the first field of
-/// `/proc/thread-self/schedstat`, in ns; `None` where the kernel does not keep it):
-/// what a path costs in processing, apart from the time it sleeps.
-pub(super) fn thread_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let nanos = stat.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_nanos(nanos))
-}
-
-/// The calling thread's read-class and write-class system calls so far (`syscr` and
-/// `syscw` of `/proc/thread-self/io`; `None` where the kernel does not count them): on
-/// the real path every CM and verbs command is a write and every event read a read.
-pub(super) fn thread_syscalls() -> Option<(u64, u64)> {
-    let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
-    let field = |name: &str| {
-        io.lines()
-            .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
-    };
-    Some((field("syscr:")?, field("syscw:")?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
