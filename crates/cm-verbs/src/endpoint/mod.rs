@@ -793,9 +793,9 @@ impl<T: Transport> Endpoint<T> {
         self.wait_for(timeout, |ep| ep.try_recv(conn))
     }
 
-    /// Asks `take` for what it looks for; until it has it, handles everything ready
-    /// and waits in the transport in between (spinning first, when busy polling is
-    /// on).
+    /// Asks `take` for what it looks for; until it has it, waits in the transport and
+    /// handles what the wait found ready (spinning instead of waiting, when busy
+    /// polling is on).
     pub(crate) fn wait_for<R>(
         &mut self,
         timeout: Option<Duration>,
