@@ -7,9 +7,10 @@ use cm_core::{
 
 use std::cmp::Reverse;
 
+use super::table::live_in;
 use super::{
-    failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia,
-    Event, ListenerId, Nanos, Owner, PrivateData, QpErrorDetail, Step, PASS_BATCH, POLL_BATCH,
+    failure_reason, CloseReason, Conn, ConnState, ConnectionId, Endpoint, EstablishedVia, Event,
+    ListenerId, Nanos, Owner, PrivateData, QpErrorDetail, Step, PASS_BATCH, POLL_BATCH,
 };
 use crate::{PumpEvent, Role};
 
@@ -120,12 +121,8 @@ impl<T: Transport> Endpoint<T> {
             return;
         }
         let slots = &self.slots;
-        self.awaiting.retain(|conn| {
-            slots.get(conn.index()).is_some_and(|s| {
-                s.generation() == conn.generation()
-                    && matches!(s.entry(), Some(Entry::Live(c)) if c.state == ConnState::Accepted)
-            })
-        });
+        self.awaiting
+            .retain(|&conn| live_in(slots, conn).is_some_and(|c| c.state == ConnState::Accepted));
     }
 
     /// Polls `conn`'s receive then send queue dry and handles each completion; with
@@ -562,7 +559,7 @@ impl<T: Transport> Endpoint<T> {
         // read is a system call where the clock source has no vDSO, as in a VM).
         for _ in 0..PASS_BATCH {
             match self.deadlines.peek() {
-                Some(&Reverse((due, conn))) if !self.deadline_applies(conn, due) => {
+                Some(&Reverse((due, conn))) if !deadline_applies(self.live(conn), due) => {
                     self.deadlines.pop();
                 }
                 _ => break,
@@ -584,7 +581,7 @@ impl<T: Transport> Endpoint<T> {
                 return true;
             }
             self.deadlines.pop();
-            if self.deadline_applies(conn, due) {
+            if deadline_applies(self.live(conn), due) {
                 let unanswered = self
                     .live(conn)
                     .filter(|c| c.state == ConnState::Requested)
@@ -604,24 +601,19 @@ impl<T: Transport> Endpoint<T> {
         false
     }
 
-    /// Whether the deadline `due` of `conn` still applies: the connection is live, not
-    /// established, and `due` is its current deadline.
-    fn deadline_applies(&self, conn: ConnectionId, due: std::time::Duration) -> bool {
-        self.live(conn)
-            .is_some_and(|c| c.state != ConnState::Established && c.deadline.get() == Some(due))
-    }
-
     /// Drops deadlines that no longer apply once they outnumber the connections.
     pub(super) fn compact_deadlines(&mut self) {
         if self.deadlines.len() <= 2 * self.live_conns + 64 {
             return;
         }
         let slots = &self.slots;
-        self.deadlines.retain(|Reverse((due, conn))| {
-            slots.get(conn.index()).is_some_and(|s| {
-                s.generation() == conn.generation()
-                    && matches!(s.entry(), Some(Entry::Live(c)) if c.deadline.get() == Some(*due) && c.state != ConnState::Established)
-            })
-        });
+        self.deadlines
+            .retain(|&Reverse((due, conn))| deadline_applies(live_in(slots, conn), due));
     }
+}
+
+/// Whether the deadline `due` of a connection (`None`: not live) still applies: it is
+/// live, not established, and `due` is its current deadline.
+fn deadline_applies<T: Transport>(conn: Option<&Conn<T>>, due: std::time::Duration) -> bool {
+    conn.is_some_and(|c| c.state != ConnState::Established && c.deadline.get() == Some(due))
 }

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 
 use cm_core::Transport;
 
+use super::table::entry_in;
 use super::{
     CloseReason, ConnError, ConnState, ConnectionId, Endpoint, Entry, EstablishedVia, Event, Inbox,
     PrivateData,
@@ -136,11 +137,8 @@ impl<T: Transport> Endpoint<T> {
             return;
         }
         let slots = &self.slots;
-        self.accepted.retain(|conn| {
-            slots
-                .get(conn.index())
-                .is_some_and(|s| s.generation() == conn.generation() && s.entry().is_some())
-        });
+        self.accepted
+            .retain(|&conn| entry_in(slots, conn).is_some());
     }
 
     /// The oldest thing to report, from the ready queue. O(1) amortised.

@@ -6,6 +6,7 @@ use cm_core::{QpNum, Transport};
 use std::collections::VecDeque;
 
 use super::queue::{ClosedConn, Pending, CLOSED_BACKLOG};
+use super::slots::Slots;
 use super::{
     CloseReason, Conn, ConnError, ConnState, ConnectionId, Endpoint, Entry, Event, Listener,
     ListenerId, Owner, Slot,
@@ -293,10 +294,7 @@ impl<T: Transport> Endpoint<T> {
     }
 
     fn entry(&self, conn: ConnectionId) -> Option<&Entry<T>> {
-        let slot = self.slots.get(conn.index())?;
-        (slot.generation() == conn.generation())
-            .then_some(slot.entry())
-            .flatten()
+        entry_in(&self.slots, conn)
     }
 
     fn entry_mut(&mut self, conn: ConnectionId) -> Option<&mut Entry<T>> {
@@ -310,10 +308,7 @@ impl<T: Transport> Endpoint<T> {
 
     /// The live connection `conn` names.
     pub(super) fn live(&self, conn: ConnectionId) -> Option<&Conn<T>> {
-        match self.entry(conn)? {
-            Entry::Live(c) => Some(c),
-            Entry::Closed(_) => None,
-        }
+        live_in(&self.slots, conn)
     }
 
     /// The live connection `conn` names.
@@ -413,6 +408,29 @@ impl<T: Transport> Endpoint<T> {
             self.device_unuse(key);
         }
         Some(entry)
+    }
+}
+
+/// The entry `conn` names in `slots` (its slot, at its generation): [`Endpoint::entry`]
+/// for code that holds the slots beside another of the endpoint's fields it changes.
+pub(super) fn entry_in<T: Transport>(
+    slots: &Slots<Slot<T>>,
+    conn: ConnectionId,
+) -> Option<&Entry<T>> {
+    let slot = slots.get(conn.index())?;
+    (slot.generation() == conn.generation())
+        .then_some(slot.entry())
+        .flatten()
+}
+
+/// The live connection `conn` names in `slots`: [`Endpoint::live`], as [`entry_in`].
+pub(super) fn live_in<T: Transport>(
+    slots: &Slots<Slot<T>>,
+    conn: ConnectionId,
+) -> Option<&Conn<T>> {
+    match entry_in(slots, conn)? {
+        Entry::Live(c) => Some(c),
+        Entry::Closed(_) => None,
     }
 }
 
