@@ -465,15 +465,8 @@ fn million_in_cmnotify(bin: &str) -> Option<(u64, u64, u64)> {
             .parse()
             .ok()
     };
-    let stdout = String::from_utf8(out.stdout).ok()?;
-    let established = stdout
-        .split_once("\"established\":")?
-        .1
-        .trim_start()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()?;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let established = report.get("established")?.as_u64()?;
     Some((field("wall_ns")?, field("peak_rss_bytes")?, established))
 }
 

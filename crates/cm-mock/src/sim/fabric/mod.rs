@@ -1037,7 +1037,8 @@ impl Fabric {
 
     pub(crate) fn create_id(&mut self, channel: usize) -> SimIdKey {
         let node = self.channels[channel].node;
-        let data = IdData::new(Place::new(node, channel).unwrap_or(Place::SPILLED));
+        let place = Place::new(node, channel);
+        let data = IdData::new(place.unwrap_or(Place::SPILLED));
         let key = if let Some(index) = self.free_ids.pop() {
             let slot = self
                 .ids
@@ -1058,7 +1059,7 @@ impl Fabric {
                 generation: 0,
             }
         };
-        if Place::new(node, channel).is_none() {
+        if place.is_none() {
             self.update_extras(key.index, |extras| extras.place = Some((node, channel)));
         }
         key
