@@ -23,7 +23,7 @@ impl<T: Transport> Endpoint<T> {
             PumpEvent::Unrouted(event) => {
                 log::debug!("{event}: no connection owns it");
             }
-            pumped => self.on_pumped(pumped),
+            pumped => self.on_pumped(None, pumped),
         }
     }
 
@@ -48,14 +48,16 @@ impl<T: Transport> Endpoint<T> {
         self.push_endpoint_event(Event::Device(event));
     }
 
-    pub(super) fn on_pumped(&mut self, pumped: PumpEvent) {
+    /// What the pump did with a trigger of `qp`; `owner`: the connection of that QP when
+    /// the caller knows it (a receive polled from its queue), else it is looked up.
+    pub(super) fn on_pumped(&mut self, owner: Option<ConnectionId>, pumped: PumpEvent) {
         let (qp, via) = match pumped {
             PumpEvent::Forced { qp, trigger } => (qp, EstablishedVia::Notify(trigger)),
             PumpEvent::AlreadyEstablished { qp, trigger } => {
                 (qp, EstablishedVia::RtuWonRace(trigger))
             }
             PumpEvent::NotifyFailed { qp, error, .. } => {
-                if let Some(conn) = self.conn_of_qp(qp) {
+                if let Some(conn) = owner.or_else(|| self.conn_of_qp(qp)) {
                     if let Some(entry) = self.live_mut(conn) {
                         // The latest failure stands for the earlier ones (the
                         // counters count them all).
@@ -69,7 +71,7 @@ impl<T: Transport> Endpoint<T> {
                 return
             }
         };
-        if let Some(conn) = self.conn_of_qp(qp) {
+        if let Some(conn) = owner.or_else(|| self.conn_of_qp(qp)) {
             if let Some(entry) = self.live_mut(conn) {
                 // Before ESTABLISHED; once established, `via` says how and stays.
                 if entry.via.is_none() {
@@ -80,35 +82,37 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn on_cq_event(&mut self, conn: ConnectionId) {
-        let Some(entry) = self.live(conn) else {
+        let Some((transport, entry)) = self.split(conn) else {
             return; // a connection closed since: its queues are gone
         };
-        let id = entry.id.clone();
         // Re-armed before polling, so a completion landing in between raises a new event.
         for kind in [CqKind::Recv, CqKind::Send] {
-            if let Err(error) = self.transport.arm_cq(&id, kind) {
+            if let Err(error) = transport.arm_cq(&entry.id, kind) {
                 log::warn!("{conn}: re-arming the {kind:?} queue failed: {error}");
             }
         }
-        self.poll_queues(conn, &id, true);
+        self.poll_queues(conn, true);
     }
 
-    /// Busy polling: polls the queues of at most [`PASS_BATCH`] accepted connections
-    /// whose trigger has not come, in turn; whether a receive among them forced an
-    /// establish. Entries of connections that moved on are dropped as they are met.
-    /// O(1) per connection polled.
+    /// Busy polling: polls the receive queues of at most [`PASS_BATCH`] accepted
+    /// connections whose trigger has not come, in turn; whether a receive among them
+    /// forced an establish. Their send queues are left to the completion events: nothing
+    /// is sent on a connection before it is established. Entries of connections that
+    /// moved on are dropped as they are met. O(1) per connection polled.
     pub(super) fn poll_awaiting(&mut self) -> bool {
         let forced = self.pump.counters().forced;
         for _ in 0..self.awaiting.len().min(PASS_BATCH) {
             let Some(conn) = self.awaiting.pop_front() else {
                 break;
             };
-            let id = match self.live(conn) {
-                Some(c) if c.state == ConnState::Accepted && c.via.is_none() => c.id.clone(),
-                _ => continue,
-            };
+            if !self
+                .live(conn)
+                .is_some_and(|c| c.state == ConnState::Accepted && c.via.is_none())
+            {
+                continue;
+            }
             self.awaiting.push_back(conn);
-            self.poll_queues(conn, &id, true);
+            self.poll_queue(conn, CqKind::Recv, true);
         }
         self.pump.counters().forced != forced
     }
@@ -127,28 +131,39 @@ impl<T: Transport> Endpoint<T> {
 
     /// Polls `conn`'s receive then send queue dry and handles each completion; with
     /// `failures` off, failed completions are skipped (the connection is ending anyway).
-    fn poll_queues(&mut self, conn: ConnectionId, id: &T::Id, failures: bool) {
+    fn poll_queues(&mut self, conn: ConnectionId, failures: bool) {
         for kind in [CqKind::Recv, CqKind::Send] {
-            loop {
-                let mut batch = std::mem::take(&mut self.completions);
-                batch.clear();
-                let polled = self.transport.poll_cq(id, kind, &mut batch, POLL_BATCH);
-                let n = match polled {
-                    Ok(n) => n,
-                    Err(error) => {
-                        log::warn!("{conn}: polling the {kind:?} queue failed: {error}");
-                        0
-                    }
-                };
-                for completion in batch.iter().copied() {
-                    if failures || completion.is_success() {
-                        self.on_completion(conn, completion);
-                    }
-                }
+            self.poll_queue(conn, kind, failures);
+        }
+    }
+
+    /// Polls one of `conn`'s queues dry (see [`Endpoint::poll_queues`]); stops once the
+    /// connection is closed, by a completion handled or before.
+    fn poll_queue(&mut self, conn: ConnectionId, kind: CqKind, failures: bool) {
+        loop {
+            let mut batch = std::mem::take(&mut self.completions);
+            batch.clear();
+            // Looked up again for each batch: a completion handled may close it.
+            let Some((transport, entry)) = self.split(conn) else {
                 self.completions = batch;
-                if n < POLL_BATCH || self.live(conn).is_none() {
-                    break;
+                return;
+            };
+            let polled = transport.poll_cq(&entry.id, kind, &mut batch, POLL_BATCH);
+            let n = match polled {
+                Ok(n) => n,
+                Err(error) => {
+                    log::warn!("{conn}: polling the {kind:?} queue failed: {error}");
+                    0
                 }
+            };
+            for completion in batch.iter().copied() {
+                if failures || completion.is_success() {
+                    self.on_completion(conn, completion);
+                }
+            }
+            self.completions = batch;
+            if n < POLL_BATCH {
+                return;
             }
         }
     }
@@ -200,7 +215,7 @@ impl<T: Transport> Endpoint<T> {
         // The trigger first: on a passive connection whose RTU is late, this receive is
         // what forces the establish.
         if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
-            self.on_pumped(pumped);
+            self.on_pumped(Some(conn), pumped);
         }
         let slot = completion.wr_id as u32;
         let Some((transport, entry)) = self.split(conn) else {
@@ -240,10 +255,7 @@ impl<T: Transport> Endpoint<T> {
     /// are read before completions in a pass), so that what the peer sent before it
     /// left is delivered, and the sends it acknowledged are reported, before the close.
     pub(super) fn drain_completions(&mut self, conn: ConnectionId) {
-        let Some(id) = self.live(conn).map(|c| c.id.clone()) else {
-            return;
-        };
-        self.poll_queues(conn, &id, false);
+        self.poll_queues(conn, false);
     }
 
     pub(super) fn on_cm_event(&mut self, event: T::Event) {
@@ -434,7 +446,7 @@ impl<T: Transport> Endpoint<T> {
         match self.pump.register_before_handshake(id, role) {
             Ok(registration) => {
                 if let Some(pumped) = registration.replayed {
-                    self.on_pumped(pumped);
+                    self.on_pumped(Some(conn), pumped);
                 }
             }
             Err(error) => log::warn!("{qp}: {error}"),
