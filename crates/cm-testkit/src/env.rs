@@ -24,6 +24,9 @@ pub const SKIP_LOG: &str = "CMNOTIFY_SKIP_LOG";
 pub const BENCH_OUT: &str = "CMNOTIFY_BENCH_OUT";
 /// `1`: the benches' quick smoke mode (set by xtask).
 pub const BENCH_SMOKE: &str = "CMNOTIFY_BENCH_SMOKE";
+/// How the real-device bench was built (read when it is compiled, so its figures say
+/// it): `cargo xtask bench --vm` sets it.
+pub const BENCH_BUILD: &str = "CMNOTIFY_BENCH_BUILD";
 /// The `cmnotify` executable the million run runs (built and set by xtask).
 pub const CMNOTIFY_BIN: &str = "CMNOTIFY_BIN";
 

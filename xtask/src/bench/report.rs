@@ -332,7 +332,11 @@ impl Figures {
                 "-",
             ),
         ] {
-            let vm_machine = "VM (qemu TCG, soft-RoCE; absolute times are emulation)";
+            let vm_machine = &format!(
+                "VM (qemu TCG, soft-RoCE; absolute times are emulation; built {})",
+                super::VM_BENCH_BUILD
+            );
+            let vm_machine = vm_machine.as_str();
             let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
             let matching: Vec<(&String, &Figure, &str)> = self
                 .extra
