@@ -96,9 +96,10 @@ impl<T: Transport> Endpoint<T> {
 
     /// Busy polling: polls the receive queues of at most [`PASS_BATCH`] accepted
     /// connections whose trigger has not come, in turn; whether a receive among them
-    /// forced an establish. Their send queues are left to the completion events: nothing
-    /// is sent on a connection before it is established. Entries of connections that
-    /// moved on are dropped as they are met. O(1) per connection polled.
+    /// forced an establish. Their send queues are left to the completion events (the
+    /// endpoint sends nothing before ESTABLISHED; work the application posts itself
+    /// still raises its event). Entries of connections that moved on are dropped as
+    /// they are met. O(1) per connection polled.
     pub(super) fn poll_awaiting(&mut self) -> bool {
         let forced = self.pump.counters().forced;
         for _ in 0..self.awaiting.len().min(PASS_BATCH) {
