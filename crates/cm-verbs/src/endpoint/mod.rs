@@ -892,6 +892,13 @@ impl<T: Transport> Endpoint<T> {
                 return Err(ConnError::Timeout);
             }
             spinning = spin.keep_spinning(now);
+            if spinning {
+                // Kernel work this call waits for may need this CPU: soft-RoCE's
+                // packet processing and the CM's worker run in kernel threads, and a
+                // scheduler that lets a spinning thread run out its slice (EEVDF, from
+                // Linux 6.6) held them off for milliseconds without this yield.
+                std::thread::yield_now();
+            }
         }
     }
 

@@ -553,7 +553,10 @@ pub struct EndpointOptions {
     /// [`PASS_BATCH`](crate::PASS_BATCH) of them, in turn): a receive there is
     /// forwarded with notify at once and the CM channel read for its ESTABLISHED,
     /// without waiting for the completion event; every eighth round one zero-timeout
-    /// look at every source says which to read. `None` (the default): sleep at once.
+    /// look at every source says which to read. Between rounds the thread yields its
+    /// CPU (`sched_yield`), so that kernel work the connection waits for (a software
+    /// device's packets, the CM's worker) is not held off for a scheduler slice.
+    /// `None` (the default): sleep at once.
     pub busy_poll: Option<Duration>,
 }
 
