@@ -40,12 +40,7 @@ pub fn machine_label() -> String {
     if std::env::var(cm_testkit::env::VM).is_ok_and(|v| v == "1") {
         // The build is named when `cargo xtask bench --vm` made it (the variable is
         // `cm_testkit::env::BENCH_BUILD`, read at compile time).
-        return match option_env!("CMNOTIFY_BENCH_BUILD") {
-            Some(build) => {
-                format!("VM (qemu TCG, soft-RoCE; absolute times are emulation; built {build})")
-            }
-            None => "VM (qemu TCG, soft-RoCE; absolute times are emulation)".to_string(),
-        };
+        return cm_testkit::vm_machine(option_env!("CMNOTIFY_BENCH_BUILD"));
     }
     format!("host ({})", cm_testkit::host_cpu())
 }

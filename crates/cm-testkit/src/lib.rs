@@ -8,8 +8,8 @@
 //!   ([`probe_addresses`]: the same probe, returning the reason instead).
 //! - [`report`]: a line on stderr that libtest does not capture, for the console log.
 //! - [`Figure`]: a benchmark figure's line, written by the benches and by tests that
-//!   measure inside the VM, read back by `cargo xtask bench`; [`host_cpu`] names the
-//!   machine they were measured on.
+//!   measure inside the VM, read back by `cargo xtask bench`; [`host_cpu`] and
+//!   [`vm_machine`] name the machine they were measured on.
 //!
 //! ```
 //! // Outside the VM there is no device: the test records its skip and returns.
@@ -103,6 +103,16 @@ pub fn probe_addresses() -> Result<Addresses, String> {
         );
     };
     Ok(Addresses { addr_a, addr_b })
+}
+
+/// The soft-RoCE VM for a report's machine column, with how the measured code was
+/// built when that is known (see [`env::BENCH_BUILD`]).
+pub fn vm_machine(build: Option<&str>) -> String {
+    let vm = "VM (qemu TCG, soft-RoCE; absolute times are emulation";
+    match build {
+        Some(build) => format!("{vm}; built {build})"),
+        None => format!("{vm})"),
+    }
 }
 
 /// The host's CPU for a report's machine column: "`model name`, `N` cores", from `/proc/cpuinfo`.

@@ -332,10 +332,7 @@ impl Figures {
                 "-",
             ),
         ] {
-            let vm_machine = &format!(
-                "VM (qemu TCG, soft-RoCE; absolute times are emulation; built {})",
-                super::VM_BENCH_BUILD
-            );
+            let vm_machine = &cm_testkit::vm_machine(Some(super::VM_BENCH_BUILD));
             let vm_machine = vm_machine.as_str();
             let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
             let matching: Vec<(&String, &Figure, &str)> = self
