@@ -305,6 +305,8 @@ impl Figures {
         }
 
         // Real-device figures: criterion estimates on a device, or the benches' skip.
+        let vm_machine = &cm_testkit::vm_machine(Some(super::VM_BENCH_BUILD));
+        let vm_machine = vm_machine.as_str();
         for (key, figure, target) in [
             (
                 cm_testkit::figure_keys::REAL_NOTIFY,
@@ -332,8 +334,6 @@ impl Figures {
                 "-",
             ),
         ] {
-            let vm_machine = &cm_testkit::vm_machine(Some(super::VM_BENCH_BUILD));
-            let vm_machine = vm_machine.as_str();
             let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
             let matching: Vec<(&String, &Figure, &str)> = self
                 .extra
