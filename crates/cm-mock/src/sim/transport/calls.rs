@@ -1,0 +1,377 @@
+//! [`Transport`] for [`SimTransport`]: each call of the connection API answered on the
+//! fabric (the CM calls through the node's channel and ids, the data path through the
+//! transport's own queues, the wait by running virtual time).
+
+use std::num::NonZeroU16;
+use std::time::Duration;
+
+use cm_core::{
+    AsyncEvent, AsyncEventSource, CmError, CmEventSource, CqKind, QpNum, QueueCaps, Transport,
+    WorkCompletion,
+};
+
+use super::queues::Queues;
+use super::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};
+use crate::sim::{NodeId, SimCmEvent, SimCmId};
+
+impl Transport for SimTransport {
+    type Addr = SimAddr;
+    type Id = SimCmId;
+    type Event = SimCmEvent;
+    type Device = SimDeviceReader;
+    type DeviceKey = NodeId;
+    type Buffers = SimBuffers;
+
+    fn create_id(&mut self) -> Result<SimCmId, CmError> {
+        Ok(self.channel.create_id())
+    }
+
+    fn id_key(&self, id: &SimCmId) -> usize {
+        let key = id.key();
+        (key.generation as usize) << 32 | key.index as usize
+    }
+
+    fn next_cm_event(&mut self) -> Result<Option<SimCmEvent>, CmError> {
+        self.channel.try_next_event()
+    }
+
+    fn event_id(&self, event: &SimCmEvent) -> Option<SimCmId> {
+        Some(event.id())
+    }
+
+    fn event_listener(&self, event: &SimCmEvent) -> Option<SimCmId> {
+        event.listen_id()
+    }
+
+    fn set_id_context(&mut self, id: &SimCmId, context: u32) -> bool {
+        id.set_context(context)
+    }
+
+    fn event_context(&self, event: &SimCmEvent) -> Option<u32> {
+        event.context()
+    }
+
+    fn bind(&mut self, id: &SimCmId, addr: SimAddr) -> Result<(), CmError> {
+        if addr.node != self.node.id() {
+            return Err(CmError::Os {
+                op: "rdma_bind_addr",
+                errno: cm_core::Errno(99 /* EADDRNOTAVAIL */),
+            });
+        }
+        id.bind(addr.port)
+    }
+
+    fn listen(&mut self, id: &SimCmId, _backlog: u16) -> Result<(), CmError> {
+        id.listen()
+    }
+
+    /// Destroys the id on the fabric, as the real backend's last handle does: a
+    /// listener's port is free again, and requests to it are refused.
+    fn release_id(&mut self, id: SimCmId) {
+        // Refused only while an event of the id is unacknowledged (none is, for a
+        // listener: its requests' events name the new ids): the id then stays.
+        let _ = id.destroy();
+    }
+
+    fn resolve_addr(
+        &mut self,
+        id: &SimCmId,
+        _src: Option<SimAddr>,
+        dst: SimAddr,
+        _timeout: Duration,
+    ) -> Result<(), CmError> {
+        id.resolve_addr(dst.node, dst.port)
+    }
+
+    fn resolve_route(&mut self, id: &SimCmId, _timeout: Duration) -> Result<(), CmError> {
+        id.resolve_route()
+    }
+
+    fn connect(&mut self, id: &SimCmId, private_data: &[u8]) -> Result<(), CmError> {
+        id.connect(private_data).map(drop)
+    }
+
+    fn accept(&mut self, id: &SimCmId, private_data: &[u8]) -> Result<(), CmError> {
+        id.accept(private_data)
+    }
+
+    fn reject(&mut self, id: &SimCmId, private_data: &[u8]) -> Result<(), CmError> {
+        id.reject(private_data)
+    }
+
+    fn disconnect(&mut self, id: &SimCmId) -> Result<(), CmError> {
+        id.disconnect()
+    }
+
+    fn local_addr(&self, id: &SimCmId) -> Option<SimAddr> {
+        id.node().map(|node| SimAddr { node, port: 0 })
+    }
+
+    fn peer_addr(&self, _id: &SimCmId) -> Option<SimAddr> {
+        None
+    }
+
+    fn device_key(&self, id: &SimCmId) -> Option<NodeId> {
+        id.node()
+    }
+
+    fn open_device(&mut self, id: &SimCmId) -> Result<SimDeviceReader, CmError> {
+        let node = id.node().ok_or(CmError::Gone {
+            op: "open_device",
+            what: "id",
+        })?;
+        Ok(SimDeviceReader { node })
+    }
+
+    fn next_async_event(
+        &mut self,
+        _device: &mut SimDeviceReader,
+    ) -> Result<Option<AsyncEvent>, CmError> {
+        self.device.try_next_async_event()
+    }
+
+    fn next_cq_event(&mut self, _device: &mut SimDeviceReader) -> Result<Option<u64>, CmError> {
+        let mark = self.device.arrivals();
+        if mark != self.collected_at {
+            self.collect_completions(|_| ());
+            self.collected_at = mark;
+        }
+        Ok(self.tokens.pop_front())
+    }
+
+    fn create_qp(
+        &mut self,
+        id: &SimCmId,
+        device: &SimDeviceReader,
+        token: u64,
+        caps: &QueueCaps,
+    ) -> Result<QpNum, CmError> {
+        caps.validate()?;
+        // Checked by `validate`: 1 to 16384.
+        let recv_depth = u16::try_from(caps.recv_depth)
+            .ok()
+            .and_then(NonZeroU16::new)
+            .ok_or(CmError::InvalidArgument {
+                op: "create_qp",
+                reason: "receive depth out of range",
+            })?;
+        let (qp, ids_destroyed) = id.with(|f| {
+            if f.id_node(id.key) != Some(device.node) {
+                return Err(CmError::InvalidArgument {
+                    op: "create_qp",
+                    reason: "the device reader belongs to another node",
+                });
+            }
+            Ok((f.create_qp(id.key)?, f.ids_destroyed()))
+        })?;
+        if id.fabric.same(self.node.fabric()) {
+            // The receives are posted next.
+            self.hint(id, Some(qp), ids_destroyed);
+        }
+        self.free_destroyed();
+        let slot = self.queues.put(Queues::new(token, recv_depth));
+        self.by_qp.set(qp, slot);
+        Ok(qp)
+    }
+
+    fn register_buffers(&mut self, _id: &SimCmId, caps: &QueueCaps) -> Result<SimBuffers, CmError> {
+        caps.validate()?;
+        let out_of_range = || CmError::InvalidArgument {
+            op: "register_buffers",
+            reason: "queue depth out of range",
+        };
+        Ok(SimBuffers {
+            recv_depth: u16::try_from(caps.recv_depth)
+                .ok()
+                .and_then(NonZeroU16::new)
+                .ok_or_else(out_of_range)?,
+            send_depth: u16::try_from(caps.send_depth).map_err(|_| out_of_range())?,
+            buffer_size: caps.buffer_size,
+        })
+    }
+
+    fn post_recv(
+        &mut self,
+        id: &SimCmId,
+        buffers: &SimBuffers,
+        slot: u32,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        if slot >= u32::from(buffers.recv_depth.get()) {
+            return Err(CmError::InvalidArgument {
+                op: "ibv_post_recv",
+                reason: "no such receive buffer",
+            });
+        }
+        let (qp, queues, pool) = self.queues(id, "ibv_post_recv")?;
+        queues.post(wr_id, pool);
+        let token = queues.token;
+        if Self::land(queues, qp) {
+            self.tokens.push_back(token);
+        }
+        Ok(())
+    }
+
+    fn post_send(
+        &mut self,
+        id: &SimCmId,
+        buffers: &SimBuffers,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        if slot >= u32::from(buffers.send_depth) || data.len() > buffers.buffer_size as usize {
+            return Err(CmError::InvalidArgument {
+                op: "ibv_post_send",
+                reason: "no such send buffer, or the message does not fit it",
+            });
+        }
+        let qp = id.with(|f| {
+            f.post_send_data(id.key, data)?;
+            Ok::<_, CmError>(f.id_qp(id.key))
+        })?;
+        let (qp, queues, pool) = self.queues_of(qp, "ibv_post_send")?;
+        queues.busy(pool).send.push_back(WorkCompletion {
+            wr_id,
+            qp,
+            kind: CqKind::Send,
+            status: cm_core::WcStatus::Success,
+            byte_len: 0,
+        });
+        let token = queues.token;
+        self.tokens.push_back(token);
+        Ok(())
+    }
+
+    fn read_recv(
+        &mut self,
+        id: &SimCmId,
+        _buffers: &SimBuffers,
+        slot: u32,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CmError> {
+        let (_, queues, pool) = self.queues(id, "read_recv")?;
+        let data = queues
+            .busy
+            .as_mut()
+            .and_then(|busy| busy.landed.remove(&u64::from(slot)))
+            .unwrap_or_default();
+        queues.settle(pool);
+        if out.is_empty() {
+            // The landed payload's own memory, not a copy of it.
+            let mut data = data;
+            data.truncate(len);
+            *out = data;
+        } else {
+            out.extend_from_slice(&data[..len.min(data.len())]);
+        }
+        // A length-only send carries no bytes: the receiver sees zeroes, as in a fresh
+        // buffer.
+        out.resize(len, 0);
+        Ok(())
+    }
+
+    fn arm_cq(&mut self, id: &SimCmId, _kind: CqKind) -> Result<(), CmError> {
+        self.queues(id, "ibv_req_notify_cq").map(drop)
+    }
+
+    fn poll_cq(
+        &mut self,
+        id: &SimCmId,
+        kind: CqKind,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, CmError> {
+        // As on a device, a completion is in its queue once it landed, whether or not
+        // the completion channel was read since (busy polling polls queues first). The
+        // id's QP is read under the same lock when the id is of this fabric.
+        let qp = if id.fabric.same(&self.device.fabric) {
+            self.collect_completions(|f| f.id_qp(id.key))
+        } else {
+            self.collect_completions(|_| ());
+            cm_core::CmId::qp_num(id)
+        };
+        let (_, queues, pool) = self.queues_of(qp, "ibv_poll_cq")?;
+        let Some(busy) = queues.busy.as_mut() else {
+            return Ok(0);
+        };
+        let queue = match kind {
+            CqKind::Recv => &mut busy.recv,
+            CqKind::Send => &mut busy.send,
+        };
+        let n = max.min(queue.len());
+        out.extend(queue.drain(..n));
+        queues.settle(pool);
+        Ok(n)
+    }
+
+    fn now(&self) -> Duration {
+        self.node.fabric().now()
+    }
+
+    fn wait(
+        &mut self,
+        devices: &[SimDeviceReader],
+        timeout: Option<Duration>,
+    ) -> Result<bool, CmError> {
+        let reading = !devices.is_empty();
+        let fabric = self.node.fabric();
+        // In the fabric's nanoseconds (saturating, as `SimFabric::advance` counts).
+        let deadline = timeout.map(|t| {
+            let t = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+            fabric.lock().now_nanos().saturating_add(t)
+        });
+        loop {
+            if self.ready(reading) {
+                return Ok(true);
+            }
+            if let Some(hook) = self.on_step.as_mut() {
+                hook();
+                if self.ready(reading) {
+                    return Ok(true);
+                }
+            }
+            // The next action, or the deadline: one lock.
+            let mut locked = fabric.lock();
+            match (locked.next_due(), deadline) {
+                (Some(due), Some(deadline)) if due > deadline => {
+                    locked.set_now(deadline);
+                    return Ok(false);
+                }
+                (Some(_), _) => {
+                    locked.step();
+                }
+                (None, Some(deadline)) => {
+                    locked.set_now(deadline);
+                    return Ok(false);
+                }
+                (None, None) => return Err(CmError::Idle { op: "wait" }),
+            }
+        }
+    }
+
+    fn wait_step(
+        &mut self,
+        devices: &[SimDeviceReader],
+        timeout: Option<Duration>,
+    ) -> Result<bool, CmError> {
+        if self.ready(!devices.is_empty()) {
+            return Ok(true);
+        }
+        let fabric = self.node.fabric();
+        let mut locked = fabric.lock();
+        let deadline = timeout.map(|t| {
+            let t = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+            locked.now_nanos().saturating_add(t)
+        });
+        match (locked.next_due(), deadline) {
+            (Some(due), Some(deadline)) if due > deadline => Ok(false),
+            (Some(_), _) => {
+                locked.step();
+                Ok(true)
+            }
+            (None, _) => Ok(false),
+        }
+    }
+}
