@@ -59,7 +59,21 @@ pub trait AsyncWait: Transport {
         &'a self,
         devices: &'a [Self::Device],
     ) -> Option<impl Iterator<Item = (BorrowedFd<'a>, u64)> + 'a>;
+
+    /// The reactor found the descriptor at `index` in [`AsyncWait::watched`]'s order
+    /// readable (its readiness now cleared), or could not watch it: the next pass must
+    /// read it. What [`Transport::wait`] notes when its `poll(2)` says so, for a
+    /// transport that reads a source only when its wait found it ready. By default
+    /// nothing: every source is read on every pass.
+    fn note_readable(&self, index: usize) {
+        let _ = index;
+    }
 }
+
+/// Where [`crate::rdma::RdmaTransport`]'s watched descriptors list the removal monitor:
+/// after the CM channel.
+#[cfg(feature = "rdma")]
+const MONITOR_PLACE: usize = 1;
 
 #[cfg(feature = "rdma")]
 impl AsyncWait for crate::rdma::RdmaTransport {
@@ -67,7 +81,8 @@ impl AsyncWait for crate::rdma::RdmaTransport {
         &'a self,
         devices: &'a [Self::Device],
     ) -> Option<impl Iterator<Item = (BorrowedFd<'a>, u64)> + 'a> {
-        // The channel and the monitor live as long as the transport: serial 0.
+        // The channel and the monitor live as long as the transport: serial 0. The
+        // monitor comes second (`MONITOR_PLACE`): `note_readable` knows it by that.
         let fixed = std::iter::once(self.channel_fd()).chain(self.monitor_fd());
         Some(
             fixed
@@ -79,6 +94,13 @@ impl AsyncWait for crate::rdma::RdmaTransport {
                     ]
                 })),
         )
+    }
+
+    fn note_readable(&self, index: usize) {
+        // The monitor is read only when a wait found it readable, as after `poll(2)`.
+        if index == MONITOR_PLACE && self.monitor_fd().is_some() {
+            self.note_monitor_readable();
+        }
     }
 }
 
@@ -104,7 +126,12 @@ pub struct AsyncEndpoint<T: AsyncWait> {
 /// device is not kept open by them.
 #[derive(Debug, Default)]
 pub(crate) struct WatchSet {
-    watched: Vec<AsyncFd<OwnedFd>>,
+    /// Each registered duplicate with its place in [`AsyncWait::watched`]'s order.
+    watched: Vec<(usize, AsyncFd<OwnedFd>)>,
+    /// The places of the descriptors the last wait found readable, until handed over to
+    /// the transport ([`WatchSet::hand_over`]): a wait holds no reference to the
+    /// transport, so that its future is `Send` with a transport that is not `Sync`.
+    readable: Vec<usize>,
     /// The serial numbers of the descriptors `watched` covers, in order; `None` when a
     /// descriptor could not be watched (the next wait tries again).
     serials: Option<Vec<u64>>,
@@ -156,8 +183,9 @@ impl WatchSet {
         self.watched.clear();
         let mut whole = true;
         let mut serials = Vec::new();
-        let current = endpoint.transport().watched(endpoint.devices());
-        for (fd, serial) in current.into_iter().flatten() {
+        let transport = endpoint.transport();
+        let current = transport.watched(endpoint.devices());
+        for (index, (fd, serial)) in current.into_iter().flatten().enumerate() {
             serials.push(serial);
             let watched = fd
                 .as_fd()
@@ -165,12 +193,14 @@ impl WatchSet {
                 .map_err(|e| CmError::from_io("dup", &e))
                 .and_then(register);
             match watched {
-                Ok(watched) => self.watched.push(watched),
+                Ok(watched) => self.watched.push((index, watched)),
                 Err(error) => {
                     if whole {
                         log::warn!("a descriptor is not watched, falling back to waking at an interval: {error}");
                     }
                     whole = false;
+                    // Not watched, so read on every pass until it is.
+                    transport.note_readable(index);
                 }
             }
         }
@@ -198,14 +228,20 @@ impl WatchSet {
         [deadline, fallback].into_iter().flatten().min()
     }
 
-    /// Ready once a watched descriptor is readable (its readiness cleared: the caller
-    /// reads every source next, so no wake-up is lost between a read and the wait).
-    pub(crate) fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), CmError>> {
-        for fd in &self.watched {
+    /// Ready once a watched descriptor is readable. Every readable one has its
+    /// readiness cleared and is kept for [`WatchSet::hand_over`]: the caller's next
+    /// pass reads them all, so no wake-up is lost between a read and the wait. Checks
+    /// the reactor's readiness only: no system call.
+    pub(crate) fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Result<(), CmError>> {
+        let found = self.readable.len();
+        for (index, fd) in &self.watched {
             match fd.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut guard)) => {
                     guard.clear_ready();
-                    return Poll::Ready(Ok(()));
+                    self.readable.push(*index);
                 }
                 Poll::Ready(Err(e)) => {
                     return Poll::Ready(Err(CmError::from_io("tokio readiness", &e)))
@@ -213,7 +249,21 @@ impl WatchSet {
                 Poll::Pending => {}
             }
         }
-        Poll::Pending
+        if self.readable.len() > found {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Tells `transport` which descriptors the last wait found readable
+    /// ([`AsyncWait::note_readable`]), as its own `poll(2)` wait would: called before
+    /// each pass, so that a source it reads only when told (the removal monitor) is
+    /// read by that pass.
+    pub(crate) fn hand_over<T: AsyncWait>(&mut self, transport: &T) {
+        for index in self.readable.drain(..) {
+            transport.note_readable(index);
+        }
     }
 }
 
@@ -265,6 +315,7 @@ impl<T: AsyncWait> AsyncEndpoint<T> {
             if let Some(found) = take(&mut self.endpoint) {
                 return found;
             }
+            self.watch.hand_over(self.endpoint.transport());
             let more = self.endpoint.process_pass()?;
             // Taken before anything else can fail: an event read is never lost.
             if let Some(found) = take(&mut self.endpoint) {
@@ -296,7 +347,7 @@ impl<T: AsyncWait> AsyncEndpoint<T> {
                 continue;
             }
             let deadline = self.watch.deadline(left);
-            let watch = &self.watch;
+            let watch = &mut self.watch;
             let ready = poll_fn(|cx| watch.poll_ready(cx));
             match deadline {
                 Some(deadline) => {

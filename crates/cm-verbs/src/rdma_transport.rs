@@ -26,6 +26,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEvent, CmError, CqKind, QpNum, QueueCaps, Transport, WorkCompletion};
@@ -192,8 +193,10 @@ pub struct RdmaTransport {
     /// The kernel's announcements of device removals (`None` if the socket could not
     /// be opened: then only removals that reach an id of ours are seen).
     monitor: Option<DeviceMonitor>,
-    /// The last wait found the monitor readable: a removal may be under way.
-    monitor_ready: bool,
+    /// The last wait found the monitor readable: a removal may be under way. Atomic
+    /// because a wait on the reactor notes it through `&self`
+    /// (`note_monitor_readable`); a relaxed load costs what a `bool` does.
+    monitor_ready: AtomicBool,
     /// Refreshes after an announced removal: the devices listed before it, and the
     /// retries.
     announced: Option<(Vec<String>, RemovalRetry)>,
@@ -223,7 +226,7 @@ impl RdmaTransport {
                     None
                 }
             },
-            monitor_ready: false,
+            monitor_ready: AtomicBool::new(false),
             announced: None,
             wake: None,
         })
@@ -235,10 +238,17 @@ impl RdmaTransport {
         self.monitor.as_ref().map(AsFd::as_fd)
     }
 
+    /// Notes that a wait outside [`Transport::wait`] (on tokio's reactor) found the
+    /// monitor readable: the next housekeeping reads it.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn note_monitor_readable(&self) {
+        self.monitor_ready.store(true, Ordering::Relaxed);
+    }
+
     /// Reads the monitor if the last wait found it readable; a removal announced starts
     /// (or restarts) the refreshes.
     fn read_monitor(&mut self) {
-        if !std::mem::take(&mut self.monitor_ready) {
+        if !std::mem::take(self.monitor_ready.get_mut()) {
             return;
         }
         let Some(monitor) = &self.monitor else {
@@ -513,7 +523,7 @@ impl Transport for RdmaTransport {
     }
 
     fn wants_housekeeping(&self) -> bool {
-        self.monitor_ready
+        self.monitor_ready.load(Ordering::Relaxed)
     }
 
     fn housekeeping(&mut self) -> Option<Duration> {
@@ -669,7 +679,7 @@ impl Transport for RdmaTransport {
         let mut next = 1 + 2 * devices.len();
         if self.monitor.is_some() {
             if ready.is_ready(next) {
-                self.monitor_ready = true;
+                *self.monitor_ready.get_mut() = true;
             }
             next += 1;
         }

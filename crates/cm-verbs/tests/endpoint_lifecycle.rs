@@ -5,7 +5,9 @@
 //! Each removal scenario runs `timeout 10 rdma link delete` while the endpoints live
 //! (and are driven), checks that it returned in time with success, counts the kernel's
 //! CM ids against their number before (0 leaked), prints its fault row and adds the
-//! device back. Without a device every test records a skip.
+//! device back. The endpoints are driven by blocking calls, by an `AsyncEndpoint` and by
+//! a tokio-driven `EndpointHandle` (which hear the kernel's removal announcement on the
+//! reactor, not in `poll(2)`). Without a device every test records a skip.
 #![cfg(all(feature = "tokio", feature = "rdma"))]
 
 mod common;
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, FaultRow};
 use cm_verbs::async_endpoint::AsyncEndpoint;
+use cm_verbs::handle::EndpointHandle;
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{ConnError, Endpoint, ListenOptions};
 
@@ -33,10 +36,17 @@ fn device(test: &str, dev: &str, netdev: &str) -> Option<(String, String)> {
     }
 }
 
+/// How long a removal may keep `rdma link delete` before the test gives up on it: the
+/// kernel waits for the device context uninterruptibly, so `timeout` alone can hang.
+const REMOVAL_LIMIT: Duration = Duration::from_secs(30);
+
 /// Runs `timeout 10 rdma link delete <device>` while `drive` keeps the endpoints
 /// working (each call waits a little on them); whether the removal returned, with
-/// success, before its 10 s ran out.
+/// success, before its 10 s ran out. One still held after [`REMOVAL_LIMIT`] is
+/// released by refreshing librdmacm's device list here (so that the test fails rather
+/// than hangs, and the tests after it find the device added back).
 fn removal_returns(device: &str, mut drive: impl FnMut()) -> bool {
+    let limit = std::time::Instant::now() + REMOVAL_LIMIT;
     let (done, finished) = mpsc::channel();
     let device = device.to_string();
     std::thread::spawn(move || {
@@ -53,6 +63,12 @@ fn removal_returns(device: &str, mut drive: impl FnMut()) -> bool {
                     "lifecycle: `timeout 10 rdma link delete`: {status}"
                 ));
                 return status.success();
+            }
+            Err(mpsc::TryRecvError::Empty) if std::time::Instant::now() >= limit => {
+                report("lifecycle: the removal still waits for us: released by the test");
+                let _ = cm_verbs::sys::refresh_devices();
+                let _ = finished.recv();
+                return false;
             }
             Err(mpsc::TryRecvError::Empty) => drive(),
             Err(mpsc::TryRecvError::Disconnected) => return false,
@@ -217,19 +233,7 @@ fn a_closed_device_bound_listener_lets_its_device_go() {
     };
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let mut server = common::endpoint();
-    let listener = server
-        .listen(
-            SocketAddr::new(addrs.addr_a, 7533),
-            ListenOptions::default(),
-        )
-        .expect("listen");
-    assert_eq!(server.device_count(), 1);
-    server.close_listener(listener).expect("close listener");
-    assert_eq!(
-        server.device_count(),
-        0,
-        "the reader closed with its only listener"
-    );
+    listen_and_close(&mut server, SocketAddr::new(addrs.addr_a, 7533));
 
     let _add_back = common::AddBack {
         device: device.clone(),
@@ -239,6 +243,137 @@ fn a_closed_device_bound_listener_lets_its_device_go() {
     assert!(returned, "rdma link delete {device} returned within 10 s");
     drop(server);
     report_fault("device removed after close_listener", 0, 0, 0, baseline);
+}
+
+/// A current-thread runtime with I/O and time, for the tokio servers.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A device-bound listener on `addr` opened and closed again, so that its device's
+/// reader is closed while librdmacm still holds the device context, which only a
+/// refresh after the kernel's removal announcement lets go.
+fn listen_and_close<T: cm_verbs::core::Transport<Addr = SocketAddr>>(
+    server: &mut Endpoint<T>,
+    addr: SocketAddr,
+) {
+    let listener = server
+        .listen(addr, ListenOptions::default())
+        .expect("listen");
+    assert_eq!(server.device_count(), 1);
+    server.close_listener(listener).expect("close listener");
+    assert_eq!(
+        server.device_count(),
+        0,
+        "the reader closed with its only listener"
+    );
+}
+
+#[test]
+fn an_async_endpoint_lets_a_device_it_no_longer_uses_go() {
+    const TEST: &str = "an_async_endpoint_lets_a_device_it_no_longer_uses_go";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some((device, netdev)) = device(TEST, cm_testkit::env::DEV_A, cm_testkit::env::NETDEV_A)
+    else {
+        return;
+    };
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
+    let runtime = runtime();
+    let _in_runtime = runtime.enter();
+    let mut server =
+        AsyncEndpoint::new(RdmaTransport::new().expect("transport")).expect("register");
+    listen_and_close(server.endpoint(), SocketAddr::new(addrs.addr_a, 7537));
+    // A wildcard listener keeps the server serving, on no device.
+    let wildcard = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7537);
+    let listener = server
+        .endpoint()
+        .listen(wildcard, ListenOptions::default())
+        .expect("listen");
+
+    let _add_back = common::AddBack {
+        device: device.clone(),
+        netdev,
+    };
+    // Only the tokio wait drives the endpoint: the monitor is heard on the reactor.
+    let returned = removal_returns(&device, || {
+        runtime.block_on(async {
+            match tokio::time::timeout(BRIEFLY.expect("a wait"), server.next_event()).await {
+                Ok(Ok(event)) => report(&format!("lifecycle: async server saw {event:?}")),
+                Ok(Err(error)) => report(&format!("lifecycle: async server: {error}")),
+                Err(_elapsed) => {}
+            }
+        });
+    });
+    assert!(returned, "rdma link delete {device} returned within 10 s");
+    assert_eq!(server.endpoint().device_count(), 0, "no reader held");
+    assert_eq!(
+        server.endpoint().listener_count(),
+        1,
+        "the wildcard lives on"
+    );
+    server
+        .endpoint()
+        .close_listener(listener)
+        .expect("close listener");
+    drop(server);
+    report_fault(
+        "device removed under a tokio AsyncEndpoint (its listener closed)",
+        0,
+        0,
+        0,
+        baseline,
+    );
+}
+
+#[test]
+fn a_tokio_driven_handle_lets_a_device_it_no_longer_uses_go() {
+    const TEST: &str = "a_tokio_driven_handle_lets_a_device_it_no_longer_uses_go";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some((device, netdev)) = device(TEST, cm_testkit::env::DEV_A, cm_testkit::env::NETDEV_A)
+    else {
+        return;
+    };
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
+    let runtime = runtime();
+    let _in_runtime = runtime.enter();
+    let server = EndpointHandle::spawn_tokio(common::endpoint()).expect("server");
+    server.with_endpoint(|ep| listen_and_close(ep, SocketAddr::new(addrs.addr_a, 7538)));
+    // A wildcard listener keeps the server serving, on no device.
+    let wildcard = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7538);
+    let listener = server
+        .listen(wildcard, ListenOptions::default())
+        .expect("listen");
+
+    let _add_back = common::AddBack {
+        device: device.clone(),
+        netdev,
+    };
+    // Only the driver task drives the endpoint, while the runtime runs.
+    let returned = removal_returns(&device, || {
+        runtime.block_on(tokio::time::sleep(BRIEFLY.expect("a wait")));
+    });
+    assert!(returned, "rdma link delete {device} returned within 10 s");
+    assert_eq!(
+        server.with_endpoint(|ep| ep.device_count()),
+        0,
+        "no reader held"
+    );
+    drop(listener);
+    drop(server);
+    report_fault(
+        "device removed under a tokio-driven EndpointHandle (its listener closed)",
+        0,
+        0,
+        0,
+        baseline,
+    );
 }
 
 #[test]
@@ -305,10 +440,7 @@ fn an_async_accept_returns_its_connection_with_the_descriptor_limit_reached() {
         return;
     };
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let (ready, client_ready) = mpsc::channel();
     let (go, client_go) = mpsc::channel::<()>();
     let src = addrs.addr_b;

@@ -121,11 +121,17 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
             if poked {
                 idle_turns = 0;
             }
-            core = match step(&mut core, left, &mut idle_turns) {
-                Turn::Moved | Turn::Still => wait_for_call(shared, core, Some(TURN)),
-                Turn::Idle => wait_for_call(shared, core, None),
+            let turn = match step(&mut core, left, &mut idle_turns) {
+                Turn::Moved | Turn::Still => Some(TURN),
+                Turn::Idle => None,
                 Turn::Failed => return,
             };
+            let poked;
+            (core, poked) = wait_for_call(shared, core, turn);
+            if poked {
+                // A call moved something during the turn: the idle count starts again.
+                idle_turns = 0;
+            }
             continue;
         }
         shared.blocked.store(true, Ordering::SeqCst);
@@ -149,14 +155,18 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
 }
 
 /// Sleeps until a call tells the driver something changed (or it is stopped), at most
-/// `turn` (`None`: as long as it takes).
+/// `turn` (`None`: as long as it takes); whether a call did (the poke is taken here).
 fn wait_for_call<'a, T: Transport>(
     shared: &'a Shared<T>,
     core: MutexGuard<'a, Core<T>>,
     turn: Option<Duration>,
-) -> MutexGuard<'a, Core<T>> {
-    let nothing_new = |c: &mut Core<T>| !c.take_poke() && !c.stopped();
-    match turn {
+) -> (MutexGuard<'a, Core<T>>, bool) {
+    let mut poked = false;
+    let nothing_new = |c: &mut Core<T>| {
+        poked |= c.take_poke();
+        !poked && !c.stopped()
+    };
+    let core = match turn {
         Some(turn) => {
             shared
                 .idle
@@ -168,7 +178,8 @@ fn wait_for_call<'a, T: Transport>(
             .idle
             .wait_while(core, nothing_new)
             .unwrap_or_else(|e| e.into_inner()),
-    }
+    };
+    (core, poked)
 }
 
 #[cfg(feature = "tokio")]
@@ -203,6 +214,7 @@ mod tokio_driver {
                 if core.stopped() {
                     return;
                 }
+                watch.hand_over(core.endpoint().transport());
                 let more = core.pass();
                 if core.has_failed() {
                     return;
