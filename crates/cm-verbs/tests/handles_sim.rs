@@ -3,8 +3,12 @@
 //! wait for a buffer, and what dropping a handle frees.
 #![cfg(all(feature = "tokio", feature = "sim", feature = "rdma"))]
 
-use std::task::{Context, Poll, Waker};
+#[path = "support/poll_once.rs"]
+mod poll_once;
+
 use std::time::Duration;
+
+use poll_once::poll_once_and_drop;
 
 use cm_verbs::handle::{Connection, EndpointHandle, Listener};
 use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
@@ -165,14 +169,6 @@ fn blocking_threads_each_serve_a_connection_of_one_shared_endpoint() {
         server.with_endpoint(|ep| ep.counters()).forced,
         CLIENTS as u64
     );
-}
-
-/// Polls `future` once with a waker that does nothing, then drops it.
-fn poll_once_and_drop<F: std::future::Future>(future: F) -> Poll<F::Output> {
-    let mut future = std::pin::pin!(future);
-    future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
 }
 
 #[test]

@@ -630,3 +630,76 @@ impl<T: Transport> Endpoint<T> {
 fn deadline_applies<T: Transport>(conn: Option<&Conn<T>>, due: std::time::Duration) -> bool {
     conn.is_some_and(|c| c.state != ConnState::Established && c.deadline.get() == Some(due))
 }
+
+#[cfg(test)]
+mod tests {
+    use cm_core::{CqKind, QueueCaps, WcStatus, WorkCompletion};
+    use cm_mock::sim::{SimConfig, SimTransports};
+
+    use crate::{
+        CloseReason, ConnError, ConnectOptions, Endpoint, Event, ListenOptions, QpErrorDetail,
+        APPLICATION_WR_ID,
+    };
+
+    /// A failed one-sided work request closes its connection (its QP is in the error
+    /// state); the application still learns which of its earlier requests completed,
+    /// in order, before the close.
+    #[test]
+    fn a_failed_one_sided_completion_keeps_the_successes_before_it() {
+        let SimTransports {
+            fabric,
+            server,
+            client,
+        } = SimTransports::new(SimConfig::default(), 81);
+        let mut server = Endpoint::new(server);
+        let mut client = Endpoint::new(client);
+        let addr = server.transport().addr(7481);
+        server.listen(addr, ListenOptions::default()).unwrap();
+        let options = ConnectOptions {
+            caps: QueueCaps {
+                work_depth: 4,
+                ..QueueCaps::default()
+            },
+            ..ConnectOptions::default()
+        };
+        let out = client.connect(addr, options).unwrap();
+        loop {
+            while server.poll().unwrap().is_some() {}
+            while let Some(event) = client.poll().unwrap() {
+                assert!(!matches!(event, Event::Closed { .. }), "{event:?}");
+            }
+            if !fabric.step() {
+                break;
+            }
+        }
+        let qp = client.info(out).unwrap().qp.expect("a QP");
+        let work = |n: u64, status| WorkCompletion {
+            wr_id: APPLICATION_WR_ID | n,
+            qp,
+            kind: CqKind::Send,
+            status,
+            byte_len: 0,
+        };
+        client.on_completion(out, work(1, WcStatus::Success));
+        client.on_completion(out, work(2, WcStatus::Success));
+        client.on_completion(out, work(3, WcStatus::RemAccessErr));
+        let taken: Vec<u64> =
+            std::iter::from_fn(|| client.take_work_completion(out).ok().flatten())
+                .map(|done| done.wr_id & !APPLICATION_WR_ID)
+                .collect();
+        assert_eq!(taken, [1, 2, 3], "every completion, in order");
+        let closed = client.take_work_completion(out);
+        assert!(
+            matches!(
+                closed,
+                Err(ConnError::Closed {
+                    reason: CloseReason::QpError {
+                        detail: QpErrorDetail::Completion(WcStatus::RemAccessErr)
+                    },
+                    ..
+                })
+            ),
+            "then the close: {closed:?}"
+        );
+    }
+}

@@ -685,9 +685,31 @@ impl<T: Transport> Endpoint<T> {
             .map_err(ConnError::Endpoint)
     }
 
-    /// The listener a live connection came to (passive side). O(1).
+    /// The listener a connection came to (passive side), live or closed and not yet
+    /// reported. O(1).
     pub(crate) fn listener_of(&self, conn: ConnectionId) -> Option<ListenerId> {
-        self.live(conn).and_then(|c| c.listener)
+        match self.live(conn) {
+            Some(c) => c.listener,
+            None => self.closed(conn).and_then(|c| c.listener),
+        }
+    }
+
+    /// How `conn` got established, live or closed and not yet reported (`None`
+    /// before, or if it never was). O(1).
+    pub(crate) fn established_via(&self, conn: ConnectionId) -> Option<EstablishedVia> {
+        match self.live(conn) {
+            Some(c) => c.established_via(),
+            None => self.closed(conn).and_then(|c| c.established),
+        }
+    }
+
+    /// Marks `conn` as held (or no longer) by something that will ask for its close,
+    /// such as a connection handle: a held connection's close is kept whatever
+    /// [`CLOSED_BACKLOG`] says. O(1).
+    pub(crate) fn hold(&mut self, conn: ConnectionId, held: bool) {
+        if let Some(pending) = self.pending_mut(conn) {
+            pending.held = held;
+        }
     }
 
     /// The transport's own waker (`None`: its wait never blocks in real time).
@@ -699,8 +721,10 @@ impl<T: Transport> Endpoint<T> {
     /// requests posted with [`APPLICATION_WR_ID`] set), without waiting: `Ok(None)`
     /// when none is there. A connection keeps at most its
     /// [`QueueCaps::work_depth`] of them (past it the oldest is dropped and counted in
-    /// [`EndpointStats::dropped_events`]); they go with the connection. A failed one
-    /// also closes the connection (its QP is in the error state). O(1).
+    /// [`EndpointStats::dropped_events`]). A failed one also closes the connection (its
+    /// QP is in the error state); the completions before it, and it, are still taken
+    /// here, in order, until the close is reported (they go with the connection's
+    /// record). O(1).
     pub fn take_work_completion(
         &mut self,
         conn: ConnectionId,

@@ -27,7 +27,8 @@ pub const ENDPOINT_EVENT_BACKLOG: usize = 1024;
 
 /// Connections closed but not yet reported ([`Event::Closed`] or a
 /// [`ConnError::Closed`]) kept at most; past it a close is not kept (its handle then
-/// names nothing) and counted.
+/// names nothing) and counted. Connections marked held ([`Endpoint::hold`], as the
+/// connection handles do) are kept whatever this says: their holders bound them.
 pub const CLOSED_BACKLOG: usize = 4096;
 
 /// What one connection has to report, in the order it is reported.
@@ -42,6 +43,9 @@ pub(super) struct Pending {
     /// Its place in the ready queue (0: not queued); an entry with another ticket is
     /// stale.
     pub(super) ticket: u32,
+    /// Someone holds it (a connection handle): its close is kept whatever
+    /// [`CLOSED_BACKLOG`] says, since a holder will ask for it.
+    pub(super) held: bool,
 }
 
 /// A connection that ended but whose end the application has not heard of yet: its
@@ -52,6 +56,9 @@ pub(super) struct ClosedConn {
     pub(super) generation: u32,
     pub(super) reason: CloseReason,
     pub(super) role: Role,
+    /// The listener it came to (passive side), so that a connection established and
+    /// closed before anyone took it still reaches its listener's `accept`.
+    pub(super) listener: Option<crate::ListenerId>,
     pub(super) established: Option<EstablishedVia>,
     pub(super) peer_private: PrivateData,
     /// Messages that arrived while it was established and were not taken.
@@ -333,7 +340,9 @@ impl<T: Transport> Endpoint<T> {
         let Some(closed) = self.closed_mut(conn) else {
             return Some(Err(ConnError::UnknownConnection(conn)));
         };
-        if let (Some(via), true) = (closed.established, closed.pending.established) {
+        // Established is a fact about the past: a connection that got there and closed
+        // since still answers how (its close comes from `recv` or `next_event`).
+        if let Some(via) = closed.established {
             closed.pending.established = false;
             return Some(Ok(via));
         }

@@ -150,8 +150,6 @@ impl<T: Transport> Endpoint<T> {
         let Some(entry) = self.remove_live(conn) else {
             return;
         };
-        // Its QP goes below: the application's one-sided work ends with it.
-        self.work_done.remove(&conn);
         if disconnect {
             if let Err(error) = self.transport.disconnect(&entry.id) {
                 log::debug!("{conn}: disconnect: {error}");
@@ -161,6 +159,7 @@ impl<T: Transport> Endpoint<T> {
             id,
             role,
             state,
+            listener,
             via,
             mut rare,
             inbox,
@@ -170,7 +169,7 @@ impl<T: Transport> Endpoint<T> {
         // The id goes now: its QP, queues and memory with it, whatever is kept below.
         drop(id);
         let kept = report.filter(|_| {
-            let room = self.closed_conns < CLOSED_BACKLOG;
+            let room = pending.held || self.closed_conns < CLOSED_BACKLOG;
             if !room {
                 self.dropped_events += 1;
             }
@@ -193,6 +192,7 @@ impl<T: Transport> Endpoint<T> {
             generation: 0,
             reason,
             role,
+            listener,
             established: via.filter(|_| state == ConnState::Established),
             peer_private: rare.take_private(),
             inbox,
@@ -200,6 +200,7 @@ impl<T: Transport> Endpoint<T> {
                 established: pending.established,
                 sent: pending.sent,
                 ticket,
+                held: pending.held,
                 ..Pending::default()
             },
         }));
@@ -246,6 +247,9 @@ impl<T: Transport> Endpoint<T> {
     }
 
     fn free_slot(&mut self, conn: ConnectionId) {
+        // The application's one-sided completions outlive the QP (a failed one closed
+        // it, the ones before it must still be told apart): they go with the record.
+        self.work_done.remove(&conn);
         let slot = &mut self.slots[conn.index()];
         *slot = Slot::Vacant(slot.generation().wrapping_add(1));
         self.free_slots.push(conn.index() as u32);

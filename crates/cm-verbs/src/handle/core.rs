@@ -2,6 +2,11 @@
 //! listeners' queues of established connections. Every operation here is O(1)
 //! (amortised) in the number of connections and of waiting calls, except the wake-up of
 //! every waiting call when the endpoint ends.
+//!
+//! Waiters are bounded by live calls: each waiting call registers under its own number
+//! ([`Core::new_call`]) and its entry goes when the call answers, times out or is
+//! dropped ([`Core::end_call`]), or when news wakes it (it registers again if it waits
+//! on).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -13,9 +18,14 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use cm_core::{CmError, Transport};
 
 use crate::{
-    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions,
-    ListenerId, ENDPOINT_EVENT_BACKLOG,
+    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
+    ListenOptions, ListenerId, ENDPOINT_EVENT_BACKLOG,
 };
+
+use super::HandleStats;
+
+/// The calls waiting on one thing, each under its number: a handful per connection.
+type Waiters = Vec<(u64, Waker)>;
 
 /// What a waiting call waits on.
 #[derive(Debug, Clone, Copy)]
@@ -34,13 +44,17 @@ struct Accepting {
     bound: usize,
     /// Why it ended, once it did (its device went away).
     ended: Option<CloseReason>,
-    waiters: Vec<Waker>,
+    waiters: Waiters,
 }
 
 pub(super) struct Core<T: Transport> {
     endpoint: Endpoint<T>,
     /// The calls waiting on each connection's news.
-    conn_waiters: FxHashMap<ConnectionId, Vec<Waker>>,
+    conn_waiters: FxHashMap<ConnectionId, Waiters>,
+    /// Entries in `conn_waiters` and the listeners' waiters together.
+    registered: usize,
+    /// The last number given to a waiting call.
+    last_call: u64,
     listeners: FxHashMap<ListenerId, Accepting>,
     /// Connections a handle holds, or queued for `accept`: the others are freed as soon
     /// as they close (nobody would take their end).
@@ -79,6 +93,8 @@ impl<T: Transport> Core<T> {
         Core {
             endpoint,
             conn_waiters: FxHashMap::default(),
+            registered: 0,
+            last_call: 0,
             listeners: FxHashMap::default(),
             held: FxHashSet::default(),
             timers: BinaryHeap::new(),
@@ -189,7 +205,15 @@ impl<T: Transport> Core<T> {
         }))
     }
 
-    pub(super) fn register(&mut self, on: WaitOn, waker: &Waker) {
+    /// A number for a call that starts waiting.
+    pub(super) fn new_call(&mut self) -> u64 {
+        self.last_call += 1;
+        self.last_call
+    }
+
+    /// Call `call` waits on `on` with `waker`: one entry per call, its waker replaced
+    /// if it changed (a future moved to another task).
+    pub(super) fn register(&mut self, on: WaitOn, call: u64, waker: &Waker) {
         let waiters = match on {
             WaitOn::Conn(conn) => self.conn_waiters.entry(conn).or_default(),
             WaitOn::Listener(listener) => match self.listeners.get_mut(&listener) {
@@ -197,8 +221,58 @@ impl<T: Transport> Core<T> {
                 None => return,
             },
         };
-        if !waiters.iter().any(|w| w.will_wake(waker)) {
-            waiters.push(waker.clone());
+        match waiters.iter_mut().find(|(c, _)| *c == call) {
+            Some((_, known)) => {
+                if !known.will_wake(waker) {
+                    known.clone_from(waker);
+                }
+            }
+            None => {
+                waiters.push((call, waker.clone()));
+                self.registered += 1;
+            }
+        }
+    }
+
+    /// Call `call` is over (answered, timed out or dropped): its entry and its timer
+    /// go.
+    pub(super) fn end_call(&mut self, on: WaitOn, call: u64, timer: Option<u64>) {
+        if let Some(timer) = timer {
+            self.remove_timer(timer);
+        }
+        let waiters = match on {
+            WaitOn::Conn(conn) => self.conn_waiters.get_mut(&conn),
+            WaitOn::Listener(listener) => self.listeners.get_mut(&listener).map(|a| &mut a.waiters),
+        };
+        let Some(waiters) = waiters else {
+            return;
+        };
+        if let Some(at) = waiters.iter().position(|(c, _)| *c == call) {
+            waiters.swap_remove(at);
+            self.registered -= 1;
+        }
+        if let (WaitOn::Conn(conn), true) = (on, waiters.is_empty()) {
+            self.conn_waiters.remove(&conn);
+        }
+    }
+
+    /// Wakes (and forgets) every call waiting on `conn`.
+    fn wake_conn(&mut self, conn: ConnectionId) -> bool {
+        let Some(waiters) = self.conn_waiters.remove(&conn) else {
+            return false;
+        };
+        self.registered -= waiters.len();
+        waiters.into_iter().for_each(|(_, w)| w.wake());
+        true
+    }
+
+    /// What the handles hold and wait on, for monitoring and tests. O(1).
+    pub(super) fn stats(&self) -> HandleStats {
+        HandleStats {
+            waiting_calls: self.registered,
+            timers: self.timer_wakers.len(),
+            held_connections: self.held.len(),
+            accept_queued: self.listeners.values().map(|a| a.queue.len()).sum(),
         }
     }
 
@@ -285,11 +359,12 @@ impl<T: Transport> Core<T> {
     /// idle.
     fn wake_all(&mut self) {
         for (_, waiters) in self.conn_waiters.drain() {
-            waiters.into_iter().for_each(Waker::wake);
+            waiters.into_iter().for_each(|(_, w)| w.wake());
         }
         for accepting in self.listeners.values_mut() {
-            accepting.waiters.drain(..).for_each(Waker::wake);
+            accepting.waiters.drain(..).for_each(|(_, w)| w.wake());
         }
+        self.registered = 0;
         for (_, waker) in self.timer_wakers.drain() {
             waker.wake();
         }
@@ -312,9 +387,10 @@ impl<T: Transport> Core<T> {
         while let Some(ready) = self.endpoint.take_ready() {
             match ready {
                 Ok(conn) => {
-                    if let Some(waiters) = self.conn_waiters.remove(&conn) {
-                        waiters.into_iter().for_each(Waker::wake);
-                    } else if !self.held.contains(&conn) && self.endpoint.is_closed(conn) {
+                    if !self.wake_conn(conn)
+                        && !self.held.contains(&conn)
+                        && self.endpoint.is_closed(conn)
+                    {
                         // Closed before anyone held it (a connection in setup).
                         let _ = self.endpoint.disconnect(conn);
                     }
@@ -332,31 +408,54 @@ impl<T: Transport> Core<T> {
         }
     }
 
+    /// An established passive connection goes to its listener's queue for `accept`,
+    /// whether it is still up or closed since (in the same pass: a client that
+    /// connects, sends and leaves at once), as TCP's `accept` returns a connection
+    /// whose peer has gone: its messages, then its close, are read from it.
     fn queue_accepted(&mut self, conn: ConnectionId) {
         let accepting = self
             .endpoint
             .listener_of(conn)
             .and_then(|listener| self.listeners.get_mut(&listener));
         let Some(accepting) = accepting else {
-            // Its listener is gone: nobody will accept it.
-            let _ = self.endpoint.disconnect(conn);
+            log::debug!("{conn}: its listener is gone, disconnected");
+            self.refuse(conn);
             return;
         };
         if accepting.queue.len() >= accepting.bound {
             log::warn!("{conn}: its listener's accept queue is full, disconnected");
-            self.accepts_refused += 1;
-            let _ = self.endpoint.disconnect(conn);
+            self.refuse(conn);
             return;
         }
         accepting.queue.push_back(conn);
-        accepting.waiters.drain(..).for_each(Waker::wake);
+        self.registered -= accepting.waiters.len();
+        accepting.waiters.drain(..).for_each(|(_, w)| w.wake());
+        self.hold(conn);
+    }
+
+    /// An established connection nobody will accept: disconnected, and counted.
+    fn refuse(&mut self, conn: ConnectionId) {
+        self.accepts_refused += 1;
+        let _ = self.endpoint.disconnect(conn);
+    }
+
+    /// A handle holds `conn` (or its listener's queue does): its close is kept for it.
+    fn hold(&mut self, conn: ConnectionId) {
         self.held.insert(conn);
+        self.endpoint.hold(conn, true);
+    }
+
+    /// Whether `conn` was held; it is not any more.
+    fn unhold(&mut self, conn: ConnectionId) -> bool {
+        self.endpoint.hold(conn, false);
+        self.held.remove(&conn)
     }
 
     fn listener_ended(&mut self, listener: ListenerId, reason: CloseReason) {
         if let Some(accepting) = self.listeners.get_mut(&listener) {
             accepting.ended = Some(reason);
-            accepting.waiters.drain(..).for_each(Waker::wake);
+            self.registered -= accepting.waiters.len();
+            accepting.waiters.drain(..).for_each(|(_, w)| w.wake());
         }
     }
 
@@ -385,20 +484,21 @@ impl<T: Transport> Core<T> {
         options: ConnectOptions<T::Addr>,
     ) -> Result<ConnectionId, ConnError> {
         let conn = self.endpoint.connect(dst, options)?;
-        self.held.insert(conn);
+        self.hold(conn);
         Ok(conn)
     }
 
-    /// For `accept`: the listener's next connection, or its end.
+    /// For `accept`: the listener's next connection with how it was established, or
+    /// the listener's end.
     pub(super) fn try_accept(
         &mut self,
         listener: ListenerId,
-    ) -> Option<Result<ConnectionId, ConnError>> {
+    ) -> Option<Result<(ConnectionId, Option<EstablishedVia>), ConnError>> {
         let Some(accepting) = self.listeners.get_mut(&listener) else {
             return Some(Err(ConnError::UnknownListener(listener)));
         };
         if let Some(conn) = accepting.queue.pop_front() {
-            return Some(Ok(conn));
+            return Some(Ok((conn, self.endpoint.established_via(conn))));
         }
         accepting
             .ended
@@ -422,9 +522,10 @@ impl<T: Transport> Core<T> {
     /// established and not handed out are disconnected.
     pub(super) fn close_listener(&mut self, listener: ListenerId) {
         if let Some(accepting) = self.listeners.remove(&listener) {
+            self.registered -= accepting.waiters.len();
             for conn in accepting.queue {
-                self.held.remove(&conn);
-                let _ = self.endpoint.disconnect(conn);
+                self.unhold(conn);
+                self.refuse(conn);
             }
         }
         // Already closed when its device went away.
@@ -433,18 +534,16 @@ impl<T: Transport> Core<T> {
 
     /// The last handle of `conn` is gone.
     pub(super) fn release(&mut self, conn: ConnectionId) {
-        self.conn_waiters.remove(&conn);
-        if self.held.remove(&conn) {
+        self.wake_conn(conn);
+        if self.unhold(conn) {
             let _ = self.endpoint.disconnect(conn);
         }
     }
 
     /// `Connection::close`: disconnects now; the other clones' calls are told.
     pub(super) fn disconnect(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
-        self.held.remove(&conn);
-        if let Some(waiters) = self.conn_waiters.remove(&conn) {
-            waiters.into_iter().for_each(Waker::wake);
-        }
+        self.unhold(conn);
+        self.wake_conn(conn);
         self.endpoint.disconnect(conn)
     }
 
@@ -512,7 +611,8 @@ mod tests {
             .iter()
             .map(|&conn| {
                 let counter = Arc::new(Counting(AtomicUsize::new(0)));
-                core.register(WaitOn::Conn(conn), &Waker::from(Arc::clone(&counter)));
+                let call = core.new_call();
+                core.register(WaitOn::Conn(conn), call, &Waker::from(Arc::clone(&counter)));
                 counter
             })
             .collect();

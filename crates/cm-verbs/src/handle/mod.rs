@@ -57,15 +57,15 @@
 //! # fn main() {}
 //! ```
 
+mod call;
 mod core;
 mod driver;
 
 use std::fmt;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::task::{Poll, Wake, Waker};
-use std::thread::Thread;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::task::Waker;
 use std::time::Duration;
 
 use cm_core::{CmError, Transport, WorkCompletion};
@@ -75,7 +75,24 @@ use crate::{
     ListenOptions, ListenerId,
 };
 
+use self::call::Call;
 use self::core::{Core, WaitOn};
+
+/// What the handles hold and wait on ([`EndpointHandle::stats`]): every figure is
+/// bounded by what the application holds or does now, never by history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct HandleStats {
+    /// Calls registered as waiting (at most one entry per waiting call: a call that
+    /// answered, timed out or was dropped has none).
+    pub waiting_calls: usize,
+    /// Deadlines of waiting blocking calls.
+    pub timers: usize,
+    /// Connections held by a handle or queued for `accept`.
+    pub held_connections: usize,
+    /// Established connections waiting in the listeners' queues for `accept`.
+    pub accept_queued: usize,
+}
 
 /// What the driver and every handle share.
 struct Shared<T: Transport> {
@@ -114,84 +131,25 @@ impl<T: Transport> Shared<T> {
     }
 
     /// Waits on the calling thread until `take` answers, at most `timeout` (the
-    /// transport's clock), registering with `on` in between.
+    /// transport's clock): the async call's path ([`Call`]), parking the thread
+    /// between looks.
     fn blocking_wait<R>(
         &self,
         timeout: Option<Duration>,
         on: WaitOn,
-        mut take: impl FnMut(&mut Core<T>) -> Option<Result<R, ConnError>>,
+        take: impl FnMut(&mut Core<T>) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
-        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-        let mut core = self.lock();
-        let since = core.idle_epoch();
-        let deadline = timeout.map(|t| core.now().saturating_add(t));
-        let timer = deadline.map(|due| core.add_timer(due, waker.clone()));
-        if timer.is_some() {
-            self.poke(&mut core);
-        }
-        let answer = loop {
-            if let Some(answer) = take(&mut core) {
-                break answer;
-            }
-            if let Some(error) = core.stop_reason(since) {
-                // Nothing can happen on an idle simulation: a wait with a deadline
-                // times out, as the endpoint's own waits do.
-                if deadline.is_some() && matches!(error, ConnError::Cm(CmError::Idle { .. })) {
-                    break Err(ConnError::Timeout);
-                }
-                break Err(error);
-            }
-            if deadline.is_some_and(|due| core.now() >= due) {
-                break Err(ConnError::Timeout);
-            }
-            core.register(on, &waker);
-            if core.virtual_time() {
-                self.poke(&mut core);
-            }
-            // On a real clock the deadline is kept here too: a timed call returns in
-            // time whatever the driver does.
-            let park_for = deadline
-                .filter(|_| !core.virtual_time())
-                .map(|due| due.saturating_sub(core.now()));
-            drop(core);
-            match park_for {
-                Some(left) => std::thread::park_timeout(left),
-                None => std::thread::park(),
-            }
-            core = self.lock();
-        };
-        if let Some(timer) = timer {
-            core.remove_timer(timer);
-        }
-        answer
+        Call::new(self, on, timeout).block_on(take)
     }
 
-    /// Waits in async code until `take` answers.
+    /// Waits in async code until `take` answers; dropped, it leaves nothing behind.
     async fn wait<R>(
         &self,
         on: WaitOn,
         mut take: impl FnMut(&mut Core<T>) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
-        let mut since = None;
-        poll_fn(|cx| {
-            let mut core = self.lock();
-            let since = *since.get_or_insert(core.idle_epoch());
-            if let Some(answer) = take(&mut core) {
-                if core.virtual_time() {
-                    self.poke(&mut core);
-                }
-                return Poll::Ready(answer);
-            }
-            if let Some(error) = core.stop_reason(since) {
-                return Poll::Ready(Err(error));
-            }
-            core.register(on, cx.waker());
-            if core.virtual_time() {
-                self.poke(&mut core);
-            }
-            Poll::Pending
-        })
-        .await
+        let mut call = Call::new(self, on, None);
+        poll_fn(|cx| call.poll(cx.waker(), &mut take)).await
     }
 
     /// Runs `f` on the endpoint, then tells the driver if it must look again.
@@ -215,19 +173,6 @@ fn take_work<T: Transport>(
     }
 }
 
-/// Unparks the thread that waits.
-struct ThreadWaker(Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 /// Held by every public handle: the last one gone stops the driver.
 struct Owner<T: Transport> {
     shared: Arc<Shared<T>>,
@@ -246,7 +191,9 @@ impl<T: Transport> Drop for Owner<T> {
 }
 
 /// One [`Endpoint`] shared by threads and tasks, with its driver. Cheap to clone;
-/// [`Send`] and [`Sync`] when the transport is [`Send`].
+/// [`Send`] and [`Sync`] when `Endpoint<T>` is [`Send`] (generic code says
+/// `where Endpoint<T>: Send`: the transport's device key counts too, so `T: Send`
+/// alone does not prove it).
 pub struct EndpointHandle<T: Transport> {
     owner: Arc<Owner<T>>,
 }
@@ -283,16 +230,22 @@ where
 
     /// Shares `endpoint`, driven by a task spawned on the current tokio runtime (with
     /// I/O enabled, for a transport with descriptors), which ends when the last handle
-    /// is dropped.
+    /// is dropped. Outside a runtime: [`CmError::InvalidArgument`].
     #[cfg(feature = "tokio")]
     pub fn spawn_tokio(endpoint: Endpoint<T>) -> Result<Self, ConnError>
     where
         T: crate::async_endpoint::AsyncWait,
     {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            ConnError::Cm(CmError::InvalidArgument {
+                op: "spawn_tokio",
+                reason: "called outside a tokio runtime",
+            })
+        })?;
         let handle = Self::share(endpoint)?;
         // Moved into the task: dropped with it, even unpolled (its runtime shut down).
         let ended = driver::Ended(Arc::clone(&handle.owner.shared));
-        tokio::spawn(async move { driver::run_tokio(&ended.0).await });
+        runtime.spawn(async move { driver::run_tokio(&ended.0).await });
         Ok(handle)
     }
 }
@@ -349,7 +302,9 @@ impl<T: Transport> EndpointHandle<T> {
     }
 
     /// Runs `f` on the endpoint (counters, stats, options), holding it meanwhile: keep
-    /// `f` short, every other call waits for it.
+    /// `f` short, every other call waits for it. What `f` changes reaches the handles
+    /// only through the endpoint's events: a connection disconnected here wakes no call
+    /// waiting on it (use [`Connection::close`]).
     pub fn with_endpoint<R>(&self, f: impl FnOnce(&mut Endpoint<T>) -> R) -> R {
         self.shared().with(|core| f(core.endpoint_mut()))
     }
@@ -360,10 +315,16 @@ impl<T: Transport> EndpointHandle<T> {
         self.shared().lock().take_endpoint_event()
     }
 
-    /// Established connections disconnected because their listener's queue was full
-    /// (nobody accepted them). O(1).
+    /// Established connections that no `accept` returned: disconnected because their
+    /// listener's queue was full, or their listener was closed before it accepted
+    /// them. Every established connection is either accepted or counted here. O(1).
     pub fn accepts_refused(&self) -> u64 {
         self.shared().lock().accepts_refused()
+    }
+
+    /// What the handles hold and wait on. O(listeners).
+    pub fn stats(&self) -> HandleStats {
+        self.shared().lock().stats()
     }
 }
 
@@ -396,27 +357,29 @@ impl<T: Transport> Listener<T> {
     }
 
     /// The next connection established on this listener, lost RTUs rescued before it
-    /// comes. Ends with [`ConnError::ListenerClosed`] once its device went away.
+    /// comes. A connection whose peer left before it was accepted is returned too, as
+    /// TCP's `accept` does: what the peer sent is read from it, then its close. Ends
+    /// with [`ConnError::ListenerClosed`] once its device went away.
     /// Cancellation-safe.
     pub async fn accept(&self) -> Result<Connection<T>, ConnError> {
         let id = self.id;
-        let conn = self
+        let (conn, via) = self
             .owner
             .shared
             .wait(WaitOn::Listener(id), |core| core.try_accept(id))
             .await?;
-        Ok(Connection::new(conn, &self.owner))
+        Ok(Connection::accepted(conn, via, &self.owner))
     }
 
     /// [`Listener::accept`] on the calling thread, at most `timeout` (`None`: as long
     /// as it takes; [`ConnError::Timeout`] when it passed).
     pub fn blocking_accept(&self, timeout: Option<Duration>) -> Result<Connection<T>, ConnError> {
         let id = self.id;
-        let conn = self
-            .owner
-            .shared
-            .blocking_wait(timeout, WaitOn::Listener(id), |core| core.try_accept(id))?;
-        Ok(Connection::new(conn, &self.owner))
+        let (conn, via) =
+            self.owner
+                .shared
+                .blocking_wait(timeout, WaitOn::Listener(id), |core| core.try_accept(id))?;
+        Ok(Connection::accepted(conn, via, &self.owner))
     }
 }
 
@@ -427,7 +390,8 @@ impl<T: Transport> Drop for Listener<T> {
     }
 }
 
-/// One connection, as a value: [`Send`] (over a [`Send`] transport), cheap to clone
+/// One connection, as a value: [`Send`] (when `Endpoint<T>` is: generic code says
+/// `where Endpoint<T>: Send`, which the real and the simulated transports meet), cheap to clone
 /// (clones share it), usable from a thread or a task of its own. The last clone
 /// dropped disconnects it.
 ///
@@ -440,6 +404,9 @@ pub struct Connection<T: Transport> {
 struct ConnInner<T: Transport> {
     id: ConnectionId,
     owner: Arc<Owner<T>>,
+    /// How it was established, once known: kept after the endpoint has forgotten the
+    /// connection (its close reported), since it stays true.
+    established: OnceLock<EstablishedVia>,
 }
 
 impl<T: Transport> Drop for ConnInner<T> {
@@ -471,7 +438,33 @@ impl<T: Transport> Connection<T> {
             inner: Arc::new(ConnInner {
                 id,
                 owner: Arc::clone(owner),
+                established: OnceLock::new(),
             }),
+        }
+    }
+
+    /// A connection `accept` returns, established `via`.
+    fn accepted(id: ConnectionId, via: Option<EstablishedVia>, owner: &Arc<Owner<T>>) -> Self {
+        let conn = Self::new(id, owner);
+        if let Some(via) = via {
+            let _ = conn.inner.established.set(via);
+        }
+        conn
+    }
+
+    /// For `established`: the endpoint's answer, kept once it is known, and answered
+    /// again after the endpoint has forgotten the connection.
+    fn take_established(&self, core: &mut Core<T>) -> Option<Result<EstablishedVia, ConnError>> {
+        let known = &self.inner.established;
+        match core.endpoint_mut().try_established(self.inner.id) {
+            Some(Ok(via)) => {
+                let _ = known.set(via);
+                Some(Ok(via))
+            }
+            Some(Err(ConnError::UnknownConnection(_))) if known.get().is_some() => {
+                known.get().copied().map(Ok)
+            }
+            answer => answer,
         }
     }
 
@@ -489,10 +482,20 @@ impl<T: Transport> Connection<T> {
         self.shared().lock().endpoint_mut().info(self.inner.id)
     }
 
-    /// How it became established, once it is (`None` before; for an accepted
-    /// connection it always is).
+    /// How it became established, once it is (`None` before, or if it never was; for
+    /// an accepted connection it always is). Established is a fact about the past: the
+    /// answer stays after the connection closed.
     pub fn established_via(&self) -> Option<EstablishedVia> {
-        self.info().ok().and_then(|info| info.established)
+        let known = &self.inner.established;
+        if let Some(via) = known.get() {
+            return Some(*via);
+        }
+        let via = self
+            .shared()
+            .lock()
+            .endpoint()
+            .established_via(self.inner.id)?;
+        Some(*known.get_or_init(|| via))
     }
 
     /// Runs `f` with its CM id, for what this API does not wrap (its QP, protection
@@ -503,14 +506,14 @@ impl<T: Transport> Connection<T> {
         Ok(f(core.endpoint().cm_id(self.inner.id)?))
     }
 
-    /// Waits until it is established (after [`EndpointHandle::connect`]) and says how.
-    /// Cancellation-safe.
+    /// Waits until it is established (after [`EndpointHandle::connect`]) and says how;
+    /// once it was, it answers so for good, also after the peer has left (the close
+    /// comes from [`Connection::recv`]). [`ConnError::Closed`] if it closed before it
+    /// got established. Cancellation-safe.
     pub async fn established(&self) -> Result<EstablishedVia, ConnError> {
         let id = self.inner.id;
         self.shared()
-            .wait(WaitOn::Conn(id), |core| {
-                core.endpoint_mut().try_established(id)
-            })
+            .wait(WaitOn::Conn(id), |core| self.take_established(core))
             .await
     }
 
@@ -522,7 +525,7 @@ impl<T: Transport> Connection<T> {
         let id = self.inner.id;
         self.shared()
             .blocking_wait(timeout, WaitOn::Conn(id), |core| {
-                core.endpoint_mut().try_established(id)
+                self.take_established(core)
             })
     }
 
