@@ -63,6 +63,28 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             Err(counts.line())
         }
     });
+    // The model checker of cm-verbs' wake protocols: loom runs every interleaving of
+    // each model (within its preemption bound); a lost wake-up is a deadlock it reports.
+    steps.run("loom", || {
+        let (ok, output) = tee(cargo(&[
+            "test",
+            "-p",
+            "cm-verbs",
+            "--lib",
+            "--release",
+            "wake::models",
+        ])
+        .env("RUSTFLAGS", "--cfg cm_loom")
+        .env("CARGO_TARGET_DIR", workspace_root().join("target/loom")))?;
+        let models = TestCounts::parse(&output);
+        counts.passed += models.passed;
+        counts.failed += models.failed;
+        if ok && models.failed == 0 && models.passed > 0 {
+            Ok(format!("{} loom models passed", models.passed))
+        } else {
+            Err(format!("loom models: {}", models.line()))
+        }
+    });
     steps.run("doc", || {
         status(
             cargo(&[

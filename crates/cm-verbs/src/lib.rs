@@ -90,6 +90,7 @@ mod qp_table;
 pub mod rdma;
 #[cfg(feature = "rdma")]
 mod rdma_transport;
+mod wake;
 
 pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,

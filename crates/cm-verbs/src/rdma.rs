@@ -34,12 +34,12 @@
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cm_core::CmError;
 
+use crate::wake::WakeFlag;
 use crate::{Ready, Waiter};
 
 pub use crate::rdma_transport::{RdmaBuffers, RdmaDevice, RdmaTransport};
@@ -58,15 +58,15 @@ pub struct Shutdown {
 #[derive(Debug)]
 pub(crate) struct WakeWriter {
     writer: UnixStream,
-    /// Set by a request, cleared by the waiter before it drains the socket: at most one
-    /// byte is ever in flight, so a request never blocks.
-    pending: AtomicBool,
+    /// Whether a request's byte is pending: at most one byte is ever in flight, so a
+    /// request never blocks (the protocol is model-checked: `crate::wake`).
+    pending: WakeFlag,
 }
 
 impl WakeWriter {
     /// Wakes the waiter's current or next wait. Never blocks.
     fn request(&self) -> Result<(), CmError> {
-        if self.pending.swap(true, Ordering::AcqRel) {
+        if !self.pending.request() {
             return Ok(());
         }
         match (&self.writer).write(&[1]) {
@@ -110,7 +110,7 @@ impl WakeReader {
         }
         let shared = Arc::new(WakeWriter {
             writer,
-            pending: AtomicBool::new(false),
+            pending: WakeFlag::new(),
         });
         Ok((
             WakeReader {
@@ -126,15 +126,8 @@ impl WakeReader {
         Arc::clone(&self.shared)
     }
 
-    /// Consumes pending requests; whether there was one.
-    ///
-    /// The socket is emptied first and the flag cleared after. The other order loses
-    /// wake-ups: a request between the clear and the read would see the flag clear,
-    /// write its byte and set the flag, the read would take the byte, and the flag
-    /// would stay set with the socket empty, so every later request would be coalesced
-    /// into a wake-up that never comes. In this order a request during the drain is
-    /// folded into the wake-up under way (the waiter has not looked at anything yet),
-    /// and a byte written after the read is seen by the next wait.
+    /// Consumes pending requests; whether there was one. The socket is emptied first
+    /// and the flag settled after: the other order loses wake-ups ([`WakeFlag`]).
     pub(crate) fn drain(&mut self) -> Result<bool, CmError> {
         let mut sink = [0u8; 16];
         let mut read_any = false;
@@ -147,7 +140,7 @@ impl WakeReader {
                 Err(e) => return Err(io_error("read(wake-up socket)", &e)),
             }
         }
-        let requested = self.shared.pending.swap(false, Ordering::AcqRel);
+        let requested = self.shared.pending.settle();
         Ok(requested || read_any)
     }
 }
@@ -341,6 +334,7 @@ mod tests {
     /// waiter does; once both threads stop, a set flag must have its byte.
     #[test]
     fn a_request_racing_a_drain_is_never_lost() {
+        use std::sync::atomic::{AtomicBool, Ordering};
         let (mut reader, writer) = WakeReader::new().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let started = Arc::new(std::sync::Barrier::new(2));
@@ -371,7 +365,7 @@ mod tests {
         let readable = cm_sys::poll_readable(&[reader.as_fd()], Some(Duration::ZERO))
             .unwrap()
             .is_ready(0);
-        if writer.pending.load(Ordering::Acquire) {
+        if writer.pending.is_pending() {
             assert!(
                 readable,
                 "a request is pending with nothing to wake the waiter"

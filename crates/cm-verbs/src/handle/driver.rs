@@ -7,7 +7,6 @@
 //! does time jump to the next deadline, or, with none, are the waiting calls told that
 //! nothing can happen.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
@@ -102,7 +101,7 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
             return;
         }
         // A call waits for the lock: let it in before anything else.
-        if shared.wanting.load(Ordering::SeqCst) > 0 {
+        if shared.gate.wanted() {
             drop(core);
             std::thread::yield_now();
             core = relock();
@@ -134,15 +133,14 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
             }
             continue;
         }
-        shared.blocked.store(true, Ordering::SeqCst);
-        // A call that came since the check above has woken the wait (it saw `blocked`)
-        // or is seen here.
-        let waited = if shared.wanting.load(Ordering::SeqCst) > 0 {
-            Ok(())
-        } else {
+        // A call that came since the check above has woken the wait (it saw the driver
+        // blocked) or is seen here.
+        let waited = if shared.gate.begin_blocking() {
             core.endpoint_mut().wait_transport(left)
+        } else {
+            Ok(())
         };
-        shared.blocked.store(false, Ordering::SeqCst);
+        shared.gate.end_blocking();
         match waited {
             Ok(()) => {}
             Err(ConnError::Endpoint(error)) => {

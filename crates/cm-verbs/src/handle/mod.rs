@@ -63,7 +63,6 @@ mod driver;
 
 use std::fmt;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
@@ -77,6 +76,7 @@ use crate::{
 
 use self::call::Call;
 use self::core::{Core, WaitOn};
+use crate::wake::LockGate;
 
 /// What the handles hold and wait on ([`EndpointHandle::stats`]): every figure is
 /// bounded by what the application holds or does now, never by history.
@@ -100,10 +100,9 @@ struct Shared<T: Transport> {
     /// The thread driver, on a transport whose wait never blocks in real time, sleeps
     /// here when nothing is pending anywhere, until a call changes something.
     idle: Condvar,
-    /// Calls waiting for the lock: the thread driver gives it up before it waits.
-    wanting: AtomicUsize,
-    /// The thread driver is in the transport's wait, holding the lock.
-    blocked: AtomicBool,
+    /// Calls waiting for the lock, and whether the thread driver waits in the
+    /// transport holding it (the handshake is model-checked: `crate::wake`).
+    gate: LockGate,
     /// Ends the transport's wait (`None`: a wait that never blocks in real time).
     transport_waker: Option<Waker>,
 }
@@ -112,14 +111,13 @@ impl<T: Transport> Shared<T> {
     /// The lock, for a call: a driver blocked in the transport's wait is woken so it
     /// lets go.
     fn lock(&self) -> MutexGuard<'_, Core<T>> {
-        self.wanting.fetch_add(1, Ordering::SeqCst);
-        if self.blocked.load(Ordering::SeqCst) {
+        if self.gate.want() {
             if let Some(waker) = &self.transport_waker {
                 waker.wake_by_ref();
             }
         }
         let guard = self.core.lock().unwrap_or_else(PoisonError::into_inner);
-        self.wanting.fetch_sub(1, Ordering::SeqCst);
+        self.gate.got();
         guard
     }
 
@@ -259,8 +257,7 @@ impl<T: Transport> EndpointHandle<T> {
                 shared: Arc::new(Shared {
                     core: Mutex::new(Core::new(endpoint, virtual_time)),
                     idle: Condvar::new(),
-                    wanting: AtomicUsize::new(0),
-                    blocked: AtomicBool::new(false),
+                    gate: LockGate::new(),
                     transport_waker,
                 }),
             }),
