@@ -27,8 +27,8 @@ pub const ENDPOINT_EVENT_BACKLOG: usize = 1024;
 
 /// Connections closed but not yet reported ([`Event::Closed`] or a
 /// [`ConnError::Closed`]) kept at most; past it a close is not kept (its handle then
-/// names nothing) and counted. Connections marked held ([`Endpoint::hold`], as the
-/// connection handles do) are kept whatever this says: their holders bound them.
+/// names nothing) and counted. Connections a [`crate::handle::Connection`] holds (or a
+/// listener's accept queue) are kept whatever this says: their holders bound them.
 pub const CLOSED_BACKLOG: usize = 4096;
 
 /// What one connection has to report, in the order it is reported.
