@@ -3,7 +3,9 @@
 //! sequence of application calls and faults.
 //!
 //! A server endpoint listens (one listener accepting on its own, one reporting each
-//! request for `accept_request`/`reject_request`); a client endpoint connects. Each
+//! request for `accept_request`/`reject_request`), with busy polling on in about half
+//! the runs (its waiting calls spin on the receive queues of connections not yet
+//! established); a client endpoint connects. Each
 //! operation is four bytes (kind and three arguments), so every byte string is a run
 //! and a run shrinks by whole operations: connect, answer a request, send, recv,
 //! established, accept, disconnect, next_event, poll until nothing is left, process,
@@ -224,6 +226,9 @@ pub struct Setup {
     pub caps: QueueCaps,
     /// The first listener's establish deadline.
     pub establish_timeout: Option<Duration>,
+    /// The server's busy polling (its waiting calls spin on the receive queues of the
+    /// connections not yet established, then on every source).
+    pub busy_poll: Option<Duration>,
 }
 
 /// The set-up (first four bytes) and the operations (four bytes each) of an input.

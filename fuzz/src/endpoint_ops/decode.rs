@@ -53,6 +53,7 @@ impl Setup {
             },
             establish_timeout: deadline_ms(flags >> 5)
                 .map(|ms| Duration::from_millis(u64::from(ms))),
+            busy_poll: (depths & 16 != 0).then_some(Duration::from_micros(50)),
         }
     }
 }

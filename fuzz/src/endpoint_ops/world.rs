@@ -72,7 +72,9 @@ impl World {
         let client_ep = Arc::new_cyclic(|client_weak: &Weak<Mutex<SimEndpoint>>| {
             let client_weak = client_weak.clone();
             server.on_step(move || drive(&client_weak));
-            let server = Arc::new(Mutex::new(Endpoint::new(server)));
+            let mut server = Endpoint::new(server);
+            server.set_busy_poll(setup.busy_poll);
+            let server = Arc::new(Mutex::new(server));
             let server_weak = Arc::downgrade(&server);
             client.on_step(move || drive(&server_weak));
             server_ep = Some(server);
