@@ -243,3 +243,22 @@ impl CmError {
         matches!(self, CmError::NoDevice { .. })
     }
 }
+
+/// For code written against `io::Result` (`RdmaTransport::new()?` in a function that
+/// returns one). An error that a call answered with an errno becomes that OS error
+/// ([`std::io::Error::raw_os_error`] is the errno, the kind follows from it; the name of
+/// the call is not kept). A refusal made before any call keeps its message, with the
+/// kind of its errno analogue ([`CmError::errno`]) and this error as the source.
+impl From<CmError> for std::io::Error {
+    fn from(error: CmError) -> Self {
+        match error {
+            CmError::NoDevice { errno, .. } | CmError::Os { errno, .. } => {
+                std::io::Error::from_raw_os_error(errno.0)
+            }
+            _ => {
+                let kind = std::io::Error::from_raw_os_error(error.errno()).kind();
+                std::io::Error::new(kind, error)
+            }
+        }
+    }
+}

@@ -49,6 +49,33 @@ fn error_messages_name_the_errno() {
 
 /// The kernel's table, written out state by state (cm.c: cm_establish, cm_migrate).
 #[test]
+fn cm_errors_become_io_errors_with_errno_or_message_kept() {
+    use std::io::ErrorKind;
+    let io = std::io::Error::from(CmError::from_errno("rdma_create_qp", errno::ENOMEM));
+    assert_eq!(io.raw_os_error(), Some(errno::ENOMEM));
+    assert_eq!(io.kind(), ErrorKind::OutOfMemory);
+    let io = std::io::Error::from(CmError::from_errno("rdma_bind_addr", errno::ENODEV));
+    assert_eq!(io.raw_os_error(), Some(errno::ENODEV));
+
+    let refused = CmError::InvalidArgument {
+        op: "rdma_connect",
+        reason: "no address",
+    };
+    let io = std::io::Error::from(refused.clone());
+    assert_eq!(io.raw_os_error(), None, "no call answered an errno");
+    assert_eq!(io.kind(), ErrorKind::InvalidInput);
+    assert_eq!(io.to_string(), refused.to_string(), "the message is kept");
+
+    fn returns_io_result() -> std::io::Result<()> {
+        Err(CmError::from_errno("rdma_listen", errno::EBUSY))?
+    }
+    assert_eq!(
+        returns_io_result().unwrap_err().kind(),
+        ErrorKind::ResourceBusy
+    );
+}
+
+#[test]
 fn kernel_notify_table_for_every_state_and_event() {
     for &state in IbCmState::ALL {
         for raw in 0..=40u32 {

@@ -180,7 +180,8 @@ impl EventChannel {
     }
 
     /// The next event if one is pending, without waiting: `Ok(None)` when the channel is
-    /// empty.
+    /// empty. Every other answer is returned as is, ENOMEM included (librdmacm could not
+    /// allocate its copy; the event is still pending, and a later read takes it).
     pub fn try_next_event(&self) -> Result<Option<CmEvent>, CmError> {
         if self.inner.nonblocking.load(Ordering::Acquire) {
             // Straight to the read: EAGAIN is the answer when empty, and a poll first

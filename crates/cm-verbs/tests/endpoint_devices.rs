@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use cm_mock::sim::{SimAddr, SimBuffers, SimConfig, SimDeviceReader, SimPair, SimTransport};
 use cm_verbs::core::{
-    AsyncEvent, AsyncEventType, CmError, CmEventType, CqKind, EventElement, QpNum, QueueCaps,
-    Transport, WorkCompletion,
+    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CqKind, Errno, EventElement, QpNum,
+    QueueCaps, Transport, WorkCompletion,
 };
-use cm_verbs::{CloseReason, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
+use cm_verbs::{
+    CloseReason, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions, QpErrorDetail,
+};
 
 const FIRST_PORT: u16 = 7000;
 const DEVICES: u16 = 40;
@@ -35,6 +37,10 @@ struct PortDevices {
     broken: Rc<RefCell<Vec<u16>>>,
     /// Whether the CM event channel fails every read (the endpoint's own source).
     channel_broken: Rc<Cell<bool>>,
+    /// How many of the next CM channel reads answer ENOMEM (the event stays queued).
+    channel_out_of_memory: Rc<Cell<u32>>,
+    /// Whether re-arming a completion queue fails (EIO).
+    arm_broken: Rc<Cell<bool>>,
     /// A reader of the node's one device, for waiting on it.
     node_reader: Option<SimDeviceReader>,
 }
@@ -67,6 +73,11 @@ impl Transport for PortDevices {
     fn next_cm_event(&mut self) -> Result<Option<CmEvent>, CmError> {
         if self.channel_broken.get() {
             return Err(CmError::from_errno("rdma_get_cm_event", 5));
+        }
+        if self.channel_out_of_memory.get() > 0 {
+            self.channel_out_of_memory
+                .set(self.channel_out_of_memory.get() - 1);
+            return Err(CmError::from_errno("rdma_get_cm_event", errno::ENOMEM));
         }
         let event = self.inner.next_cm_event()?;
         if let Some(event) = &event {
@@ -210,6 +221,9 @@ impl Transport for PortDevices {
         self.inner.read_recv(id, buffers, slot, len, out)
     }
     fn arm_cq(&mut self, id: &Id, kind: CqKind) -> Result<(), CmError> {
+        if self.arm_broken.get() {
+            return Err(CmError::from_errno("ibv_req_notify_cq", errno::EIO));
+        }
         self.inner.arm_cq(id, kind)
     }
     fn poll_cq(
@@ -251,6 +265,10 @@ struct Rig {
     broken: Rc<RefCell<Vec<u16>>>,
     /// Whether the CM channel fails every read.
     channel_broken: Rc<Cell<bool>>,
+    /// How many of the next CM channel reads answer ENOMEM.
+    channel_out_of_memory: Rc<Cell<u32>>,
+    /// Whether re-arming a completion queue fails.
+    arm_broken: Rc<Cell<bool>>,
 }
 
 impl Rig {
@@ -262,12 +280,15 @@ impl Rig {
         } = SimPair::new(SimConfig::default(), 21);
         let (failing, broken) = (Rc::new(RefCell::new(Vec::new())), Rc::default());
         let channel_broken = Rc::new(Cell::new(false));
+        let (channel_out_of_memory, arm_broken) = (Rc::new(Cell::new(0)), Rc::default());
         let server = PortDevices {
             inner: SimTransport::on_side(server),
             ports: HashMap::new(),
             failing: Rc::clone(&failing),
             broken: Rc::clone(&broken),
             channel_broken: Rc::clone(&channel_broken),
+            channel_out_of_memory: Rc::clone(&channel_out_of_memory),
+            arm_broken: Rc::clone(&arm_broken),
             node_reader: None,
         };
         Rig {
@@ -277,6 +298,8 @@ impl Rig {
             failing,
             broken,
             channel_broken,
+            channel_out_of_memory,
+            arm_broken,
         }
     }
 
@@ -456,4 +479,62 @@ fn only_the_endpoints_own_failure_ends_it() {
     );
     let again = rig.server.next_event(SECOND);
     assert!(matches!(&again, Err(e) if e.ends_endpoint()), "{again:?}");
+}
+
+#[test]
+fn an_out_of_memory_cm_read_is_retried_and_not_the_endpoints_end() {
+    let mut rig = Rig::new();
+    // The first two reads of the server's channel answer ENOMEM (the kernel keeps the
+    // event): the connection request is read on a later pass, the endpoint goes on.
+    rig.channel_out_of_memory.set(2);
+    rig.connect_to(FIRST_PORT..FIRST_PORT + 1);
+    let mut served = Vec::new();
+    loop {
+        match rig.server.poll() {
+            Ok(Some(event)) => served.push(event),
+            Ok(None) => {
+                rig.client.poll().unwrap();
+                if !rig.fabric.step() {
+                    break;
+                }
+            }
+            Err(error) => panic!("ENOMEM ended the endpoint: {error}"),
+        }
+    }
+    assert_eq!(rig.channel_out_of_memory.get(), 0, "both faults were met");
+    assert!(
+        served
+            .iter()
+            .any(|e| matches!(e, Event::Established { .. })),
+        "{served:?}"
+    );
+    assert_eq!(rig.server.connection_count(), 1);
+}
+
+#[test]
+fn a_queue_that_cannot_be_rearmed_closes_its_connection_after_what_came() {
+    let mut rig = Rig::new();
+    let conns = rig.connect_to(FIRST_PORT..FIRST_PORT + 1);
+    rig.settle();
+    assert_eq!(rig.echo_round(&conns), 1);
+    // From now on no queue can be re-armed: the next completion event is the last the
+    // connection would raise, so it ends, typed, after the message that came with it.
+    rig.arm_broken.set(true);
+    rig.client.send(conns[0], b"last").unwrap();
+    let (served, _) = rig.settle();
+    let closed = CloseReason::QpError {
+        detail: QpErrorDetail::ArmFailed {
+            kind: CqKind::Recv,
+            errno: Errno(errno::EIO),
+        },
+    };
+    assert!(
+        matches!(
+            served.as_slice(),
+            [Event::Received { data, .. }, Event::Closed { reason, .. }]
+                if data == b"last" && *reason == closed
+        ),
+        "{served:?}"
+    );
+    assert_eq!(rig.server.connection_count(), 0);
 }

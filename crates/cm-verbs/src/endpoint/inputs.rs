@@ -2,7 +2,7 @@
 //! events and deadlines. Every handler runs inside `Endpoint::process`.
 
 use cm_core::{
-    AsyncEvent, AsyncEventType, CmEvent, CmEventType, CqKind, Transport, WorkCompletion,
+    AsyncEvent, AsyncEventType, CmEvent, CmEventType, CqKind, Errno, Transport, WorkCompletion,
 };
 
 use std::cmp::Reverse;
@@ -86,12 +86,23 @@ impl<T: Transport> Endpoint<T> {
             return; // a connection closed since: its queues are gone
         };
         // Re-armed before polling, so a completion landing in between raises a new event.
+        let mut unarmed = None;
         for kind in [CqKind::Recv, CqKind::Send] {
             if let Err(error) = transport.arm_cq(&entry.id, kind) {
-                log::warn!("{conn}: re-arming the {kind:?} queue failed: {error}");
+                log::warn!("{conn}: re-arming the {kind:?} queue failed, closing: {error}");
+                unarmed.get_or_insert((kind, error));
             }
         }
+        // What is already there is still taken; after that an unarmed queue raises no
+        // event again, and the connection would stall unheard: it ends.
         self.poll_queues(conn, true);
+        if let Some((kind, error)) = unarmed {
+            let detail = QpErrorDetail::ArmFailed {
+                kind,
+                errno: Errno(error.errno()),
+            };
+            self.close(conn, CloseReason::QpError { detail }, true);
+        }
     }
 
     /// Busy polling: polls the receive queues of at most [`PASS_BATCH`] accepted

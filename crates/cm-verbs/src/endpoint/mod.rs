@@ -1047,7 +1047,9 @@ impl<T: Transport> Endpoint<T> {
 
     /// Reads at most [`PASS_BATCH`] CM events, stopping after the one for which
     /// `answered` is true; whether more may be waiting (the batch was full, or the read
-    /// stopped early). The first error is kept in `first_error` and ends the read.
+    /// stopped early). The first error is kept in `first_error` and ends the read,
+    /// except ENOMEM, which is transient: librdmacm could not allocate the event's copy
+    /// and the kernel keeps the event, so the read stops and is retried next pass.
     fn read_cm_events(
         &mut self,
         first_error: &mut Option<cm_core::CmError>,
@@ -1062,6 +1064,13 @@ impl<T: Transport> Endpoint<T> {
                     }
                 }
                 Ok(None) => return false,
+                Err(error) if error.errno() == cm_core::errno::ENOMEM => {
+                    // "More": the next pass reads again without waiting, as a
+                    // reactor that already reported the channel readable will not
+                    // report it again for the same event.
+                    log::warn!("reading the CM channel: {error}; retried next pass");
+                    return true;
+                }
                 Err(error) => {
                     first_error.get_or_insert(error);
                     return false;

@@ -12,7 +12,7 @@ use crate::{Role, Trigger};
 /// even when its slot is reused.
 // Stored one above `generation << 32 | index`: never zero, so an `Option` of it is
 // eight bytes too (the order is the same).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnectionId(NonZeroU64);
 
 /// `generation << 32 | index`, stored one above so that it is never zero. The slot
@@ -25,6 +25,13 @@ fn packed(index: u32, generation: u32) -> NonZeroU64 {
 fn unpacked(raw: NonZeroU64) -> (usize, u32) {
     let value = raw.get() - 1;
     ((value & u64::from(u32::MAX)) as usize, (value >> 32) as u32)
+}
+
+/// Writes `Name(index.generation)`: the slot and generation `Display` shows, not the
+/// stored value (one above the packed pair), which would name another slot.
+fn debug_packed(name: &str, raw: NonZeroU64, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    let (index, generation) = unpacked(raw);
+    write!(f, "{name}({index}.{generation})")
 }
 
 impl ConnectionId {
@@ -61,6 +68,12 @@ impl ConnectionId {
     }
 }
 
+impl std::fmt::Debug for ConnectionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug_packed("ConnectionId", self.0, f)
+    }
+}
+
 impl std::fmt::Display for ConnectionId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "connection {}.{}", self.index(), self.generation())
@@ -71,7 +84,7 @@ impl std::fmt::Display for ConnectionId {
 /// is gone names nothing (every call on it answers [`ConnError::UnknownListener`]), even
 /// when a new listener takes its place.
 // Stored as a `ConnectionId` is: an `Option` of it is eight bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ListenerId(NonZeroU64);
 
 impl ListenerId {
@@ -95,6 +108,12 @@ impl ListenerId {
 
     pub(crate) fn generation(self) -> u32 {
         unpacked(self.0).1
+    }
+}
+
+impl std::fmt::Debug for ListenerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug_packed("ListenerId", self.0, f)
     }
 }
 
@@ -326,7 +345,9 @@ pub enum CloseReason {
     /// answered an error): it is taken as lost, and everything on it ends.
     DeviceFailed(CmError),
     /// The connection's QP went to the error state (an asynchronous QP error or a
-    /// failed work completion, e.g. retries exceeded because the peer is gone).
+    /// failed work completion, e.g. retries exceeded because the peer is gone), or one
+    /// of its completion queues could not be re-armed, so that it would report nothing
+    /// more.
     QpError {
         /// What reported it: an asynchronous event, or a completion status.
         detail: QpErrorDetail,
@@ -347,6 +368,14 @@ pub enum QpErrorDetail {
     AsyncEvent(AsyncEvent),
     /// A work completion that ended with this status.
     Completion(cm_core::WcStatus),
+    /// Re-arming the completion notification of one of the connection's queues
+    /// (`ibv_req_notify_cq`) failed: no completion on it would raise an event again.
+    ArmFailed {
+        /// The queue.
+        kind: cm_core::CqKind,
+        /// What the call answered.
+        errno: cm_core::Errno,
+    },
 }
 
 /// Something the endpoint reports, in the order it happened per connection.
@@ -457,10 +486,13 @@ impl Event {
 /// What went wrong in a call of the connection API.
 ///
 /// Converts into [`std::io::Error`] for code written against `io::Result`: a backend
-/// error keeps its errno; the others map to the nearest [`std::io::ErrorKind`] (an
-/// unknown handle `NotFound`, a wrong state `NotConnected`, data that does not fit
-/// `InvalidInput`, a full send queue `WouldBlock`, a timeout `TimedOut`, a wait cut
-/// short by a waker `Interrupted`, a closed
+/// call's error ([`ConnError::Cm`]) converts as its [`CmError`] does (an errno becomes
+/// the OS error, [`std::io::Error::raw_os_error`]); the endpoint's end
+/// ([`ConnError::Endpoint`]) takes the kind of its errno and keeps this error as the
+/// source, so that [`ConnError::ends_endpoint`] can still be asked; the others map to
+/// the nearest [`std::io::ErrorKind`] (an unknown handle `NotFound`, a wrong state
+/// `NotConnected`, data that does not fit `InvalidInput`, a full send queue
+/// `WouldBlock`, a timeout `TimedOut`, a wait cut short by a waker `Interrupted`, a closed
 /// connection by its reason: disconnected `ConnectionReset`, rejected
 /// `ConnectionRefused`, unreachable or timed out `TimedOut`, otherwise
 /// `ConnectionAborted`, as is a closed listener), with the error as its source.
@@ -473,7 +505,8 @@ pub enum ConnError {
     Cm(#[from] CmError),
     /// The endpoint's own source failed: reading its CM event channel, or waiting
     /// (errno kept). Nothing more will come from it: stop serving
-    /// ([`ConnError::ends_endpoint`]).
+    /// ([`ConnError::ends_endpoint`]). A read of the channel that answers ENOMEM is
+    /// not this: it is logged and retried on the next pass.
     #[error("the endpoint cannot go on: {0}")]
     Endpoint(CmError),
     /// The handle names no live connection.
@@ -625,10 +658,9 @@ impl From<ConnError> for std::io::Error {
     fn from(error: ConnError) -> Self {
         use std::io::ErrorKind;
         let kind = match &error {
-            ConnError::Cm(cm) | ConnError::Endpoint(cm) => {
-                let errno = cm.errno();
-                return std::io::Error::new(std::io::Error::from_raw_os_error(errno).kind(), error);
-            }
+            // Cheap: a CM error is a few words, all `Copy`.
+            ConnError::Cm(cm) => return std::io::Error::from(cm.clone()),
+            ConnError::Endpoint(cm) => std::io::Error::from_raw_os_error(cm.errno()).kind(),
             ConnError::UnknownConnection(_) | ConnError::UnknownListener(_) => ErrorKind::NotFound,
             ConnError::WrongState { .. } => ErrorKind::NotConnected,
             ConnError::PrivateDataTooLong { .. }
@@ -662,16 +694,30 @@ mod tests {
     }
 
     #[test]
+    fn handles_debug_as_the_slot_and_generation_they_display() {
+        let conn = ConnectionId::new(0, 0);
+        assert_eq!(format!("{conn:?}"), "ConnectionId(0.0)");
+        assert_eq!(conn.to_string(), "connection 0.0");
+        let conn = ConnectionId::new(7, 3);
+        assert_eq!(format!("{conn:?}"), "ConnectionId(7.3)");
+        let listener = ListenerId::new(2, 5);
+        assert_eq!(format!("{listener:?}"), "ListenerId(2.5)");
+        assert_eq!(listener.to_string(), "listener 2.5");
+    }
+
+    #[test]
     fn conn_errors_become_io_errors_of_the_nearest_kind_with_errno_kept() {
         let conn = ConnectionId::new(1, 0);
         let refused = CmError::from_errno("rdma_connect", 111);
         let io = std::io::Error::from(ConnError::Cm(refused.clone()));
         assert_eq!(io.kind(), ErrorKind::ConnectionRefused);
-        assert_eq!(
-            io.get_ref().map(ToString::to_string),
-            Some(ConnError::Cm(refused).to_string()),
-            "the error itself is the source"
-        );
+        assert_eq!(io.raw_os_error(), Some(111), "the errno is the OS error");
+        let ended = ConnError::Endpoint(refused);
+        let io = std::io::Error::from(ended.clone());
+        assert_eq!(io.kind(), ErrorKind::ConnectionRefused);
+        let source = io.get_ref().and_then(|e| e.downcast_ref::<ConnError>());
+        assert_eq!(source, Some(&ended), "the endpoint's end is the source");
+        assert!(source.is_some_and(ConnError::ends_endpoint));
         assert_eq!(
             kind(ConnError::UnknownConnection(conn)),
             ErrorKind::NotFound
