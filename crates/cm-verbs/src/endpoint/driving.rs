@@ -1,0 +1,314 @@
+//! Driving the endpoint: one pass over every source (CM events first, then the
+//! devices' asynchronous events and completions, deadlines last), and the loop of a
+//! waiting call around it (wait before read, reads stopped at the answer, busy polling).
+
+use std::cmp::Reverse;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use cm_core::Transport;
+
+use super::{CloseReason, ConnError, ConnectionId, Endpoint, Event, PASS_BATCH};
+
+impl<T: Transport> Endpoint<T> {
+    /// Asks `take` for what it looks for; until it has it, waits in the transport and
+    /// handles what the wait found ready (spinning instead of waiting, when busy
+    /// polling is on).
+    pub(crate) fn wait_for<R>(
+        &mut self,
+        timeout: Option<Duration>,
+        mut take: impl FnMut(&mut Self) -> Option<Result<R, ConnError>>,
+    ) -> Result<R, ConnError> {
+        // What is already there is answered without reading anything.
+        if let Some(found) = take(self) {
+            return found;
+        }
+        let mut now = self.transport.now();
+        let deadline = timeout.map(|t| now.saturating_add(t));
+        let mut spin = Spin::new(self.options.busy_poll, now);
+        let mut spinning = self.options.busy_poll.is_some();
+        let mut round: u32 = 0;
+        let mut more = false;
+        loop {
+            // Spinning, the receive queues of the accepted connections come first: a
+            // receive there forces the establish without the completion event's reads
+            // (the event comes anyway and finds the queue empty), and the ESTABLISHED
+            // the kernel then delivers is read at once.
+            if spinning && self.poll_awaiting() {
+                let mut first_error = None;
+                let mut found = None;
+                self.read_cm_events(&mut first_error, &mut |ep| {
+                    found = take(ep);
+                    found.is_some()
+                });
+                if let Some(found) = found.or_else(|| take(self)) {
+                    return found;
+                }
+                if let Some(error) = first_error {
+                    return Err(ConnError::Endpoint(error));
+                }
+            }
+            let ready = if spinning {
+                // A look at every source (a zero-timeout wait: one poll(2) on a
+                // device) every few rounds says which to read, rather than a read of
+                // each on every round: the rounds between poll the receive queues
+                // alone.
+                round = round.wrapping_add(1);
+                round % Spin::LOOK_EVERY == 1
+                    && self
+                        .transport
+                        .wait(&self.devices, Some(Duration::ZERO))
+                        .map_err(ConnError::Endpoint)?
+            } else if more {
+                // A source had more than its batch: read on without waiting.
+                true
+            } else {
+                // The wait comes before the first read: it says which sources have
+                // something (and returns at once if any has), so no source is read
+                // only to find it empty. A deadline already due, or a waker that
+                // already fired, is handled first.
+                let wait = [deadline, self.next_deadline()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(|d| d.saturating_sub(now));
+                if wait != Some(Duration::ZERO) && !self.woken.load(Ordering::Acquire) {
+                    match self.transport.wait(&self.devices, wait) {
+                        Ok(_) => {}
+                        // The simulation: nothing can ever happen. With a deadline
+                        // that is a timeout; without one the wait would never end.
+                        Err(cm_core::CmError::Idle { .. }) if deadline.is_some() => {
+                            return Err(ConnError::Timeout)
+                        }
+                        Err(e @ cm_core::CmError::Idle { .. }) => return Err(e.into()),
+                        Err(e) => return Err(ConnError::Endpoint(e)),
+                    }
+                }
+                true
+            };
+            let mut found = None;
+            more = if ready {
+                // The CM reads stop at the event that answers: the call returns
+                // without reading the channel again to find it empty.
+                self.process_pass_until(&mut |ep| {
+                    if found.is_none() {
+                        found = take(ep);
+                    }
+                    found.is_some()
+                })?
+            } else {
+                self.expire()
+            };
+            if let Some(found) = found.or_else(|| take(self)) {
+                return found;
+            }
+            if self.woken.swap(false, Ordering::AcqRel) {
+                return Err(ConnError::Woken);
+            }
+            now = self.transport.now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(ConnError::Timeout);
+            }
+            spinning = spin.keep_spinning(now);
+            if spinning {
+                // Kernel work this call waits for may need this CPU: soft-RoCE's
+                // packet processing and the CM's worker run in kernel threads, and a
+                // scheduler that lets a spinning thread run out its slice (EEVDF, from
+                // Linux 6.6) held them off for milliseconds without this yield.
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The earliest connect/establish deadline (or transport housekeeping), for a
+    /// caller that waits by itself. O(1); it may name a deadline that no longer
+    /// applies (a connection established since), which costs one early wake-up.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        let heap = self.deadlines.peek().map(|Reverse((due, _))| *due);
+        [heap, self.housekeeping_due].into_iter().flatten().min()
+    }
+
+    /// Handles what is ready on every source, at most [`PASS_BATCH`] from each: CM
+    /// events first (an RTU read now is not mistaken for a lost one), then asynchronous
+    /// events (COMM_EST) and completions (a receive on a connection not yet
+    /// established is the other trigger), then the CM again if a trigger forced an
+    /// establish (its ESTABLISHED may be there already), then deadlines. O(1) per event handled, whatever the number of
+    /// connections.
+    pub fn process(&mut self) -> Result<(), ConnError> {
+        self.process_pass().map(|_| ())
+    }
+
+    /// One pass of [`Endpoint::process`]; whether a source had more than its batch.
+    pub(crate) fn process_pass(&mut self) -> Result<bool, ConnError> {
+        self.process_pass_until(&mut |_| false)
+    }
+
+    /// One pass whose CM reads stop at the event after which `answered` (asked after
+    /// each) says the waiting caller has its answer: the channel is not read again only
+    /// to find it empty. The other sources still have their turn.
+    fn process_pass_until(
+        &mut self,
+        answered: &mut dyn FnMut(&mut Self) -> bool,
+    ) -> Result<bool, ConnError> {
+        let mut more = false;
+        let mut first_error = None;
+        // CM events first: an RTU read now is not mistaken for a lost one.
+        more |= self.read_cm_events(&mut first_error, answered);
+        let forced_before = self.pump.counters().forced;
+        // A device whose reader fails is lost, once the pass has read the others.
+        let mut failed = Vec::new();
+        // Then the triggers, COMM_EST just before the completions: on a device that
+        // raises both for the same packet, the one that came first is the one used.
+        more |= self.read_devices(&mut failed, |ep, index| {
+            let event = ep.transport.next_async_event(&mut ep.devices[index])?;
+            Ok(event.map(|event| ep.on_async_event(index, event)))
+        });
+        more |= self.read_devices(&mut failed, |ep, index| {
+            let token = ep.transport.next_cq_event(&mut ep.devices[index])?;
+            Ok(token
+                .and_then(ConnectionId::from_token)
+                .map(|conn| ep.on_cq_event(conn)))
+        });
+        // A trigger that forced an establish: its ESTABLISHED may be there already
+        // (the kernel's worker may have run on another CPU meanwhile), and reading it
+        // now saves the application a wait.
+        if self.pump.counters().forced != forced_before {
+            more |= self.read_cm_events(&mut first_error, answered);
+        }
+        for (key, error) in failed {
+            if self.device_keys.contains(&key) {
+                log::warn!("reading device {key:?} failed, it is taken as lost: {error}");
+                self.push_endpoint_event(Event::DeviceFailed {
+                    error: error.clone(),
+                });
+                self.device_lost(key, &CloseReason::DeviceFailed(error));
+            }
+        }
+        more |= self.expire();
+        // The clock is read only when housekeeping is pending (a read per pass shows on
+        // the notify path).
+        let wanted = self.transport.wants_housekeeping();
+        if wanted || self.device_released || self.housekeeping_due.is_some() {
+            let now = self.transport.now();
+            if wanted || self.device_released || self.housekeeping_due.is_some_and(|due| due <= now)
+            {
+                self.device_released = false;
+                self.housekeeping_due = self
+                    .transport
+                    .housekeeping()
+                    .map(|after| now.saturating_add(after));
+            }
+        }
+        // One failing source does not keep the others from being handled; a failing
+        // device ended above, only the CM channel's error (the endpoint's own) is left.
+        match first_error {
+            Some(error) => Err(ConnError::Endpoint(error)),
+            None => Ok(more),
+        }
+    }
+}
+
+impl<T: Transport> Endpoint<T> {
+    /// Runs `read_one` (one read of a device's source, handled; `None` when it is
+    /// empty) up to [`PASS_BATCH`] times per device; whether a device had more. A
+    /// device whose read fails is noted in `failed` and read no further.
+    fn read_devices(
+        &mut self,
+        failed: &mut Vec<(T::DeviceKey, cm_core::CmError)>,
+        mut read_one: impl FnMut(&mut Self, usize) -> Result<Option<()>, cm_core::CmError>,
+    ) -> bool {
+        let mut more = false;
+        for index in 0..self.devices.len() {
+            let mut handled = 0;
+            // A handler may close a device (DEVICE_FATAL): the list can shrink.
+            while index < self.devices.len() {
+                if handled == PASS_BATCH {
+                    more = true;
+                    break;
+                }
+                match read_one(self, index) {
+                    Ok(Some(())) => handled += 1,
+                    Ok(None) => break,
+                    Err(error) => {
+                        failed.push((self.device_keys[index], error));
+                        break;
+                    }
+                }
+            }
+        }
+        more
+    }
+
+    /// Reads at most [`PASS_BATCH`] CM events, stopping after the one for which
+    /// `answered` is true; whether more may be waiting (the batch was full, or the read
+    /// stopped early). The first error is kept in `first_error` and ends the read,
+    /// except ENOMEM, which is transient: librdmacm could not allocate the event's copy
+    /// and the kernel keeps the event, so the read stops and is retried next pass.
+    fn read_cm_events(
+        &mut self,
+        first_error: &mut Option<cm_core::CmError>,
+        answered: &mut dyn FnMut(&mut Self) -> bool,
+    ) -> bool {
+        for _ in 0..PASS_BATCH {
+            match self.transport.next_cm_event() {
+                Ok(Some(event)) => {
+                    self.on_cm_event(event);
+                    if answered(self) {
+                        return true;
+                    }
+                }
+                Ok(None) => return false,
+                Err(error) if error.errno() == cm_core::errno::ENOMEM => {
+                    // "More": the next pass reads again without waiting, as a
+                    // reactor that already reported the channel readable will not
+                    // report it again for the same event.
+                    log::warn!("reading the CM channel: {error}; retried next pass");
+                    return true;
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Busy polling's budget within one wait: spin until `budget` has passed on the
+/// transport's clock. A clock that does not move while spinning (a simulation's
+/// virtual time) ends the spin after a few rounds.
+struct Spin {
+    until: Option<Duration>,
+    last: Duration,
+    still: u32,
+}
+
+impl Spin {
+    /// Rounds without the clock moving before the spin gives up.
+    const STILL_ROUNDS: u32 = 64;
+    /// Every how many rounds the spin looks at every source (the others poll the
+    /// receive queues of the accepted connections only).
+    const LOOK_EVERY: u32 = 8;
+
+    fn new(budget: Option<Duration>, now: Duration) -> Self {
+        Spin {
+            until: budget.map(|b| now.saturating_add(b)),
+            last: now,
+            still: 0,
+        }
+    }
+
+    fn keep_spinning(&mut self, now: Duration) -> bool {
+        let Some(until) = self.until else {
+            return false;
+        };
+        if now == self.last {
+            self.still += 1;
+        } else {
+            self.last = now;
+            self.still = 0;
+        }
+        now < until && self.still < Self::STILL_ROUNDS
+    }
+}
