@@ -381,3 +381,67 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cm_mock::sim::{SimConfig, SimTransports};
+
+    use crate::{ConnError, ConnectOptions, Endpoint, ListenOptions, CLOSED_BACKLOG};
+
+    /// Closes past [`CLOSED_BACKLOG`] are not kept, except those of connections a
+    /// handle holds: a mass disconnect leaves every held connection its close.
+    #[test]
+    fn held_connections_keep_their_close_past_the_backlog() {
+        let count = CLOSED_BACKLOG + 8;
+        let SimTransports {
+            fabric,
+            server,
+            client,
+        } = SimTransports::new(SimConfig::default(), 91);
+        let mut server = Endpoint::new(server);
+        let mut client = Endpoint::new(client);
+        let addr = server.transport().addr(7491);
+        server.listen(addr, ListenOptions::default()).unwrap();
+        // In rounds, each within the listener's limit of connections in setup.
+        let mut outs = Vec::new();
+        let mut accepted = Vec::new();
+        while outs.len() < count {
+            let round = (count - outs.len()).min(512);
+            outs.extend((0..round).map(|_| client.connect(addr, ConnectOptions::default())));
+            loop {
+                server.process().unwrap();
+                accepted.extend(std::iter::from_fn(|| server.try_accept()).map(Result::unwrap));
+                client.process().unwrap();
+                if !fabric.step() {
+                    break;
+                }
+            }
+        }
+        assert_eq!(accepted.len(), count);
+        // Every other connection is held, as a connection handle holds it.
+        for conn in accepted.iter().step_by(2) {
+            server.hold(*conn, true);
+        }
+        for out in outs {
+            client.disconnect(out.unwrap()).unwrap();
+        }
+        loop {
+            server.process().unwrap();
+            client.process().unwrap();
+            if !fabric.step() {
+                break;
+            }
+        }
+        assert_eq!(server.connection_count(), 0);
+        for conn in accepted.iter().step_by(2) {
+            assert!(
+                matches!(server.try_recv(*conn), Some(Err(ConnError::Closed { .. }))),
+                "{conn}: a held connection's close is kept"
+            );
+        }
+        assert!(
+            server.stats().dropped_events > 0,
+            "the unheld ones past the backlog were not kept"
+        );
+    }
+}
