@@ -262,6 +262,12 @@ enum Owner {
 /// ([`EndpointStats::dropped_events`]). A connection the application closed itself
 /// ([`Endpoint::disconnect`]) reports nothing more.
 ///
+/// The connection table keeps the size of its peak: a slot (under 200 bytes) for each of the
+/// most connections the endpoint held at once (a slot freed is reused, not given back;
+/// everything else a connection holds goes with it), so a server's memory after a burst
+/// stays at the burst's table. O(peak) is also the cost of the rare walks over every
+/// connection (a device's loss).
+///
 /// Every call costs O(1) (amortised) in the number of connections unless its
 /// documentation says otherwise, and one pass reads at most [`PASS_BATCH`] events from
 /// each source.
