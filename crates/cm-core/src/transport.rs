@@ -306,17 +306,25 @@ pub trait Transport {
         timeout: Option<Duration>,
     ) -> Result<bool, CmError>;
     /// One step of a wait, for an endpoint that shares a simulated fabric with others
-    /// driven in turn (connection handles, each side its own driver): moves the fabric
-    /// by at most one action due within `timeout`, and never moves time to the deadline
-    /// itself, so that the other parties act before time moves on. Returns whether
-    /// anything moved or is ready. A transport whose wait blocks in real time (the
-    /// default) waits as [`Transport::wait`] does.
+    /// driven in turn (connection handles, each side its own driver): runs at most one
+    /// action due now and never moves time (a party moves it with [`Transport::wait`]
+    /// once nothing happened anywhere for a while, [`Transport::activity`]), so that
+    /// the other parties act before time moves on. Returns whether anything moved or
+    /// is ready. A transport whose wait blocks in real time (the default) waits as
+    /// [`Transport::wait`] does, at most `timeout`.
     fn wait_step(
         &mut self,
         devices: &[Self::Device],
         timeout: Option<Duration>,
     ) -> Result<bool, CmError> {
         self.wait(devices, timeout)
+    }
+    /// A count that moves whenever anything happens on a transport whose virtual time
+    /// several parties share (an event delivered or taken, a message or a timer
+    /// scheduled): a party that sees it move gives the others their turns again before
+    /// it lets time move on. A transport in real time answers 0 (the default).
+    fn activity(&self) -> u64 {
+        0
     }
 }
 

@@ -14,7 +14,9 @@ use std::time::Duration;
 use poll_once::poll_once_and_drop;
 
 use cm_verbs::handle::{EndpointHandle, HandleStats, Listener};
-use cm_verbs::sim::{SimConfig, SimFabric, SimTransport, SimTransports};
+use cm_verbs::sim::{
+    FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
+};
 use cm_verbs::{
     CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, Endpoint, EstablishedVia,
     ListenOptions,
@@ -317,4 +319,58 @@ fn spawn_tokio_outside_a_runtime_answers_an_error() {
         ),
         "{answer:?}"
     );
+}
+
+/// One connection through handles on both sides, each with its own driver, the first
+/// RTU dropped: the client's first message must find the server still waiting for the
+/// RTU (virtual time does not run ahead to the CM's retry while a party has something
+/// to act on), so the notify path rescues it, in every run.
+#[test]
+fn a_first_rtu_lost_takes_the_notify_path_in_every_run_with_either_driver() {
+    const RUNS: u64 = 100;
+    for driver in DRIVERS {
+        for seed in 1000..1000 + RUNS {
+            let config = SimConfig {
+                trace: true,
+                ..SimConfig::default()
+            };
+            let SimTransports {
+                fabric,
+                server,
+                client,
+            } = SimTransports::new(config, seed);
+            fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop).nth(0));
+            let addr = server.addr(7491);
+            let answer = runtime().block_on(async {
+                let spawn = |transport| match driver {
+                    Driver::Thread => EndpointHandle::spawn_thread(Endpoint::new(transport)),
+                    Driver::Tokio => EndpointHandle::spawn_tokio(Endpoint::new(transport)),
+                };
+                let server = spawn(server)?;
+                let client = spawn(client)?;
+                let listener = server.listen(addr, ListenOptions::default())?;
+                let out = client.connect(addr, ConnectOptions::default())?;
+                out.established().await?;
+                out.send(b"first").await?;
+                let conn = listener.accept().await?;
+                assert_eq!(conn.recv().await?, b"first");
+                let forced = server.with_endpoint(|ep| ep.counters()).forced;
+                Ok::<_, ConnError>((conn.established_via(), forced))
+            });
+            let trace = || fabric.trace().unwrap_or_default();
+            let (via, forced) = answer.unwrap_or_else(|e| {
+                panic!(
+                    "{driver:?}, seed {seed}: {e} at {:?}\n{}",
+                    fabric.now(),
+                    trace()
+                )
+            });
+            assert!(
+                matches!(via, Some(EstablishedVia::Notify(_))) && forced == 1,
+                "{driver:?}, seed {seed}: {via:?}, forced {forced}, at {:?}\n{}",
+                fabric.now(),
+                trace()
+            );
+        }
+    }
 }

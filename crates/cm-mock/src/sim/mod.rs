@@ -250,6 +250,11 @@ impl SimFabric {
         self.lock().config.clone()
     }
 
+    /// The fabric's activity count (see `Transport::activity`), read without the lock.
+    pub(crate) fn activity(&self) -> u64 {
+        self.inner.arrivals.activity()
+    }
+
     /// Virtual time since the fabric was created (read without taking the lock).
     pub fn now(&self) -> Duration {
         Duration::from_nanos(self.inner.now.load(Ordering::Acquire))

@@ -74,6 +74,8 @@ pub(super) struct Core<T: Transport> {
     virtual_time: bool,
     /// A call changed something the driver waits on, since it last looked.
     poked: bool,
+    /// A pass routed news (a call may act on it) since the driver last looked.
+    routed: bool,
     /// The async driver, parked.
     driver: Option<Waker>,
     /// What the driver's current wait covers: the device readers it watches, and
@@ -105,6 +107,7 @@ impl<T: Transport> Core<T> {
             failed: None,
             virtual_time,
             poked: false,
+            routed: false,
             driver: None,
             seen_devices: 0,
             seen_until: None,
@@ -165,9 +168,12 @@ impl<T: Transport> Core<T> {
         self.seen_until.map(|due| due.saturating_sub(self.now()))
     }
 
-    /// Takes the poke: whether a call changed something since the last time.
+    /// Takes the poke: whether a call changed something since the last time, or (on a
+    /// simulation) a pass routed news a call may act on: either gives the calls their
+    /// turns again before time moves on.
     pub(super) fn take_poke(&mut self) -> bool {
-        std::mem::take(&mut self.poked)
+        let routed = std::mem::take(&mut self.routed) && self.virtual_time;
+        std::mem::take(&mut self.poked) | routed
     }
 
     /// Parks the async driver until the next poke.
@@ -376,6 +382,7 @@ impl<T: Transport> Core<T> {
     /// their queue. O(1) per item.
     fn route(&mut self) {
         while let Some(accepted) = self.endpoint.try_accept() {
+            self.routed = true;
             match accepted {
                 Ok(conn) => self.queue_accepted(conn),
                 Err(ConnError::ListenerClosed { listener, reason }) => {
@@ -385,6 +392,7 @@ impl<T: Transport> Core<T> {
             }
         }
         while let Some(ready) = self.endpoint.take_ready() {
+            self.routed = true;
             match ready {
                 Ok(conn) => {
                     if !self.wake_conn(conn)

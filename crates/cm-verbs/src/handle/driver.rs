@@ -2,10 +2,14 @@
 //!
 //! On a transport in virtual time (the simulation) each side of a fabric has its own
 //! driver, and the application's threads or tasks act between the fabric's steps: a
-//! driver moves the fabric one action at a time ([`Transport::wait_step`]) and gives the
-//! others their turn after each; only when nothing has moved for [`IDLE_TURNS`] turns
-//! does time jump to the next deadline, or, with none, are the waiting calls told that
-//! nothing can happen.
+//! driver runs what is due now one action at a time ([`Transport::wait_step`]) and
+//! gives the others their turn after each; only when nothing has happened anywhere on
+//! the fabric ([`Transport::activity`]) for [`IDLE_TURNS`] of its turns, and no news it
+//! routed or call it was told of is newer, does time jump to the next action or
+//! deadline, or, with none, are the waiting calls told that nothing can happen. So
+//! virtual time never runs ahead of an event another party has yet to act on (a REP
+//! whose RTU the other side's reader sends, a message its application is about to
+//! send).
 
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
@@ -49,8 +53,26 @@ enum Turn {
     Failed,
 }
 
-/// One step of a driver on a simulation, `idle_turns` kept across steps.
-fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, idle_turns: &mut u32) -> Turn {
+/// How long a driver on a simulation has seen nothing happen anywhere on its fabric:
+/// its turns since the fabric's activity ([`Transport::activity`]) last moved, or a
+/// call of its own moved something. Time moves on only after [`IDLE_TURNS`] of them,
+/// so every party sharing the fabric (the other side's driver, the application's
+/// threads and tasks woken by news) acts on what it has before time jumps past it.
+#[derive(Debug, Default)]
+struct Quiet {
+    turns: u32,
+    activity: u64,
+}
+
+impl Quiet {
+    /// Something happened: the count starts again.
+    fn reset(&mut self) {
+        self.turns = 0;
+    }
+}
+
+/// One step of a driver on a simulation, `quiet` kept across steps.
+fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, quiet: &mut Quiet) -> Turn {
     let moved = match core.endpoint_mut().wait_step(left) {
         Ok(moved) => moved,
         Err(ConnError::Endpoint(error)) => {
@@ -62,16 +84,18 @@ fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, idle_turns: &m
             false
         }
     };
-    if moved {
-        *idle_turns = 0;
-        return Turn::Moved;
+    let activity = core.endpoint().transport().activity();
+    if moved || activity != quiet.activity {
+        quiet.activity = activity;
+        quiet.reset();
+        return if moved { Turn::Moved } else { Turn::Still };
     }
-    *idle_turns += 1;
-    if *idle_turns <= IDLE_TURNS {
+    quiet.turns += 1;
+    if quiet.turns <= IDLE_TURNS {
         return Turn::Still;
     }
-    // Nobody moved anything for a while: time jumps to the next deadline.
-    *idle_turns = 0;
+    // Nothing happened anywhere for a while: time jumps to the next deadline.
+    quiet.reset();
     match core.endpoint_mut().wait_transport(left) {
         Ok(()) => Turn::Moved,
         Err(ConnError::Cm(CmError::Idle { .. })) => {
@@ -95,7 +119,7 @@ fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, idle_turns: &m
 pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
     let relock = || shared.core.lock().unwrap_or_else(|e| e.into_inner());
     let mut core = relock();
-    let mut idle_turns = 0;
+    let mut quiet = Quiet::default();
     loop {
         if core.stopped() {
             return;
@@ -118,9 +142,9 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
         let left = core.begin_wait();
         if core.virtual_time() {
             if poked {
-                idle_turns = 0;
+                quiet.reset();
             }
-            let turn = match step(&mut core, left, &mut idle_turns) {
+            let turn = match step(&mut core, left, &mut quiet) {
                 Turn::Moved | Turn::Still => Some(TURN),
                 Turn::Idle => None,
                 Turn::Failed => return,
@@ -129,7 +153,7 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
             (core, poked) = wait_for_call(shared, core, turn);
             if poked {
                 // A call moved something during the turn: the idle count starts again.
-                idle_turns = 0;
+                quiet.reset();
             }
             continue;
         }
@@ -189,7 +213,7 @@ mod tokio_driver {
     use std::task::Poll;
 
     use super::super::Shared;
-    use super::{step, Turn};
+    use super::{step, Quiet, Turn};
     use crate::async_endpoint::{AsyncWait, WatchSet};
 
     /// What the tokio driver does after a pass.
@@ -205,7 +229,7 @@ mod tokio_driver {
     /// other tasks' turn).
     pub(in crate::handle) async fn run_tokio<T: AsyncWait>(shared: &Shared<T>) {
         let mut watch = WatchSet::default();
-        let mut idle_turns = 0;
+        let mut quiet = Quiet::default();
         loop {
             let next = {
                 let mut core = shared.lock();
@@ -224,9 +248,9 @@ mod tokio_driver {
                     Next::Yield
                 } else if !has_descriptors {
                     if poked {
-                        idle_turns = 0;
+                        quiet.reset();
                     }
-                    match step(&mut core, left, &mut idle_turns) {
+                    match step(&mut core, left, &mut quiet) {
                         Turn::Moved | Turn::Still => Next::Yield,
                         Turn::Idle => Next::Park,
                         Turn::Failed => return,
@@ -250,7 +274,7 @@ mod tokio_driver {
                         Poll::Pending
                     })
                     .await;
-                    idle_turns = 0;
+                    quiet.reset();
                 }
                 Next::Wait(deadline) => {
                     let sleep = deadline.map(tokio::time::sleep_until);

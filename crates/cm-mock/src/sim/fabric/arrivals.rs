@@ -10,12 +10,20 @@ use crate::sim::types::NodeId;
 /// read without it, so that a reader that found its queue empty looks again only once
 /// something came. Channels and nodes share the counters by index (modulo their half):
 /// two that share one only look more often.
+///
+/// Beside them, the fabric's activity: a count moved by every arrival, every event or
+/// completion taken and every action scheduled, read by the parties that share the
+/// fabric in turn (connection handles' drivers) to tell whether anything happened
+/// anywhere since they last looked.
 #[derive(Debug)]
-pub(crate) struct Arrivals([AtomicU64; 2 * Arrivals::HALF]);
+pub(crate) struct Arrivals([AtomicU64; 2 * Arrivals::HALF], AtomicU64);
 
 impl Default for Arrivals {
     fn default() -> Self {
-        Arrivals(std::array::from_fn(|_| AtomicU64::new(0)))
+        Arrivals(
+            std::array::from_fn(|_| AtomicU64::new(0)),
+            AtomicU64::new(0),
+        )
     }
 }
 
@@ -32,10 +40,22 @@ impl Arrivals {
         self.0[Self::HALF + node.0 as usize % Self::HALF].load(Ordering::Acquire)
     }
 
+    /// The fabric's activity so far.
+    pub(crate) fn activity(&self) -> u64 {
+        self.1.load(Ordering::Acquire)
+    }
+
+    /// Something happened: called under the fabric's lock (no two bumps race).
+    pub(super) fn bump_activity(&self) {
+        self.1
+            .store(self.1.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
     /// Called under the fabric's lock (no two bumps race).
     pub(super) fn bump(&self, index: usize) {
         let counter = &self.0[index];
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Release);
+        self.bump_activity();
     }
 
     pub(super) fn bump_channel(&self, channel: usize) {

@@ -21,18 +21,23 @@ impl Fabric {
     // ----- verbs -------------------------------------------------------------------
 
     pub(crate) fn next_async_event(&mut self, node: NodeId) -> Option<AsyncEvent> {
-        self.nodes
+        let event = self
+            .nodes
             .get_mut(node.0 as usize)?
             .async_events
-            .pop_front()
+            .pop_front()?;
+        self.arrivals.bump_activity();
+        Some(event)
     }
 
     pub(crate) fn poll_cq(&mut self, node: NodeId) -> Option<RecvCompletion> {
-        self.nodes
+        let (completion, _) = self
+            .nodes
             .get_mut(node.0 as usize)?
             .completions
-            .pop_front()
-            .map(|(completion, _)| completion)
+            .pop_front()?;
+        self.arrivals.bump_activity();
+        Some(completion)
     }
 
     /// The next receive completion and its payload, appended to `out`.
@@ -46,6 +51,7 @@ impl Fabric {
             .get_mut(node.0 as usize)?
             .completions
             .pop_front()?;
+        self.arrivals.bump_activity();
         if let Some(bytes) = payload {
             if out.is_empty() {
                 // The payload's own memory, not a copy of it.
@@ -519,6 +525,7 @@ impl Fabric {
     pub(crate) fn next_event(&mut self, channel: usize) -> Option<ReadEvent> {
         loop {
             let queued = self.channels.get_mut(channel)?.queue.pop_front()?;
+            self.arrivals.bump_activity();
             if !self.is_alive(queued.id) {
                 self.stats.events_discarded += 1;
                 continue;

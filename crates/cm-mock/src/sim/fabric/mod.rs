@@ -381,12 +381,14 @@ impl Fabric {
 
     /// Schedules `action` after a configured delay (one that recurs).
     fn schedule(&mut self, delay: u64, action: Action) {
+        self.arrivals.bump_activity();
         self.queue.push_fixed(self.now, delay, action);
     }
 
     /// Schedules `action` after a delay that varies from message to message (random
     /// or per-rule fault delays), so it does not claim a lane of its own.
     fn schedule_irregular(&mut self, delay: u64, action: Action) {
+        self.arrivals.bump_activity();
         self.queue.push_at(self.now.saturating_add(delay), action);
     }
 

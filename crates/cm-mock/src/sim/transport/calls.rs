@@ -340,7 +340,15 @@ impl Transport for SimTransport {
                     return Ok(false);
                 }
                 (Some(_), _) => {
+                    let before = locked.arrivals.activity();
                     locked.step();
+                    // Another party, read by a driver of its own (no hook here reads
+                    // it), may have got something: it reads before time moves any
+                    // further, as on a real fabric it would act meanwhile.
+                    if self.on_step.is_none() && locked.arrivals.activity() != before {
+                        drop(locked);
+                        return Ok(self.ready(reading));
+                    }
                 }
                 (None, Some(deadline)) => {
                     locked.set_now(deadline);
@@ -359,19 +367,24 @@ impl Transport for SimTransport {
         if self.ready(!devices.is_empty()) {
             return Ok(true);
         }
+        // Only what is due now runs: a step never moves the clock. Time moves on in
+        // `wait`, once every party had its turns with nothing happening anywhere
+        // ([`Transport::activity`]); a step that jumped to the next timer (a CM retry
+        // seconds away) would run it while another side still had an event to read
+        // (a REP whose RTU its reader sends), and that side would act seconds late.
+        let _ = timeout;
         let fabric = self.node.fabric();
         let mut locked = fabric.lock();
-        let deadline = timeout.map(|t| {
-            let t = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
-            locked.now_nanos().saturating_add(t)
-        });
-        match (locked.next_due(), deadline) {
-            (Some(due), Some(deadline)) if due > deadline => Ok(false),
-            (Some(_), _) => {
+        match locked.next_due() {
+            Some(due) if due <= locked.now_nanos() => {
                 locked.step();
                 Ok(true)
             }
-            (None, _) => Ok(false),
+            _ => Ok(false),
         }
+    }
+
+    fn activity(&self) -> u64 {
+        self.node.fabric().activity()
     }
 }
