@@ -18,6 +18,7 @@ where
             let via = conn.established().await?; // answered at once: accept waited for it
             println!("{}: established via {via:?}", conn.id());
             while let Ok(message) = conn.recv().await {
+                println!("{}: received {} bytes", conn.id(), message.len());
                 conn.send(&message).await.ok(); // until the client leaves
             }
             Ok::<_, ConnError>(())
