@@ -65,9 +65,7 @@ pub trait AsyncWait: Transport {
     /// read it. What [`Transport::wait`] notes when its `poll(2)` says so, for a
     /// transport that reads a source only when its wait found it ready. By default
     /// nothing: every source is read on every pass.
-    fn note_readable(&self, index: usize) {
-        let _ = index;
-    }
+    fn note_readable(&self, _index: usize) {}
 }
 
 /// Where [`crate::rdma::RdmaTransport`]'s watched descriptors list the removal monitor:

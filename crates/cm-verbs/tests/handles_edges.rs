@@ -123,6 +123,21 @@ fn established(client: &Endpoint<SimTransport>, out: ConnectionId) -> bool {
         .is_ok_and(|info| info.state == ConnState::Established)
 }
 
+/// The client connects to `addr` and the fabric moves until it is established.
+fn connect(
+    fabric: &SimFabric,
+    server: &mut Endpoint<SimTransport>,
+    client: &mut Endpoint<SimTransport>,
+    addr: Addr,
+) -> ConnectionId {
+    let out = client
+        .connect(addr, ConnectOptions::default())
+        .expect("connect");
+    drive(fabric, server, client, |c| established(c, out));
+    assert!(established(client, out), "the client got established");
+    out
+}
+
 impl Scene {
     /// The client connects, sends `message` and disconnects, all while the server's
     /// endpoint is held: its driver sees the whole connection in one pass.
@@ -135,11 +150,7 @@ impl Scene {
             ..
         } = self;
         server.with_endpoint(|ep| {
-            let out = client
-                .connect(*addr, ConnectOptions::default())
-                .expect("connect");
-            drive(fabric, ep, client, |c| established(c, out));
-            assert!(established(client, out), "the client got established");
+            let out = connect(fabric, ep, client, *addr);
             send_all(fabric, ep, client, out, message);
             client.disconnect(out).expect("disconnect");
             drive(fabric, ep, client, |_| false);
@@ -147,8 +158,7 @@ impl Scene {
         });
     }
 
-    /// A connection established and handed to the listener's queue, then left by its
-    /// peer after `message`.
+    /// A connection established and handed to the listener's queue; its client end.
     fn connect_and_queue(&mut self) -> ConnectionId {
         let Scene {
             fabric,
@@ -157,13 +167,7 @@ impl Scene {
             addr,
             ..
         } = self;
-        let out = server.with_endpoint(|ep| {
-            let out = client
-                .connect(*addr, ConnectOptions::default())
-                .expect("connect");
-            drive(fabric, ep, client, |c| established(c, out));
-            out
-        });
+        let out = server.with_endpoint(|ep| connect(fabric, ep, client, *addr));
         // The driver routes the established connection to the listener's queue.
         while self.server.stats().accept_queued == 0 {
             std::thread::yield_now();

@@ -27,6 +27,13 @@ use super::HandleStats;
 /// The calls waiting on one thing, each under its number: a handful per connection.
 type Waiters = Vec<(u64, Waker)>;
 
+/// Wakes every call in `waiters` and forgets them; how many there were.
+fn wake_waiters(waiters: &mut Waiters) -> usize {
+    let woken = waiters.len();
+    waiters.drain(..).for_each(|(_, waker)| waker.wake());
+    woken
+}
+
 /// What a waiting call waits on.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum WaitOn {
@@ -264,15 +271,14 @@ impl<T: Transport> Core<T> {
 
     /// Wakes (and forgets) every call waiting on `conn`.
     fn wake_conn(&mut self, conn: ConnectionId) -> bool {
-        let Some(waiters) = self.conn_waiters.remove(&conn) else {
+        let Some(mut waiters) = self.conn_waiters.remove(&conn) else {
             return false;
         };
-        self.registered -= waiters.len();
-        waiters.into_iter().for_each(|(_, w)| w.wake());
+        self.registered -= wake_waiters(&mut waiters);
         true
     }
 
-    /// What the handles hold and wait on, for monitoring and tests. O(1).
+    /// What the handles hold and wait on, for monitoring and tests. O(listeners).
     pub(super) fn stats(&self) -> HandleStats {
         HandleStats {
             waiting_calls: self.registered,
@@ -364,11 +370,11 @@ impl<T: Transport> Core<T> {
     /// Wakes every waiting call: O(waiting calls), only when the endpoint ends or goes
     /// idle.
     fn wake_all(&mut self) {
-        for (_, waiters) in self.conn_waiters.drain() {
-            waiters.into_iter().for_each(|(_, w)| w.wake());
+        for (_, mut waiters) in self.conn_waiters.drain() {
+            wake_waiters(&mut waiters);
         }
         for accepting in self.listeners.values_mut() {
-            accepting.waiters.drain(..).for_each(|(_, w)| w.wake());
+            wake_waiters(&mut accepting.waiters);
         }
         self.registered = 0;
         for (_, waker) in self.timer_wakers.drain() {
@@ -436,8 +442,7 @@ impl<T: Transport> Core<T> {
             return;
         }
         accepting.queue.push_back(conn);
-        self.registered -= accepting.waiters.len();
-        accepting.waiters.drain(..).for_each(|(_, w)| w.wake());
+        self.registered -= wake_waiters(&mut accepting.waiters);
         self.hold(conn);
     }
 
@@ -462,8 +467,7 @@ impl<T: Transport> Core<T> {
     fn listener_ended(&mut self, listener: ListenerId, reason: CloseReason) {
         if let Some(accepting) = self.listeners.get_mut(&listener) {
             accepting.ended = Some(reason);
-            self.registered -= accepting.waiters.len();
-            accepting.waiters.drain(..).for_each(|(_, w)| w.wake());
+            self.registered -= wake_waiters(&mut accepting.waiters);
         }
     }
 
