@@ -144,13 +144,14 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
             if poked {
                 quiet.reset();
             }
-            let turn = match step(&mut core, left, &mut quiet) {
-                Turn::Moved | Turn::Still => Some(TURN),
-                Turn::Idle => None,
-                Turn::Failed => return,
-            };
+            // Idle too, the driver looks again after a turn: another party on the
+            // fabric (the other side's driver, woken by its own calls) may bring this
+            // side something without any call of this side's telling it.
+            if let Turn::Failed = step(&mut core, left, &mut quiet) {
+                return;
+            }
             let poked;
-            (core, poked) = wait_for_call(shared, core, turn);
+            (core, poked) = wait_for_call(shared, core, TURN);
             if poked {
                 // A call moved something during the turn: the idle count starts again.
                 quiet.reset();
@@ -177,30 +178,22 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
 }
 
 /// Sleeps until a call tells the driver something changed (or it is stopped), at most
-/// `turn` (`None`: as long as it takes); whether a call did (the poke is taken here).
+/// `turn`; whether a call did (the poke is taken here).
 fn wait_for_call<'a, T: Transport>(
     shared: &'a Shared<T>,
     core: MutexGuard<'a, Core<T>>,
-    turn: Option<Duration>,
+    turn: Duration,
 ) -> (MutexGuard<'a, Core<T>>, bool) {
     let mut poked = false;
     let nothing_new = |c: &mut Core<T>| {
         poked |= c.take_poke();
         !poked && !c.stopped()
     };
-    let core = match turn {
-        Some(turn) => {
-            shared
-                .idle
-                .wait_timeout_while(core, turn, nothing_new)
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-        }
-        None => shared
-            .idle
-            .wait_while(core, nothing_new)
-            .unwrap_or_else(|e| e.into_inner()),
-    };
+    let core = shared
+        .idle
+        .wait_timeout_while(core, turn, nothing_new)
+        .unwrap_or_else(|e| e.into_inner())
+        .0;
     (core, poked)
 }
 
@@ -265,13 +258,19 @@ mod tokio_driver {
                 Next::Again => {}
                 Next::Yield => tokio::task::yield_now().await,
                 Next::Park => {
+                    // Until a call tells it, or a turn passed: another party on the
+                    // fabric may bring this side something without any call of this
+                    // side's telling it.
+                    let turn = tokio::time::sleep(super::TURN);
+                    tokio::pin!(turn);
                     poll_fn(|cx| {
                         let mut core = shared.lock();
                         if core.take_poke() || core.stopped() {
                             return Poll::Ready(());
                         }
                         core.park_driver(cx.waker());
-                        Poll::Pending
+                        drop(core);
+                        std::future::Future::poll(turn.as_mut(), cx)
                     })
                     .await;
                     quiet.reset();

@@ -601,6 +601,18 @@ impl Fabric {
         self.stats.events_acked += 1;
     }
 
+    /// Whether a channel or a device holds something its reader has not taken yet.
+    /// O(channels + nodes), asked only when nothing is scheduled.
+    pub(crate) fn anything_unread(&self) -> bool {
+        self.channels
+            .iter()
+            .any(|c| !c.closed && !c.queue.is_empty())
+            || self
+                .nodes
+                .iter()
+                .any(|n| !n.async_events.is_empty() || !n.completions.is_empty())
+    }
+
     pub(crate) fn channel_len(&self, channel: usize) -> usize {
         self.channels.get(channel).map_or(0, |c| c.queue.len())
     }

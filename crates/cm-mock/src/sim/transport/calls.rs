@@ -354,6 +354,13 @@ impl Transport for SimTransport {
                     locked.set_now(deadline);
                     return Ok(false);
                 }
+                // Nothing scheduled, but another party, read by a driver of its own,
+                // has something to act on (an event that makes it connect, send…):
+                // not idle yet.
+                (None, None) if self.on_step.is_none() && locked.anything_unread() => {
+                    drop(locked);
+                    return Ok(self.ready(reading));
+                }
                 (None, None) => return Err(CmError::Idle { op: "wait" }),
             }
         }
@@ -362,7 +369,7 @@ impl Transport for SimTransport {
     fn wait_step(
         &mut self,
         devices: &[SimDeviceReader],
-        timeout: Option<Duration>,
+        _timeout: Option<Duration>,
     ) -> Result<bool, CmError> {
         if self.ready(!devices.is_empty()) {
             return Ok(true);
@@ -372,7 +379,6 @@ impl Transport for SimTransport {
         // ([`Transport::activity`]); a step that jumped to the next timer (a CM retry
         // seconds away) would run it while another side still had an event to read
         // (a REP whose RTU its reader sends), and that side would act seconds late.
-        let _ = timeout;
         let fabric = self.node.fabric();
         let mut locked = fabric.lock();
         match locked.next_due() {
