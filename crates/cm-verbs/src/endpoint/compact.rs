@@ -186,7 +186,7 @@ impl Rare {
         data
     }
 
-    /// The latest notify failure not yet reported ([`Event::NotifyFailed`]).
+    /// The latest notify failure not yet reported ([`crate::Event::NotifyFailed`]).
     pub(super) fn notify_failed(&self) -> Option<cm_core::NotifyError> {
         self.0.as_deref().and_then(|parts| parts.notify_failed)
     }

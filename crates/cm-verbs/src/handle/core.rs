@@ -22,6 +22,7 @@ use crate::{
     ListenOptions, ListenerId, ENDPOINT_EVENT_BACKLOG,
 };
 
+use super::pacing::Pacing;
 use super::HandleStats;
 
 /// The calls waiting on one thing, each under its number: a handful per connection.
@@ -76,25 +77,8 @@ pub(super) struct Core<T: Transport> {
     accepts_refused: u64,
     /// The endpoint's own failure: every call answers it.
     failed: Option<CmError>,
-    /// A transport whose wait never blocks in real time (a simulation): the driver
-    /// waits for calls, and every call that may have moved something tells it.
-    virtual_time: bool,
-    /// A call changed something the driver waits on, since it last looked.
-    poked: bool,
-    /// A pass routed news (a call may act on it) since the driver last looked.
-    routed: bool,
-    /// The async driver, parked.
-    driver: Option<Waker>,
-    /// What the driver's current wait covers: the device readers it watches, and
-    /// until when (`None`: no deadline). A call that changes either tells it.
-    seen_devices: usize,
-    seen_until: Option<Duration>,
-    /// On a transport in virtual time: how many times the driver found that nothing
-    /// could happen anywhere. A call waiting since before the latest answers
-    /// [`CmError::Idle`]; a call that came after waits for the driver to look again.
-    idle_epoch: u64,
-    /// Every handle is gone: the driver ends.
-    stopped: bool,
+    /// What the driver and the calls tell each other ([`Pacing`]).
+    pacing: Pacing,
 }
 
 impl<T: Transport> Core<T> {
@@ -112,14 +96,7 @@ impl<T: Transport> Core<T> {
             endpoint_events: VecDeque::new(),
             accepts_refused: 0,
             failed: None,
-            virtual_time,
-            poked: false,
-            routed: false,
-            driver: None,
-            seen_devices: 0,
-            seen_until: None,
-            idle_epoch: 0,
-            stopped: false,
+            pacing: Pacing::new(virtual_time),
         }
     }
 
@@ -136,65 +113,37 @@ impl<T: Transport> Core<T> {
     }
 
     pub(super) fn virtual_time(&self) -> bool {
-        self.virtual_time
+        self.pacing.virtual_time()
     }
 
     /// Notes that a call may have changed what the driver waits on; whether the thread
-    /// driver sleeping on an idle simulation must be woken (the async driver is woken
-    /// here). On a real transport only a change of the devices or an earlier deadline
-    /// wakes the driver: the rest reaches it through the descriptors it watches.
+    /// driver sleeping on an idle simulation must be woken (see [`Pacing::poke`]).
     pub(super) fn poke(&mut self) -> bool {
-        if !(self.virtual_time || self.stopped || self.view_changed()) {
-            return false;
-        }
-        self.poked = true;
-        if let Some(driver) = self.driver.take() {
-            driver.wake();
-        }
-        self.virtual_time || self.stopped
+        let devices = self.endpoint.device_count();
+        let next_due = self.next_due();
+        self.pacing.poke(devices, next_due)
     }
 
-    /// Whether the devices or the earliest deadline changed since the driver's wait
-    /// began.
-    fn view_changed(&mut self) -> bool {
-        if self.endpoint.device_count() != self.seen_devices {
-            return true;
-        }
-        match (self.next_due(), self.seen_until) {
-            (Some(due), Some(until)) => due < until,
-            (Some(_), None) => true,
-            (None, _) => false,
-        }
-    }
-
-    /// The driver is about to wait until `until` (`None`: no deadline); returns how
-    /// long that is from now.
+    /// The driver is about to wait; returns how long until the earliest deadline
+    /// (`None`: no deadline).
     pub(super) fn begin_wait(&mut self) -> Option<Duration> {
-        self.seen_devices = self.endpoint.device_count();
-        self.seen_until = self.next_due();
-        self.seen_until.map(|due| due.saturating_sub(self.now()))
+        let next_due = self.next_due();
+        self.pacing
+            .begin_wait(self.endpoint.device_count(), next_due);
+        next_due.map(|due| due.saturating_sub(self.now()))
     }
 
-    /// Takes the poke: whether a call changed something since the last time, or (on a
-    /// simulation) a pass routed news a call may act on: either gives the calls their
-    /// turns again before time moves on.
-    pub(super) fn take_poke(&mut self) -> bool {
-        let routed = std::mem::take(&mut self.routed) && self.virtual_time;
-        std::mem::take(&mut self.poked) | routed
-    }
-
-    /// Parks the async driver until the next poke.
-    #[cfg(feature = "tokio")]
-    pub(super) fn park_driver(&mut self, waker: &Waker) {
-        self.driver = Some(waker.clone());
+    /// The driver and the calls' shared state, for the driver.
+    pub(super) fn pacing(&mut self) -> &mut Pacing {
+        &mut self.pacing
     }
 
     pub(super) fn stop(&mut self) {
-        self.stopped = true;
+        self.pacing.stop();
     }
 
     pub(super) fn stopped(&self) -> bool {
-        self.stopped
+        self.pacing.stopped()
     }
 
     /// Whether the endpoint itself failed.
@@ -204,7 +153,7 @@ impl<T: Transport> Core<T> {
 
     /// The driver's count of idle findings, for a call that starts waiting.
     pub(super) fn idle_epoch(&self) -> u64 {
-        self.idle_epoch
+        self.pacing.idle_epoch()
     }
 
     /// Why a call waiting since idle epoch `since` cannot be answered, if it cannot:
@@ -213,9 +162,11 @@ impl<T: Transport> Core<T> {
         if let Some(error) = &self.failed {
             return Some(ConnError::Endpoint(error.clone()));
         }
-        (self.idle_epoch > since).then_some(ConnError::Cm(CmError::Idle {
-            op: "wait on the simulated fabric",
-        }))
+        self.pacing
+            .idle_since(since)
+            .then_some(ConnError::Cm(CmError::Idle {
+                op: "wait on the simulated fabric",
+            }))
     }
 
     /// A number for a call that starts waiting.
@@ -363,7 +314,7 @@ impl<T: Transport> Core<T> {
     /// Nothing can happen on the simulated fabric: waiting calls answer `Idle` until a
     /// call moves something.
     pub(super) fn set_idle(&mut self) {
-        self.idle_epoch += 1;
+        self.pacing.went_idle();
         self.wake_all();
     }
 
@@ -388,7 +339,7 @@ impl<T: Transport> Core<T> {
     /// their queue. O(1) per item.
     fn route(&mut self) {
         while let Some(accepted) = self.endpoint.try_accept() {
-            self.routed = true;
+            self.pacing.note_routed();
             match accepted {
                 Ok(conn) => self.queue_accepted(conn),
                 Err(ConnError::ListenerClosed { listener, reason }) => {
@@ -398,7 +349,7 @@ impl<T: Transport> Core<T> {
             }
         }
         while let Some(ready) = self.endpoint.take_ready() {
-            self.routed = true;
+            self.pacing.note_routed();
             match ready {
                 Ok(conn) => {
                     if !self.wake_conn(conn)

@@ -4,7 +4,7 @@
 //! driver, and the application's threads or tasks act between the fabric's steps: a
 //! driver runs what is due now one action at a time ([`Transport::wait_step`]) and
 //! gives the others their turn after each; only when nothing has happened anywhere on
-//! the fabric ([`Transport::activity`]) for [`IDLE_TURNS`] of its turns, and no news it
+//! the fabric ([`Transport::activity`]) for [`IDLE_TURNS`](crate::endpoint::IDLE_TURNS) of its turns, and no news it
 //! routed or call it was told of is newer, does time jump to the next action or
 //! deadline, or, with none, are the waiting calls told that nothing can happen. So
 //! virtual time never runs ahead of an event another party has yet to act on (a REP
@@ -17,8 +17,8 @@ use std::time::Duration;
 use cm_core::{CmError, Transport};
 
 use super::core::Core;
+use super::pacing::QuietTurn;
 use super::Shared;
-use crate::endpoint::IDLE_TURNS;
 use crate::ConnError;
 
 /// Ends the waiting calls if a driver ends before the handles are gone (its runtime
@@ -53,26 +53,9 @@ enum Turn {
     Failed,
 }
 
-/// How long a driver on a simulation has seen nothing happen anywhere on its fabric:
-/// its turns since the fabric's activity ([`Transport::activity`]) last moved, or a
-/// call of its own moved something. Time moves on only after [`IDLE_TURNS`] of them,
-/// so every party sharing the fabric (the other side's driver, the application's
-/// threads and tasks woken by news) acts on what it has before time jumps past it.
-#[derive(Debug, Default)]
-struct Quiet {
-    turns: u32,
-    activity: u64,
-}
-
-impl Quiet {
-    /// Something happened: the count starts again.
-    fn reset(&mut self) {
-        self.turns = 0;
-    }
-}
-
-/// One step of a driver on a simulation, `quiet` kept across steps.
-fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, quiet: &mut Quiet) -> Turn {
+/// One step of a driver on a simulation; when nothing happened anywhere for long
+/// enough ([`quiet_turn`](super::pacing::Pacing::quiet_turn)), time jumps to the next deadline.
+fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>) -> Turn {
     let moved = match core.endpoint_mut().wait_step(left) {
         Ok(moved) => moved,
         Err(ConnError::Endpoint(error)) => {
@@ -85,17 +68,13 @@ fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, quiet: &mut Qu
         }
     };
     let activity = core.endpoint().transport().activity();
-    if moved || activity != quiet.activity {
-        quiet.activity = activity;
-        quiet.reset();
-        return if moved { Turn::Moved } else { Turn::Still };
+    if moved {
+        core.pacing().moved(activity);
+        return Turn::Moved;
     }
-    quiet.turns += 1;
-    if quiet.turns <= IDLE_TURNS {
+    if core.pacing().quiet_turn(activity) == QuietTurn::Wait {
         return Turn::Still;
     }
-    // Nothing happened anywhere for a while: time jumps to the next deadline.
-    quiet.reset();
     match core.endpoint_mut().wait_transport(left) {
         Ok(()) => Turn::Moved,
         Err(ConnError::Cm(CmError::Idle { .. })) => {
@@ -119,7 +98,6 @@ fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>, quiet: &mut Qu
 pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
     let relock = || shared.core.lock().unwrap_or_else(|e| e.into_inner());
     let mut core = relock();
-    let mut quiet = Quiet::default();
     loop {
         if core.stopped() {
             return;
@@ -135,27 +113,23 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
         if core.has_failed() {
             return;
         }
-        let poked = core.take_poke();
+        // On a simulation, a poke starts the quiet count again; a real transport's wait
+        // below sees its changes through `begin_wait`.
+        core.pacing().take_poke();
         if more {
             continue;
         }
         let left = core.begin_wait();
         if core.virtual_time() {
-            if poked {
-                quiet.reset();
-            }
             // Idle too, the driver looks again after a turn: another party on the
             // fabric (the other side's driver, woken by its own calls) may bring this
             // side something without any call of this side's telling it.
-            if let Turn::Failed = step(&mut core, left, &mut quiet) {
+            if let Turn::Failed = step(&mut core, left) {
                 return;
             }
-            let poked;
-            (core, poked) = wait_for_call(shared, core, TURN);
-            if poked {
-                // A call moved something during the turn: the idle count starts again.
-                quiet.reset();
-            }
+            // A call that moves something during the turn starts the quiet count again
+            // (its poke is taken here).
+            core = wait_for_call(shared, core, TURN);
             continue;
         }
         // A call that came since the check above has woken the wait (it saw the driver
@@ -178,23 +152,18 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
 }
 
 /// Sleeps until a call tells the driver something changed (or it is stopped), at most
-/// `turn`; whether a call did (the poke is taken here).
+/// `turn`; the poke is taken here.
 fn wait_for_call<'a, T: Transport>(
     shared: &'a Shared<T>,
     core: MutexGuard<'a, Core<T>>,
     turn: Duration,
-) -> (MutexGuard<'a, Core<T>>, bool) {
-    let mut poked = false;
-    let nothing_new = |c: &mut Core<T>| {
-        poked |= c.take_poke();
-        !poked && !c.stopped()
-    };
-    let core = shared
+) -> MutexGuard<'a, Core<T>> {
+    let nothing_new = |c: &mut Core<T>| !c.pacing().take_poke() && !c.stopped();
+    shared
         .idle
         .wait_timeout_while(core, turn, nothing_new)
         .unwrap_or_else(|e| e.into_inner())
-        .0;
-    (core, poked)
+        .0
 }
 
 #[cfg(feature = "tokio")]
@@ -206,7 +175,7 @@ mod tokio_driver {
     use std::task::Poll;
 
     use super::super::Shared;
-    use super::{step, Quiet, Turn};
+    use super::{step, Turn};
     use crate::async_endpoint::{AsyncWait, WatchSet};
 
     /// What the tokio driver does after a pass.
@@ -222,7 +191,6 @@ mod tokio_driver {
     /// other tasks' turn).
     pub(in crate::handle) async fn run_tokio<T: AsyncWait>(shared: &Shared<T>) {
         let mut watch = WatchSet::default();
-        let mut quiet = Quiet::default();
         loop {
             let next = {
                 let mut core = shared.lock();
@@ -234,16 +202,13 @@ mod tokio_driver {
                 if core.has_failed() {
                     return;
                 }
-                let poked = core.take_poke();
+                let poked = core.pacing().take_poke();
                 let left = core.begin_wait();
                 let has_descriptors = watch.sync(core.endpoint());
                 if more {
                     Next::Yield
                 } else if !has_descriptors {
-                    if poked {
-                        quiet.reset();
-                    }
-                    match step(&mut core, left, &mut quiet) {
+                    match step(&mut core, left) {
                         Turn::Moved | Turn::Still => Next::Yield,
                         Turn::Idle => Next::Park,
                         Turn::Failed => return,
@@ -265,15 +230,14 @@ mod tokio_driver {
                     tokio::pin!(turn);
                     poll_fn(|cx| {
                         let mut core = shared.lock();
-                        if core.take_poke() || core.stopped() {
+                        if core.pacing().take_poke() || core.stopped() {
                             return Poll::Ready(());
                         }
-                        core.park_driver(cx.waker());
+                        core.pacing().park(cx.waker());
                         drop(core);
                         std::future::Future::poll(turn.as_mut(), cx)
                     })
                     .await;
-                    quiet.reset();
                 }
                 Next::Wait(deadline) => {
                     let sleep = deadline.map(tokio::time::sleep_until);
@@ -281,10 +245,10 @@ mod tokio_driver {
                     let result = poll_fn(|cx| {
                         {
                             let mut core = shared.lock();
-                            if core.take_poke() || core.stopped() {
+                            if core.pacing().take_poke() || core.stopped() {
                                 return Poll::Ready(Ok(()));
                             }
-                            core.park_driver(cx.waker());
+                            core.pacing().park(cx.waker());
                         }
                         if let Poll::Ready(result) = watch.poll_ready(cx) {
                             return Poll::Ready(result);

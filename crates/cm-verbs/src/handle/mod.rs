@@ -60,6 +60,7 @@
 mod call;
 mod core;
 mod driver;
+mod pacing;
 
 use std::fmt;
 use std::future::poll_fn;
