@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use poll_once::poll_once_and_drop;
 
-use cm_verbs::handle::{EndpointHandle, HandleStats, Listener};
+use cm_verbs::handle::{Connection, EndpointHandle, HandleStats, Listener};
 use cm_verbs::sim::{
     FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
 };
@@ -158,6 +158,61 @@ impl Scene {
         });
     }
 
+    /// Every RTU lost: the server answers the REQ, then the client sends `message` and
+    /// disconnects while the server's endpoint reads nothing, so the server's CM
+    /// reports DISCONNECTED before ESTABLISHED, the message still unread.
+    fn one_shot_client_gone_before_its_rtu(&mut self, message: &[u8]) {
+        let Scene {
+            fabric,
+            server,
+            client,
+            addr,
+            ..
+        } = self;
+        fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+        server.with_endpoint(|ep| {
+            let out = client
+                .connect(*addr, ConnectOptions::default())
+                .expect("connect");
+            // The server's pass answers the REQ; the REP establishes the client.
+            drive(fabric, ep, client, |c| established(c, out));
+            assert!(established(client, out), "the client got established");
+            client.send(out, message).expect("send");
+            client.disconnect(out).expect("disconnect");
+            while fabric.step() {
+                client.process().expect("client pass");
+            }
+        });
+    }
+
+    /// Accepts the one connection, established `via`, whose peer sent `message` and
+    /// left: the message, then the close.
+    fn accept_message_then_close(
+        &self,
+        driver: Driver,
+        via: EstablishedVia,
+        message: &[u8],
+    ) -> Connection<SimTransport> {
+        let conn = self
+            .listener
+            .blocking_accept(WAIT)
+            .unwrap_or_else(|e| panic!("{driver:?}: accepted: {e}"));
+        assert_eq!(conn.established_via(), Some(via), "{driver:?}");
+        assert_eq!(conn.blocking_recv(WAIT).as_deref(), Ok(message));
+        let closed = conn.blocking_recv(WAIT);
+        assert!(
+            matches!(
+                closed,
+                Err(ConnError::Closed {
+                    reason: CloseReason::Disconnected,
+                    ..
+                })
+            ),
+            "{driver:?}: then its close: {closed:?}"
+        );
+        conn
+    }
+
     /// A connection established and handed to the listener's queue; its client end.
     fn connect_and_queue(&mut self) -> ConnectionId {
         let Scene {
@@ -181,27 +236,7 @@ fn a_connection_that_came_and_went_in_one_pass_is_accepted_with_its_message_and_
     for driver in DRIVERS {
         let mut scene = scene(driver, 71);
         scene.connect_send_and_leave_unseen(b"hello");
-        let conn = scene
-            .listener
-            .blocking_accept(WAIT)
-            .unwrap_or_else(|e| panic!("{driver:?}: accepted: {e}"));
-        assert_eq!(
-            conn.established_via(),
-            Some(EstablishedVia::Handshake),
-            "{driver:?}"
-        );
-        assert_eq!(conn.blocking_recv(WAIT).as_deref(), Ok(&b"hello"[..]));
-        let closed = conn.blocking_recv(WAIT);
-        assert!(
-            matches!(
-                closed,
-                Err(ConnError::Closed {
-                    reason: CloseReason::Disconnected,
-                    ..
-                })
-            ),
-            "{driver:?}: then its close: {closed:?}"
-        );
+        let conn = scene.accept_message_then_close(driver, EstablishedVia::Handshake, b"hello");
         // Established is a fact about the past: it stays after the close is read.
         assert_eq!(conn.established_via(), Some(EstablishedVia::Handshake));
         assert_eq!(
@@ -231,6 +266,16 @@ fn an_accepted_connection_whose_peer_left_answers_established_and_gives_its_mess
         });
         assert_eq!(via, Ok(EstablishedVia::Handshake), "{driver:?}");
         assert_eq!(message.as_deref(), Ok(&b"fast client"[..]), "{driver:?}");
+    }
+}
+
+#[test]
+fn a_one_shot_client_whose_rtu_was_lost_is_accepted_with_its_message_then_its_close() {
+    for driver in DRIVERS {
+        let mut scene = scene(driver, 76);
+        scene.one_shot_client_gone_before_its_rtu(b"one shot");
+        scene.accept_message_then_close(driver, EstablishedVia::PeerMessage, b"one shot");
+        assert_eq!(scene.server.accepts_refused(), 0, "{driver:?}");
     }
 }
 

@@ -40,6 +40,9 @@ pub struct RealReport {
     pub via_receive: usize,
     /// Connections where notify answered EISCONN: the RTU had won the race.
     pub already_established_races: usize,
+    /// Passive connections the CM reported disconnected before established, taken as
+    /// established by the peer's message (its DREQ overtook its lost RTU).
+    pub via_peer_message: usize,
     /// Connections that failed (never established, or an error on the way).
     pub failed: usize,
     /// Connections torn down cleanly (disconnect called and DISCONNECTED received).
@@ -146,7 +149,8 @@ pub fn human(r: &RealReport) -> String {
     let _ = writeln!(
         out,
         "established {}/{} (by RTU {}, forced by notify {} [COMM_EST {}, receive completion {}], \
-         EISCONN races {}), disconnected {}, timed out {}, failed {}",
+         EISCONN races {}, by the peer's message {}), disconnected {}, timed out {}, \
+         failed {}",
         r.established,
         r.connections,
         r.via_rtu,
@@ -154,6 +158,7 @@ pub fn human(r: &RealReport) -> String {
         r.via_comm_est,
         r.via_receive,
         r.already_established_races,
+        r.via_peer_message,
         r.disconnected,
         r.timed_out,
         r.failed
@@ -203,6 +208,7 @@ mod tests {
             via_comm_est: 0,
             via_receive: 0,
             already_established_races: 0,
+            via_peer_message: 0,
             failed: 0,
             disconnected: 2,
             timed_out: 0,
@@ -237,6 +243,7 @@ mod tests {
             "via_comm_est",
             "via_receive",
             "already_established_races",
+            "via_peer_message",
             "failed",
             "disconnected",
             "timed_out",
@@ -292,6 +299,7 @@ mod tests {
             via_comm_est: 0,
             via_receive: 1,
             already_established_races: 0,
+            via_peer_message: 0,
             failed: 0,
             disconnected: 1,
             timed_out: 0,

@@ -95,6 +95,7 @@ fn timeline(
             Some(EstablishedVia::RtuWonRace(trigger)) => {
                 format!("rtu-won-race {}", trigger_name(trigger))
             }
+            Some(EstablishedVia::PeerMessage) => "peer-message".to_string(),
         };
         add(span(Step::Established).end(), format!("established {via}"));
         add(span(Step::Exchange).start(), "send".to_string());
@@ -184,6 +185,7 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
     let via_receive =
         count(|via| matches!(via, EstablishedVia::Notify(Trigger::ReceiveCompletion)));
     let via_notify = via_comm_est + via_receive;
+    let via_peer_message = count(|via| via == EstablishedVia::PeerMessage);
     let wanted = usize::try_from(config.connections).unwrap_or(usize::MAX);
     let unstarted = wanted.saturating_sub(conns.len());
     let remote = if server {
@@ -201,11 +203,12 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
         messages,
         message_size: config.message_size,
         established,
-        via_rtu: established - via_notify,
+        via_rtu: established - via_notify - via_peer_message,
         via_notify,
         via_comm_est,
         via_receive,
         already_established_races: count(|via| matches!(via, EstablishedVia::RtuWonRace(_))),
+        via_peer_message,
         failed: conns.iter().filter(|c| c.failure().is_some()).count() + unstarted,
         disconnected: conns
             .iter()

@@ -14,6 +14,17 @@ use super::{
 };
 use crate::{PumpEvent, Role};
 
+/// Why a connection's completion queues are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reading {
+    /// Its completion event came (or busy polling): every completion counts, a failed
+    /// one closes it, a receive may trigger the notify.
+    Event,
+    /// The CM reported the peer gone: what it sent before is taken; the flush of the
+    /// posted receives is not a failure, and no receive triggers a notify.
+    PeerLeft,
+}
+
 impl<T: Transport> Endpoint<T> {
     // ----- inputs ----------------------------------------------------------------
 
@@ -95,7 +106,7 @@ impl<T: Transport> Endpoint<T> {
         }
         // What is already there is still taken; after that an unarmed queue raises no
         // event again, and the connection would stall unheard: it ends.
-        self.poll_queues(conn, true);
+        self.poll_queues(conn, Reading::Event);
         if let Some((kind, error)) = unarmed {
             let detail = QpErrorDetail::ArmFailed {
                 kind,
@@ -124,7 +135,7 @@ impl<T: Transport> Endpoint<T> {
                 continue;
             }
             self.awaiting.push_back(conn);
-            self.poll_queue(conn, CqKind::Recv, true);
+            self.poll_queue(conn, CqKind::Recv, Reading::Event);
         }
         self.pump.counters().forced != forced
     }
@@ -143,15 +154,15 @@ impl<T: Transport> Endpoint<T> {
 
     /// Polls `conn`'s receive then send queue dry and handles each completion; with
     /// `failures` off, failed completions are skipped (the connection is ending anyway).
-    fn poll_queues(&mut self, conn: ConnectionId, failures: bool) {
+    fn poll_queues(&mut self, conn: ConnectionId, reading: Reading) {
         for kind in [CqKind::Recv, CqKind::Send] {
-            self.poll_queue(conn, kind, failures);
+            self.poll_queue(conn, kind, reading);
         }
     }
 
     /// Polls one of `conn`'s queues dry (see [`Endpoint::poll_queues`]); stops once the
     /// connection is closed, by a completion handled or before.
-    fn poll_queue(&mut self, conn: ConnectionId, kind: CqKind, failures: bool) {
+    fn poll_queue(&mut self, conn: ConnectionId, kind: CqKind, reading: Reading) {
         loop {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
@@ -169,8 +180,8 @@ impl<T: Transport> Endpoint<T> {
                 }
             };
             for completion in batch.iter().copied() {
-                if failures || completion.is_success() {
-                    self.on_completion(conn, completion);
+                if reading == Reading::Event || completion.is_success() {
+                    self.on_completion(conn, completion, reading);
                 }
             }
             self.completions = batch;
@@ -180,7 +191,12 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 
-    pub(super) fn on_completion(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+    pub(super) fn on_completion(
+        &mut self,
+        conn: ConnectionId,
+        completion: WorkCompletion,
+        reading: Reading,
+    ) {
         if self.live(conn).is_none() {
             return; // closed by an earlier completion of the batch
         }
@@ -204,7 +220,7 @@ impl<T: Transport> Endpoint<T> {
                     self.mark_ready(conn);
                 }
             }
-            CqKind::Recv => self.on_received(conn, completion),
+            CqKind::Recv => self.on_received(conn, completion, reading),
         }
     }
 
@@ -223,11 +239,19 @@ impl<T: Transport> Endpoint<T> {
         self.mark_ready(conn);
     }
 
-    pub(super) fn on_received(&mut self, conn: ConnectionId, completion: WorkCompletion) {
+    pub(super) fn on_received(
+        &mut self,
+        conn: ConnectionId,
+        completion: WorkCompletion,
+        reading: Reading,
+    ) {
         // The trigger first: on a passive connection whose RTU is late, this receive is
-        // what forces the establish.
-        if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
-            self.on_pumped(Some(conn), pumped);
+        // what forces the establish. Not once the peer left: the CM is past it, and a
+        // notify would only fail.
+        if reading == Reading::Event {
+            if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
+                self.on_pumped(Some(conn), pumped);
+            }
         }
         let slot = completion.wr_id as u32;
         let Some((transport, entry)) = self.split(conn) else {
@@ -267,7 +291,26 @@ impl<T: Transport> Endpoint<T> {
     /// are read before completions in a pass), so that what the peer sent before it
     /// left is delivered, and the sends it acknowledged are reported, before the close.
     pub(super) fn drain_completions(&mut self, conn: ConnectionId) {
-        self.poll_queues(conn, false);
+        self.poll_queues(conn, Reading::PeerLeft);
+    }
+
+    /// A passive connection the CM reports disconnected before it reported it
+    /// established, which holds a message of the peer's: the message shows the peer
+    /// was established, so this side is too ([`EstablishedVia::PeerMessage`], or the
+    /// notify that forced the CM when its ESTABLISHED lost the race with the DREQ).
+    /// Its messages and close follow, as for any established connection.
+    fn establish_by_peer_message(&mut self, conn: ConnectionId) {
+        let Some(entry) = self.live_mut(conn) else {
+            return;
+        };
+        let proven = !entry.inbox.is_empty() || entry.via.is_some();
+        if entry.role != Role::Passive || entry.state != ConnState::Accepted || !proven {
+            return;
+        }
+        if entry.via.is_none() {
+            entry.via = Some(EstablishedVia::PeerMessage);
+        }
+        self.on_established(conn, &[]);
     }
 
     pub(super) fn on_cm_event(&mut self, event: T::Event) {
@@ -506,6 +549,7 @@ impl<T: Transport> Endpoint<T> {
             CmEventType::Disconnected => {
                 // What the peer sent before it left comes first.
                 self.drain_completions(conn);
+                self.establish_by_peer_message(conn);
                 // Our DREP: the peer's teardown waits for it.
                 self.close(conn, CloseReason::Disconnected, true);
                 Ok(())
@@ -652,6 +696,8 @@ mod tests {
         APPLICATION_WR_ID,
     };
 
+    use super::Reading;
+
     /// A failed one-sided work request closes its connection (its QP is in the error
     /// state); the application still learns which of its earlier requests completed,
     /// in order, before the close.
@@ -691,9 +737,9 @@ mod tests {
             status,
             byte_len: 0,
         };
-        client.on_completion(out, work(1, WcStatus::Success));
-        client.on_completion(out, work(2, WcStatus::Success));
-        client.on_completion(out, work(3, WcStatus::RemAccessErr));
+        client.on_completion(out, work(1, WcStatus::Success), Reading::Event);
+        client.on_completion(out, work(2, WcStatus::Success), Reading::Event);
+        client.on_completion(out, work(3, WcStatus::RemAccessErr), Reading::Event);
         let taken: Vec<u64> =
             std::iter::from_fn(|| client.take_work_completion(out).ok().flatten())
                 .map(|done| done.wr_id & !APPLICATION_WR_ID)

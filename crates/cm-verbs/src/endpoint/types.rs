@@ -275,6 +275,14 @@ pub enum EstablishedVia {
     /// `rdma_notify` was called after `Trigger` but the RTU had won the race (EISCONN,
     /// harmless).
     RtuWonRace(Trigger),
+    /// Passive side only: the CM never reported it established, because the peer's
+    /// disconnect (DREQ) overtook both its lost RTU and this side's notify, so the CM
+    /// reported DISCONNECTED straight from the REP. The peer's message stands for the
+    /// establish: the peer can send only once it is established (after this side's
+    /// REP), as a TCP segment that acknowledges the SYN-ACK completes the handshake
+    /// when the final ACK was lost. The connection is reported established, its
+    /// messages delivered, then its close ([`CloseReason::Disconnected`]).
+    PeerMessage,
 }
 
 /// When a connection passed the steps of its setup, on the transport's clock
