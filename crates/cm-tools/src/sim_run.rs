@@ -2,7 +2,9 @@
 //! [`Session`] code as the real mode (`cmnotify --backend rdma`), each side one
 //! [`Endpoint`] over a [`SimTransport`] on one [`SimPair`]; only the transport differs.
 //! Both endpoints are driven in one thread, alternately and without waiting, and the
-//! fabric's virtual time moves only when neither has anything left to handle.
+//! fabric's virtual time moves only when neither has anything left to handle: events
+//! the fabric brought, completions of its own sends, deadlines due. The client
+//! disconnects each connection once its message came back, as the real client does.
 //!
 //! How every connection ended comes from the endpoints' events (ESTABLISHED reports per
 //! side, how each got there, why each closed); the fabric contributes its counters and,
@@ -53,9 +55,10 @@ pub struct SimRun {
     pub trace_conn: Option<u32>,
     /// Further random faults per message kind (for fault matrices and property tests).
     pub odds: Vec<(MsgKind, FaultOdds)>,
-    /// Disconnect every connection once the fabric is quiet (the client, then the
-    /// server whatever it still holds), checking that the endpoints hold nothing more
-    /// and that every CM event was acknowledged.
+    /// Disconnect every connection: the client each one as soon as its message came
+    /// back (with `send_data`), then, once the fabric is quiet, whatever the client and
+    /// then the server still hold, checking that the endpoints hold nothing more and
+    /// that every CM event was acknowledged.
     pub teardown: bool,
     /// Deterministic faults (drop, delay, duplicate the nth REQ, REP, RTU, …), applied
     /// in addition to the random ones.
@@ -216,9 +219,12 @@ fn plan(config: &SimRun, server: bool, addr: SimAddr) -> Plan<SimAddr> {
         resolve_attempts: 1,
         // The CM's own REP retries decide, as the demo without the pump shows.
         establish_timeout: None,
-        // Every connection stays up until the fabric is quiet, then the teardown
-        // closes them all.
-        disconnect_when_done: false,
+        // The client disconnects as soon as its message came back, as the real one
+        // does: waiting for a quiet fabric would let every stale CM timer (a REP's
+        // retry, 4.29 s) pass first. Without data there is no exchange to wait for,
+        // and a DREQ at ESTABLISHED would end a server still waiting for a lost RTU
+        // before its retries run out; those connections wait for the teardown.
+        disconnect_when_done: config.teardown && config.send_data,
     }
 }
 
@@ -287,11 +293,14 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
 
     let mut teardown_failures = 0;
     if config.teardown {
-        // The client ends every connection, as the real client does once its exchange
-        // is done; then whatever the server still holds.
+        // The client ends what it still holds (connections with no exchange, or one
+        // that never completed); then the server. Each side is polled next whatever
+        // the fabric brings it: its calls may have left work only its endpoint sees.
         world.client.close_all();
+        world.client_inputs.busy = true;
         world.run_until_quiet(&mut |_| {});
         world.server.close_all();
+        world.server_inputs.busy = true;
         world.run_until_quiet(&mut |_| {});
         let left =
             world.client.endpoint().connection_count() + world.server.endpoint().connection_count();
@@ -329,20 +338,22 @@ impl World {
             if steps % TRACE_DRAIN_STEPS == 0 {
                 self.drain_trace();
             }
-            // Nothing scheduled: a last look at both sides, for work they queued
-            // themselves (completions of their own sends).
+            // Time moves only once neither side had anything (see `handle_ready` for
+            // what "anything" covers); with nothing scheduled, a last look at both.
             if handled == 0 && !self.fabric.step() && self.handle_ready(true) == 0 {
                 break;
             }
         }
     }
 
-    /// Both sides' ready events, answered; how many. A side is polled only when the
-    /// fabric brought it something or it handled events last time (`sweep`: always):
-    /// each poll costs the endpoint a pass over its connections.
+    /// Both sides' ready events, answered; how many. A side is polled only when it may
+    /// have work (`sweep`: always): the fabric brought it something, it handled events
+    /// last time (its own calls may have queued completions only its endpoint sees),
+    /// or one of its endpoint's deadlines is due. Each poll costs the endpoint a pass.
     fn handle_ready(&mut self, sweep: bool) -> usize {
+        let now = self.fabric.now();
         let mut client = 0;
-        if sweep || self.client_inputs.ready() {
+        if sweep || self.client_inputs.ready() || deadline_due(&self.client, now) {
             // Each record is tagged with the fabric's number of its connection: on the
             // server side when requested, on the client side once established (one
             // that never was keeps the number of its place in the order of connects,
@@ -355,7 +366,7 @@ impl World {
                 .expect("the simulated transport does not fail");
             self.client_inputs.busy = client > 0;
         }
-        if !(sweep || self.server_inputs.ready()) {
+        if !(sweep || self.server_inputs.ready() || deadline_due(&self.server, now)) {
             return client;
         }
         let trace = &mut self.trace;
@@ -458,6 +469,14 @@ fn fabric_number(endpoint: &Endpoint<SimTransport>, event: &Event) -> Option<(Co
     };
     let ConnId(number) = endpoint.cm_id(*conn).ok()?.conn()?;
     Some((*conn, number))
+}
+
+/// Whether one of the side's endpoint deadlines (a connect or accept timing out) is
+/// due: work the fabric does not know of, to be done before time moves on.
+fn deadline_due(side: &Session<SimTransport>, now: Duration) -> bool {
+    side.endpoint()
+        .next_deadline()
+        .is_some_and(|due| due <= now)
 }
 
 /// What the fabric holds for one side's endpoint, seen from outside it.

@@ -1,10 +1,12 @@
 //! A server written against cm-verbs survives 100% RTU loss with data flowing; without
-//! the pump the same scenario ends in UNREACHABLE. And the exactly-once property holds
+//! the pump the same scenario ends in UNREACHABLE. The client disconnects right after
+//! its exchange, not after some stale CM timer. And the exactly-once property holds
 //! through the pump for random fault schedules.
 
 use std::time::Duration;
 
-use cm_mock::sim::{FaultOdds, MsgKind};
+use cm_core::CmEventType;
+use cm_mock::sim::{FaultOdds, MsgKind, TraceEntry, TraceEvent};
 use cm_tools::sim_run::{run, SimRun};
 use cm_verbs::CloseReason;
 use proptest::prelude::*;
@@ -101,6 +103,81 @@ fn rule_drops_only_the_named_connections_rtu() {
     assert_eq!(report.established(), 4);
     assert_eq!(report.forced(), 1);
     assert!(report.outcomes[2].forced);
+}
+
+/// The most virtual time between the echo reaching the client and its DREQ, and
+/// between that and the server's DISCONNECTED: a few wire hops (10 µs each), far below
+/// any CM timer (the REP's retry is 4.29 s).
+const DISCONNECT_WITHIN: Duration = Duration::from_millis(10);
+
+/// When the first (or, with `last`, the last) entry `matches` was recorded.
+fn recorded_at(
+    entries: &[TraceEntry],
+    last: bool,
+    matches: impl Fn(&TraceEvent) -> bool,
+) -> Option<Duration> {
+    let mut found = entries.iter().filter(|e| matches(&e.event)).map(|e| e.at);
+    if last {
+        found.next_back()
+    } else {
+        found.next()
+    }
+}
+
+/// The client disconnects as soon as its message came back, as a real client does:
+/// the DREQ follows the last SEND by microseconds of virtual time, whatever CM timer
+/// is still scheduled (the REP's retry, stale once notify established the server).
+#[test]
+fn the_client_disconnects_right_after_its_exchange() {
+    for (connections, traced, soft_roce) in [(1, 0, false), (1, 0, true), (100, 99, false)] {
+        let report = run(&SimRun {
+            connections,
+            trace_conn: Some(traced),
+            soft_roce,
+            ..SimRun::default()
+        });
+        let case = format!("{connections} connections, traced {traced}, soft_roce={soft_roce}");
+        assert_eq!(report.forced(), connections as usize, "{case}");
+        let at = |last: bool, what: &str, matches: &dyn Fn(&TraceEvent) -> bool| {
+            recorded_at(&report.trace_entries, last, matches)
+                .unwrap_or_else(|| panic!("{case}: no {what}: {:?}", report.trace))
+        };
+        let echoed = at(true, "SEND delivered", &|e| {
+            matches!(
+                e,
+                TraceEvent::Delivered {
+                    kind: MsgKind::Data,
+                    ..
+                }
+            )
+        });
+        let dreq = at(false, "DREQ", &|e| {
+            matches!(
+                e,
+                TraceEvent::Sent {
+                    kind: MsgKind::Dreq,
+                    ..
+                }
+            )
+        });
+        let disconnected = at(false, "DISCONNECTED", &|e| {
+            matches!(
+                e,
+                TraceEvent::CmEvent {
+                    event: CmEventType::Disconnected,
+                    ..
+                }
+            )
+        });
+        assert!(
+            echoed <= dreq && dreq - echoed < DISCONNECT_WITHIN,
+            "{case}: last SEND at {echoed:?}, DREQ at {dreq:?}"
+        );
+        assert!(
+            dreq <= disconnected && disconnected - dreq < DISCONNECT_WITHIN,
+            "{case}: DREQ at {dreq:?}, DISCONNECTED at {disconnected:?}"
+        );
+    }
 }
 
 fn odds() -> impl Strategy<Value = FaultOdds> {
