@@ -11,7 +11,9 @@
 //! established, accept, disconnect, next_event, poll until nothing is left, process,
 //! advance virtual time, a fault rule on the wire (RTU loss or delay above all), a
 //! device event (DEVICE_FATAL, a port event, a QP error or a COMM_EST on a known QP),
-//! device removal, notify off, close or open a listener. Waiting calls wait zero or a
+//! device removal, notify off, close or open a listener, post one-sided work (RDMA
+//! READ/WRITE, now and then one the peer refuses) on a connection's QP through
+//! `cm_id`, take its completions. The connections' `work_depth` is 0 to 8. Waiting calls wait zero or a
 //! few virtual milliseconds (never `None`: on an idle fabric that is an error), and
 //! while one endpoint waits the other handles its inputs, as a peer process would.
 //!
@@ -26,11 +28,20 @@
 //! - a handle closed by an `Event::Closed`, a `recv` answering `ConnError::Closed`, an
 //!   accepted `disconnect` or a `reject_request` names nothing from then on: every call
 //!   answers `UnknownConnection` at once and no event names it; a handle that once
-//!   answered `UnknownConnection` never comes back.
+//!   answered `UnknownConnection` never comes back;
+//! - the application's one-sided work (posted with `APPLICATION_WR_ID`, never more
+//!   than `work_depth` of it not taken) completes once, in posting order per
+//!   connection, or its connection's close is reported and nothing completes after the
+//!   close; a failed completion is the last one taken and closes its connection, and
+//!   the close it caused is answered only once it and every completion before it were
+//!   taken; while the connection lives, work posted completes once the endpoint handled
+//!   its inputs (and at the end of the run); no completion taken as work is an
+//!   endpoint message's, and no work completion is reported as a completed send.
 //!
 //! This file holds the operations, the set-up and the run; `decode` reads them from
 //! the input, `world` is what they act on, `calls` the application's calls and the
-//! checks of their answers, `invariants` what is checked after each.
+//! checks of their answers, `work` the application's one-sided work and its checks,
+//! `invariants` what is checked after each.
 
 use std::time::Duration;
 
@@ -48,6 +59,8 @@ mod calls;
 mod decode;
 #[path = "endpoint_ops/invariants.rs"]
 mod invariants;
+#[path = "endpoint_ops/work.rs"]
+mod work;
 #[path = "endpoint_ops/world.rs"]
 mod world;
 
@@ -121,6 +134,32 @@ pub enum Op {
         pick: u8,
         /// The message length.
         len: u8,
+    },
+    /// Up to `count` pieces of one-sided work on a connection's QP (through
+    /// `Endpoint::cm_id`), while the work not taken stays within its `work_depth`.
+    Work {
+        /// Which endpoint.
+        who: Who,
+        /// Which connection.
+        pick: u8,
+        /// How many pieces at most.
+        count: u8,
+        /// The last piece is refused by the peer (a remote access error).
+        refused: bool,
+        /// Each piece moves `len` x 256 bytes.
+        len: u8,
+    },
+    /// `take_work_completion` up to `count` times.
+    TakeWork {
+        /// Which endpoint.
+        who: Who,
+        /// Which connection.
+        pick: u8,
+        /// How many completions at most.
+        count: u8,
+        /// The endpoint handles its inputs first: then every piece posted on a live
+        /// connection must be there.
+        process: bool,
     },
     /// `recv` with a zero or small timeout.
     Recv {
@@ -258,6 +297,9 @@ pub fn run_ops(setup: &Setup, ops: &[Op]) {
     }
     world.at = "the final drain".into();
     world.advance(20);
+    // The work first: a close that failed work caused is still answered by
+    // `take_work_completion` before a drain reports it.
+    world.take_all_work();
     for who in [Who::Server, Who::Client] {
         world.drain(who);
     }

@@ -59,6 +59,14 @@ const SEEDS: &[(&str, &[u8])] = &[
         include_bytes!("../../../fuzz/corpus/endpoint_ops/manual-accept-and-reject"),
     ),
     (
+        "one-sided-work-across-a-disconnect",
+        include_bytes!("../../../fuzz/corpus/endpoint_ops/one-sided-work-across-a-disconnect"),
+    ),
+    (
+        "one-sided-work-refused-after-successes",
+        include_bytes!("../../../fuzz/corpus/endpoint_ops/one-sided-work-refused-after-successes"),
+    ),
+    (
         "removal-notify-off-relisten",
         include_bytes!("../../../fuzz/corpus/endpoint_ops/removal-notify-off-relisten"),
     ),

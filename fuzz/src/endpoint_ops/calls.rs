@@ -85,7 +85,7 @@ impl World {
 
     /// Checks a call's answer on `conn` against what the handle was, and learns
     /// whether it names anything still.
-    fn after_call<T: std::fmt::Debug>(
+    pub(super) fn after_call<T: std::fmt::Debug>(
         &mut self,
         who: Who,
         conn: ConnectionId,
@@ -109,6 +109,9 @@ impl World {
         ) = result
         {
             assert_eq!(*c, conn, "{}: an error named another handle", self.at);
+        }
+        if let Err(ConnError::Closed { reason, .. }) = result {
+            self.work_closed(who, conn, reason);
         }
         let info = self.ep(who).info(conn);
         match info {
@@ -154,7 +157,10 @@ impl World {
             return;
         };
         match &result {
-            Ok(()) => assert!(u32::from(len) <= BUFFER, "{}: sent too long", self.at),
+            Ok(()) => {
+                assert!(u32::from(len) <= BUFFER, "{}: sent too long", self.at);
+                self.log(who, conn).sends += 1;
+            }
             Err(ConnError::MessageTooLarge { len, max }) => assert!(len > max),
             // The peer's QP is gone (the simulation refuses the post).
             Err(ConnError::Cm(_))
@@ -272,15 +278,27 @@ impl World {
                     "{at}: {who:?} {conn} reported established twice"
                 );
             }
-            Event::Closed { conn, .. } => {
+            Event::Closed { conn, reason } => {
+                self.work_closed(who, conn, &reason);
                 self.requests.retain(|c| who == Who::Client || *c != conn);
                 self.closed_for_good(who, conn);
             }
-            // Messages and completed sends come after the connection's ESTABLISHED.
-            Event::Received { conn, .. } | Event::Sent { conn, .. } => assert!(
-                self.sides[who as usize].established.contains(&conn),
-                "{at}: {who:?} reported {conn}'s data before it was established"
-            ),
+            // Messages and completed sends come after the connection's ESTABLISHED, and
+            // no completion of the application's own work counts as a send.
+            Event::Received { conn, .. } | Event::Sent { conn, .. } => {
+                assert!(
+                    self.sides[who as usize].established.contains(&conn),
+                    "{at}: {who:?} reported {conn}'s data before it was established"
+                );
+                if let Event::Sent { completed, .. } = event {
+                    let log = self.log(who, conn);
+                    log.sent += u64::from(completed);
+                    assert!(
+                        log.sent <= log.sends,
+                        "{at}: {who:?} {conn}: more sends completed than were made ({log:?})"
+                    );
+                }
+            }
             _ => {}
         }
     }

@@ -49,7 +49,8 @@ impl Setup {
                 recv_depth: 1 + u32::from(depths & 3),
                 send_depth: 1 + u32::from((depths >> 2) & 3),
                 buffer_size: BUFFER,
-                work_depth: 0,
+                // None in a quarter of the runs.
+                work_depth: [0, 1, 2, 4, 0, 1, 3, 8][usize::from(depths >> 5)],
             },
             establish_timeout: deadline_ms(flags >> 5)
                 .map(|ms| Duration::from_millis(u64::from(ms))),
@@ -61,7 +62,9 @@ impl Setup {
 impl Op {
     pub(super) fn decode(input: &mut Input<'_>) -> Self {
         let [kind, a, b, c] = input.u32().to_le_bytes();
-        match kind % 24 {
+        // Kinds 0 to 23 as before one-sided work came: the committed seeds keep
+        // their meaning.
+        match kind % 28 {
             0..=2 => Op::Connect {
                 // The accepting listener most of the time.
                 port: [0, 0, 0, 0, 0, 1, 1, 2][usize::from(a % 8)],
@@ -139,6 +142,19 @@ impl Op {
                 port: a % 3,
                 manual: b & 1 == 1,
                 timeout_ms: deadline_ms(c),
+            },
+            24 | 25 => Op::Work {
+                who: who(a),
+                pick: b,
+                count: 1 + (c & 3),
+                refused: (c >> 2) % 8 == 0,
+                len: a >> 1,
+            },
+            26 | 27 => Op::TakeWork {
+                who: who(a),
+                pick: b,
+                count: 1 + c % 4,
+                process: a & 2 != 0,
             },
             _ => Op::Process { who: who(a) },
         }

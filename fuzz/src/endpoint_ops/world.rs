@@ -2,7 +2,7 @@
 //! other while it waits, and the operations that are not a call on one handle
 //! (listening, processing, draining, virtual time, device events).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use cm_verbs::{
     QueueCaps, Role,
 };
 
+use super::work::WorkLog;
 use super::{wait, DeviceOp, Op, Setup, SimEndpoint, Who, MAX_DRAIN, PORTS};
 
 /// One endpoint and what the run saw of it.
@@ -31,6 +32,11 @@ pub(super) struct Side {
     pub(super) peak: usize,
     /// A fatal error or removal was raised on the side's device.
     pub(super) device_lost: bool,
+    /// The one-sided work posted and the sends made on each connection, in handle
+    /// order (a run is the same every time).
+    pub(super) work: BTreeMap<ConnectionId, WorkLog>,
+    /// The number in the next work request id of the side's one-sided work.
+    pub(super) next_work: u64,
 }
 
 pub(super) struct World {
@@ -90,6 +96,8 @@ impl World {
             gone: HashSet::new(),
             peak: 0,
             device_lost: false,
+            work: BTreeMap::new(),
+            next_work: 0,
         };
         let mut world = World {
             fabric,
@@ -146,6 +154,19 @@ impl World {
                 too_long,
             } => self.answer(pick, accept, too_long),
             Op::Send { who, pick, len } => self.send(who, pick, len),
+            Op::Work {
+                who,
+                pick,
+                count,
+                refused,
+                len,
+            } => self.post_work(who, pick, count, refused, len),
+            Op::TakeWork {
+                who,
+                pick,
+                count,
+                process,
+            } => self.take_work(who, pick, count, process),
             Op::Recv {
                 who,
                 pick,

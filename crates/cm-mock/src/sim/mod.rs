@@ -93,6 +93,15 @@ pub use types::{
     SimConfig, SimIdKey, SimStats,
 };
 
+/// Setup work of an application whose virtual time the fabric charges.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Setup {
+    /// [`SimConfig::create_qp_cost`].
+    CreateQp,
+    /// [`SimConfig::register_cost`].
+    Register,
+}
+
 /// What every handle of one simulation shares.
 struct Shared {
     fabric: Mutex<Fabric>,
@@ -104,6 +113,9 @@ struct Shared {
     ids_destroyed: AtomicU64,
     /// The fabric's arrival counters, read without the lock.
     arrivals: Arc<fabric::Arrivals>,
+    /// [`SimConfig::create_qp_cost`] and [`SimConfig::register_cost`], read without the
+    /// lock: a zero cost takes none.
+    costs: (Duration, Duration),
 }
 
 /// The arrival counter a reader saw when it last found its queue empty (`u64::MAX`:
@@ -218,6 +230,7 @@ impl SimFabric {
                 arrivals: Arc::clone(&fabric.arrivals),
                 now: AtomicU64::new(fabric.now_nanos()),
                 ids_destroyed: AtomicU64::new(fabric.ids_destroyed()),
+                costs: (fabric.config.create_qp_cost, fabric.config.register_cost),
                 fabric: Mutex::new(fabric),
             }),
         }
@@ -279,17 +292,20 @@ impl SimFabric {
     /// Runs every action due within `duration` from now, then sets the clock to now +
     /// `duration`. Returns how many actions ran.
     pub fn advance(&self, duration: Duration) -> usize {
-        let mut fabric = self.lock();
-        let until = fabric
-            .now_nanos()
-            .saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX));
-        let mut ran = 0;
-        while fabric.next_due().is_some_and(|at| at <= until) {
-            fabric.step();
-            ran += 1;
+        self.lock().advance(duration)
+    }
+
+    /// Lets the configured cost of `work` pass, as [`SimFabric::advance`] does. Takes
+    /// the lock, so the caller must not hold it: a call charges it once its own work
+    /// on the fabric is done.
+    pub(crate) fn charge_setup(&self, work: Setup) {
+        let cost = match work {
+            Setup::CreateQp => self.inner.costs.0,
+            Setup::Register => self.inner.costs.1,
+        };
+        if !cost.is_zero() {
+            self.lock().spend(cost);
         }
-        fabric.set_now(until);
-        ran
     }
 
     /// Runs until nothing is scheduled (every retry exhausted, every timer fired).
@@ -739,9 +755,22 @@ impl SimCmId {
         self.with(|f| f.bind(self.key, port))
     }
 
-    /// `rdma_listen` on the bound port.
+    /// `rdma_listen` on the bound port, its backlog unlimited (`u32::MAX`): tests queue
+    /// thousands of requests unread with it. [`SimCmId::listen_with_backlog`] models
+    /// the kernel's limit.
     pub fn listen(&self) -> Result<(), CmError> {
-        self.with(|f| f.listen(self.key))
+        self.with(|f| f.listen(self.key, None))
+    }
+
+    /// `rdma_listen` with at most `backlog` CONNECT_REQUESTs queued unread (0, or more
+    /// than [`SimConfig::max_backlog`]: that maximum, as the kernel does).
+    pub fn listen_with_backlog(&self, backlog: u32) -> Result<(), CmError> {
+        self.with(|f| f.listen(self.key, Some(backlog)))
+    }
+
+    /// What is left of a listening id's backlog (`None`: not listening).
+    pub fn backlog_left(&self) -> Option<u32> {
+        self.with(|f| f.backlog_left(self.key))
     }
 
     /// `rdma_resolve_addr` towards `port` on node `to`; ADDR_RESOLVED follows.
@@ -755,8 +784,11 @@ impl SimCmId {
     }
 
     /// `rdma_create_qp`: the id needs a device (bound, resolved, or from a request).
+    /// Lets [`SimConfig::create_qp_cost`] pass once the QP is created.
     pub fn create_qp(&self) -> Result<QpNum, CmError> {
-        self.with(|f| f.create_qp(self.key))
+        let qp = self.with(|f| f.create_qp(self.key))?;
+        self.fabric.charge_setup(Setup::CreateQp);
+        Ok(qp)
     }
 
     /// `rdma_connect` (route resolved and QP created); returns the connection's number.

@@ -257,6 +257,30 @@ pub struct SimConfig {
     pub reorder_window: Duration,
     /// Whether to record a [`crate::sim::Trace`] (off: no cost).
     pub trace: bool,
+    /// The most CONNECT_REQUESTs a listener may have queued unread: the kernel's
+    /// `net.rdma_ucm.max_backlog` sysctl (default 1024). A listen backlog of 0, or one
+    /// above this, is this ([`SimCmId::listen`], which gives none, is not limited). A
+    /// REQ that finds its listener's backlog used up is dropped without a reply
+    /// ([`SimStats::reqs_dropped_backlog`]) and comes back with the peer's REQ retry,
+    /// [`SimConfig::cm_response_timeout`] later.
+    ///
+    /// [`SimCmId::listen`]: crate::sim::SimCmId::listen
+    pub max_backlog: u32,
+    /// Virtual time an application spends creating a QP (`rdma_create_qp` with its
+    /// completion queues): [`SimCmId::create_qp`] and the transport's `create_qp` let
+    /// it pass, handling the messages and timers due meanwhile, as
+    /// [`SimFabric::advance`] does. Zero (the default): no time passes.
+    ///
+    /// The fabric has one clock, so the time passes for every node, and no other
+    /// application acts during it; only the fabric (wire, CM timers) does.
+    ///
+    /// [`SimCmId::create_qp`]: crate::sim::SimCmId::create_qp
+    /// [`SimFabric::advance`]: crate::sim::SimFabric::advance
+    pub create_qp_cost: Duration,
+    /// Virtual time the transport's `register_buffers` takes (allocating and
+    /// registering a connection's buffers), let pass as [`SimConfig::create_qp_cost`].
+    /// Zero (the default): no time passes.
+    pub register_cost: Duration,
 }
 
 impl Default for SimConfig {
@@ -273,6 +297,9 @@ impl Default for SimConfig {
             comm_est: true,
             reorder_window: Duration::from_micros(100),
             trace: false,
+            max_backlog: 1024,
+            create_qp_cost: Duration::ZERO,
+            register_cost: Duration::ZERO,
         }
     }
 }
@@ -336,6 +363,9 @@ pub struct SimStats {
     pub events_acked: u64,
     /// Queued CM events thrown away because their id was destroyed before they were read.
     pub events_discarded: u64,
+    /// REQs dropped without a reply because their listener's backlog was used up
+    /// ([`SimConfig::max_backlog`]).
+    pub reqs_dropped_backlog: u64,
 }
 
 impl SimStats {

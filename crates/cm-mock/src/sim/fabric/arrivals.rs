@@ -14,7 +14,8 @@ use crate::sim::types::NodeId;
 /// Beside them, the fabric's activity: a count moved by every arrival, every event or
 /// completion taken and every action scheduled, read by the parties that share the
 /// fabric in turn (connection handles' drivers) to tell whether anything happened
-/// anywhere since they last looked.
+/// anywhere since they last looked. Virtual time charged for an application's setup
+/// work moves it too: the clock jumped, and deadlines may have passed.
 #[derive(Debug)]
 pub(crate) struct Arrivals([AtomicU64; 2 * Arrivals::HALF], AtomicU64);
 

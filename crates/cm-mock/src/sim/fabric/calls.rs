@@ -11,9 +11,9 @@ use cm_core::{
 };
 
 use super::{
-    gone, nanos, os, Action, ConnRecord, Fabric, IdData, IdExtras, IdState, MaybeConn, MaybeKey,
-    MaybeQp, Message, Private, Qp, QpState, QueuedKind, ReadEvent, TraceEvent, EADDRINUSE,
-    FIRST_QPN, REJ_CONSUMER_DEFINED, REJ_TIMEOUT,
+    gone, nanos, os, Action, ConnRecord, Fabric, IdData, IdExtras, IdState, Listener, MaybeConn,
+    MaybeKey, MaybeQp, Message, Private, Qp, QpState, QueuedKind, ReadEvent, TraceEvent,
+    EADDRINUSE, FIRST_QPN, REJ_CONSUMER_DEFINED, REJ_TIMEOUT,
 };
 use crate::sim::types::{ConnId, DeviceKind, MsgKind, NodeId, RecvCompletion, SimIdKey};
 
@@ -165,8 +165,19 @@ impl Fabric {
         Ok(())
     }
 
-    pub(crate) fn listen(&mut self, key: SimIdKey) -> Result<(), CmError> {
+    /// `rdma_listen` with `backlog` CONNECT_REQUESTs queued unread at most: as ucma,
+    /// 0 (or more than [`SimConfig::max_backlog`]) is the maximum. `None`: no limit
+    /// (`u32::MAX`), for callers that queue any number of requests unread.
+    ///
+    /// [`SimConfig::max_backlog`]: crate::sim::SimConfig::max_backlog
+    pub(crate) fn listen(&mut self, key: SimIdKey, backlog: Option<u32>) -> Result<(), CmError> {
         const OP: &str = "rdma_listen";
+        let max = self.config.max_backlog;
+        let backlog = match backlog {
+            None => u32::MAX,
+            Some(b) if b == 0 || b > max => max,
+            Some(b) => b,
+        };
         let id = self.live(key, OP)?;
         if id.state.cm() != CmIdState::AddrBound {
             return Err(os(OP, errno::EINVAL));
@@ -179,7 +190,7 @@ impl Fabric {
         if let Some(id) = self.id_mut(key) {
             id.state.set_cm(CmIdState::Listen);
         }
-        self.listeners.push((at, key));
+        self.listeners.push(Listener { at, key, backlog });
         self.set_ib(key, IbCmState::Listen);
         Ok(())
     }
@@ -346,7 +357,7 @@ impl Fabric {
             _ => {}
         }
         if ib == Some(S::Listen) && self.listener((node, port)) == Some(key) {
-            self.listeners.retain(|&(at, _)| at != (node, port));
+            self.listeners.retain(|l| l.at != (node, port));
         }
         if let Some(from) = from_req {
             self.remote_reqs.remove(from.0, from.1);
@@ -425,7 +436,12 @@ impl Fabric {
         closed.closed = true;
         self.arrivals.bump_channel(channel);
         self.stats.events_discarded += closed.queue.len() as u64;
-        closed.queue.clear();
+        let discarded = std::mem::take(&mut closed.queue);
+        // A listener migrated away keeps listening: its requests left here give their
+        // backlog back.
+        for listener in discarded.iter().filter_map(|e| e.listen_id) {
+            self.give_backlog(listener);
+        }
         Ok(())
     }
 
@@ -526,6 +542,10 @@ impl Fabric {
         loop {
             let queued = self.channels.get_mut(channel)?.queue.pop_front()?;
             self.arrivals.bump_activity();
+            // ucma_get_event: a CONNECT_REQUEST read gives its listener's backlog back.
+            if let Some(listener) = queued.listen_id {
+                self.give_backlog(listener);
+            }
             if !self.is_alive(queued.id) {
                 self.stats.events_discarded += 1;
                 continue;
@@ -644,6 +664,13 @@ impl Fabric {
 
     fn destroyed_qps(&mut self, node: NodeId) -> Option<&mut Vec<QpNum>> {
         self.nodes.get_mut(node.0 as usize)?.destroyed_qps.as_mut()
+    }
+
+    /// What is left of the backlog of listening id `key` (`None`: not listening).
+    pub(crate) fn backlog_left(&self, key: SimIdKey) -> Option<u32> {
+        self.listeners
+            .iter()
+            .find_map(|l| (l.key == key).then_some(l.backlog))
     }
 
     pub(crate) fn id_qp(&self, key: SimIdKey) -> Option<QpNum> {

@@ -288,6 +288,19 @@ impl Fabric {
     }
 }
 
+/// A listening id and its backlog, as ucma keeps them: each CONNECT_REQUEST queued
+/// for the application takes one, reading it gives it back, and a REQ arriving when
+/// none is left is dropped without a reply (ucma answers ENOMEM, and the IB CM keeps
+/// quiet so that the peer's retry may find room).
+#[derive(Debug, Clone, Copy)]
+struct Listener {
+    /// (node, port) listened on.
+    at: (NodeId, u16),
+    key: SimIdKey,
+    /// CONNECT_REQUESTs that may still be queued unread.
+    backlog: u32,
+}
+
 /// The whole simulated fabric.
 #[derive(Debug)]
 pub(crate) struct Fabric {
@@ -313,8 +326,8 @@ pub(crate) struct Fabric {
     conns: Chunked<ConnRecord>,
     /// By connection: the full counts of the connections whose record overflowed.
     spilled_counts: HashMap<u32, [u32; 8]>,
-    /// (node, port) → listening id; a handful at most, so a list.
-    listeners: Vec<((NodeId, u16), SimIdKey)>,
+    /// The listening ids; a handful at most, so a list.
+    listeners: Vec<Listener>,
     /// (active node, active id) → passive id: detects duplicate REQs.
     remote_reqs: ReqTable,
     rules: Vec<FaultRule>,
@@ -487,7 +500,26 @@ impl Fabric {
     fn listener(&self, at: (NodeId, u16)) -> Option<SimIdKey> {
         self.listeners
             .iter()
-            .find_map(|&(on, key)| (on == at).then_some(key))
+            .find_map(|l| (l.at == at).then_some(l.key))
+    }
+
+    /// Takes one of the listener's backlog for a CONNECT_REQUEST about to be queued
+    /// (ucma's `atomic_add_unless(&ctx->backlog, -1, 0)`); `false` when none is left.
+    fn take_backlog(&mut self, listener: SimIdKey) -> bool {
+        let Some(l) = self.listeners.iter_mut().find(|l| l.key == listener) else {
+            return false;
+        };
+        let taken = l.backlog > 0;
+        l.backlog = l.backlog.saturating_sub(1);
+        taken
+    }
+
+    /// Gives one back once a CONNECT_REQUEST leaves its channel (read, or discarded);
+    /// nothing when the listener is gone, as its backlog went with it.
+    fn give_backlog(&mut self, listener: SimIdKey) {
+        if let Some(l) = self.listeners.iter_mut().find(|l| l.key == listener) {
+            l.backlog = l.backlog.saturating_add(1);
+        }
     }
 
     fn set_ib(&mut self, key: SimIdKey, to: IbCmState) {

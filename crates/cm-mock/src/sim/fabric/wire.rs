@@ -165,6 +165,31 @@ impl Fabric {
         self.now
     }
 
+    /// Runs every action due within `duration` from now, then sets the clock to now +
+    /// `duration`; how many actions ran.
+    pub(crate) fn advance(&mut self, duration: Duration) -> usize {
+        let until = self.now.saturating_add(nanos(duration));
+        let mut ran = 0;
+        while self.next_due().is_some_and(|at| at <= until) {
+            self.step();
+            ran += 1;
+        }
+        self.set_now(until);
+        ran
+    }
+
+    /// An application's setup work took `cost` (see `SimConfig::create_qp_cost`):
+    /// virtual time passes as in [`Fabric::advance`], messages and timers due
+    /// meanwhile handled. The clock moving counts as activity, so that parties sharing
+    /// the fabric look at their deadlines again.
+    pub(crate) fn spend(&mut self, cost: Duration) {
+        if cost.is_zero() {
+            return;
+        }
+        self.arrivals.bump_activity();
+        self.advance(cost);
+    }
+
     /// Runs the earliest scheduled action; `false` when there is none.
     pub(crate) fn step(&mut self) -> bool {
         let Some((at, action)) = self.queue.pop() else {
@@ -396,6 +421,19 @@ impl Fabric {
             self.send(rej);
             return;
         };
+        if !self.take_backlog(listener) {
+            // cm_req_handler → ucma: -ENOMEM, which the IB CM answers with nothing at
+            // all ("do not reject to allow future retries"): no id, no REJ. The active
+            // side's REQ timer resends it.
+            self.stats.reqs_dropped_backlog += 1;
+            let (kind, conn) = (msg.kind, msg.conn);
+            self.record(|| TraceEvent::Ignored {
+                kind,
+                conn,
+                reason: "listen backlog full (dropped, the peer's REQ retry resends it)",
+            });
+            return;
+        }
         let channel = self
             .id(listener)
             .map_or(0, |l| self.channel_of(listener.index, l.place));

@@ -61,8 +61,8 @@ impl Transport for SimTransport {
         id.bind(addr.port)
     }
 
-    fn listen(&mut self, id: &SimCmId, _backlog: u16) -> Result<(), CmError> {
-        id.listen()
+    fn listen(&mut self, id: &SimCmId, backlog: u16) -> Result<(), CmError> {
+        id.listen_with_backlog(u32::from(backlog))
     }
 
     /// Destroys the id on the fabric, as the real backend's last handle does: a
@@ -131,6 +131,7 @@ impl Transport for SimTransport {
     }
 
     fn next_cq_event(&mut self, _device: &mut SimDeviceReader) -> Result<Option<u64>, CmError> {
+        self.take_one_sided();
         let mark = self.device.arrivals();
         if mark != self.collected_at {
             self.collect_completions(|_| ());
@@ -171,6 +172,8 @@ impl Transport for SimTransport {
         self.free_destroyed();
         let slot = self.queues.put(Queues::new(token, recv_depth));
         self.by_qp.set(qp, slot);
+        // The QP's setup time passes (arrivals meanwhile handled), the lock free.
+        id.fabric.charge_setup(crate::sim::Setup::CreateQp);
         Ok(qp)
     }
 
@@ -180,14 +183,17 @@ impl Transport for SimTransport {
             op: "register_buffers",
             reason: "queue depth out of range",
         };
-        Ok(SimBuffers {
+        let buffers = SimBuffers {
             recv_depth: u16::try_from(caps.recv_depth)
                 .ok()
                 .and_then(NonZeroU16::new)
                 .ok_or_else(out_of_range)?,
             send_depth: u16::try_from(caps.send_depth).map_err(|_| out_of_range())?,
             buffer_size: caps.buffer_size,
-        })
+        };
+        // The registration's setup time passes (arrivals meanwhile handled).
+        self.node.fabric().charge_setup(crate::sim::Setup::Register);
+        Ok(buffers)
     }
 
     fn post_recv(
@@ -226,21 +232,20 @@ impl Transport for SimTransport {
                 reason: "no such send buffer, or the message does not fit it",
             });
         }
+        // After the one-sided work posted before it; on a QP a refused piece put in the
+        // error state, it flushes and carries nothing.
+        self.take_one_sided();
+        if self.one_sided.any_errored() {
+            let qp = self.qp_of(id);
+            if let Some(qp) = qp.filter(|&qp| self.one_sided.errored(qp)) {
+                return self.complete_send(Some(qp), wr_id, cm_core::WcStatus::WrFlushErr);
+            }
+        }
         let qp = id.with(|f| {
             f.post_send_data(id.key, data)?;
             Ok::<_, CmError>(f.id_qp(id.key))
         })?;
-        let (qp, queues, pool) = self.queues_of(qp, "ibv_post_send")?;
-        queues.busy(pool).send.push_back(WorkCompletion {
-            wr_id,
-            qp,
-            kind: CqKind::Send,
-            status: cm_core::WcStatus::Success,
-            byte_len: 0,
-        });
-        let token = queues.token;
-        self.tokens.push_back(token);
-        Ok(())
+        self.complete_send(qp, wr_id, cm_core::WcStatus::Success)
     }
 
     fn read_recv(
@@ -286,6 +291,7 @@ impl Transport for SimTransport {
         // As on a device, a completion is in its queue once it landed, whether or not
         // the completion channel was read since (busy polling polls queues first). The
         // id's QP is read under the same lock when the id is of this fabric.
+        self.take_one_sided();
         let qp = if id.fabric.same(&self.device.fabric) {
             self.collect_completions(|f| f.id_qp(id.key))
         } else {

@@ -8,7 +8,8 @@
 //!
 //! This file holds the transport and its bookkeeping (QP lookup, collecting
 //! completions); [`calls`] is its [`Transport`] implementation, [`queues`] a QP's
-//! queues and [`qp_slots`] the QP number table.
+//! queues, [`qp_slots`] the QP number table and [`one_sided`] the sim-only calls that
+//! post one-sided work (RDMA READ and WRITE) on an id's QP.
 //!
 //! [`Transport`]: cm_core::Transport
 
@@ -22,10 +23,12 @@ use super::fabric::Fabric;
 use super::tables::Slots;
 use super::{NodeId, SimChannel, SimDevice, SimIdKey, SimNode, SimSide};
 use crate::sim::SimCmId;
+use one_sided::OneSided;
 use qp_slots::{QpSlots, NO_SLOT};
 use queues::{Pool, Queues};
 
 mod calls;
+mod one_sided;
 mod qp_slots;
 mod queues;
 
@@ -97,6 +100,9 @@ pub struct SimTransport {
     /// The device's arrival counter when its completions were last collected
     /// (`u64::MAX`: never): while it stays there, none came since.
     collected_at: u64,
+    /// One-sided work posted and not yet on its QP's send queue, and the QPs a refused
+    /// piece put in the error state.
+    one_sided: OneSided,
 }
 
 impl fmt::Debug for SimTransport {
@@ -131,6 +137,7 @@ impl SimTransport {
             qp_hint: None,
             on_step: None,
             collected_at: u64::MAX,
+            one_sided: OneSided::default(),
         }
     }
 
@@ -163,7 +170,7 @@ impl SimTransport {
     /// something: a device whose reader was given back (or never opened) is not waited
     /// on, as `poll(2)` would not watch its descriptors. One look at the fabric.
     fn ready(&self, reading: bool) -> bool {
-        if reading && !self.tokens.is_empty() {
+        if reading && (!self.tokens.is_empty() || self.one_sided.waiting()) {
             return true;
         }
         self.channel
@@ -227,6 +234,27 @@ impl SimTransport {
         Ok((qp, queues, &mut self.pool))
     }
 
+    /// Queues a send completion with `status` for `wr_id` on the id's QP (`None`: the
+    /// id has none, refused) and marks its queues ready.
+    fn complete_send(
+        &mut self,
+        qp: Option<QpNum>,
+        wr_id: u64,
+        status: cm_core::WcStatus,
+    ) -> Result<(), CmError> {
+        let (qp, queues, pool) = self.queues_of(qp, "ibv_post_send")?;
+        queues.busy(pool).send.push_back(WorkCompletion {
+            wr_id,
+            qp,
+            kind: CqKind::Send,
+            status,
+            byte_len: 0,
+        });
+        let token = queues.token;
+        self.tokens.push_back(token);
+        Ok(())
+    }
+
     /// Moves every receive completion of the node into its QP's queue, then runs
     /// `also` on the fabric: all under one lock (the connection API reads completions
     /// on every pass).
@@ -287,6 +315,7 @@ impl SimTransport {
             .fabric()
             .lock()
             .take_destroyed_qps(node, &mut self.destroyed);
+        self.one_sided.forget(&self.destroyed);
         for qp in self.destroyed.drain(..) {
             if let Some(slot) = self.by_qp.get_mut(qp) {
                 self.queues.take(*slot);
@@ -312,7 +341,9 @@ mod tests {
 
     /// One connection between two transports, through the trait: (server, client,
     /// server id, client id).
-    fn connected(caps: &QueueCaps) -> (SimPair, SimTransport, SimTransport, SimCmId, SimCmId) {
+    pub(super) fn connected(
+        caps: &QueueCaps,
+    ) -> (SimPair, SimTransport, SimTransport, SimCmId, SimCmId) {
         let pair = SimPair::new(SimConfig::default(), 3);
         let mut server = SimTransport::on_side(pair.server.clone());
         let mut client = SimTransport::on_side(pair.client.clone());
