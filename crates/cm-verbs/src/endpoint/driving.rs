@@ -184,6 +184,7 @@ impl<T: Transport> Endpoint<T> {
                 self.device_lost(key, &CloseReason::DeviceFailed(error));
             }
         }
+        more |= self.set_up_requests(&mut first_error);
         more |= self.expire();
         // The clock is read only when housekeeping is pending (a read per pass shows on
         // the notify path).
@@ -237,6 +238,21 @@ impl<T: Transport> Endpoint<T> {
             }
         }
         more
+    }
+
+    /// Sets up at most [`PASS_BATCH`] of the requests read from the CM channel, oldest
+    /// first, reading the channel again after each: a setup costs system calls (QP,
+    /// queues, registration) while requests keep arriving, and one the kernel holds
+    /// unread counts against the listen backlog. Whether more are waiting.
+    fn set_up_requests(&mut self, first_error: &mut Option<cm_core::CmError>) -> bool {
+        for _ in 0..PASS_BATCH {
+            let Some(conn) = self.to_set_up.pop_front() else {
+                return false;
+            };
+            self.set_up_request(conn);
+            self.read_cm_events(first_error, &mut |_| false);
+        }
+        !self.to_set_up.is_empty()
     }
 
     /// Reads at most [`PASS_BATCH`] CM events, stopping after the one for which

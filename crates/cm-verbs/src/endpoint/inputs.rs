@@ -405,18 +405,39 @@ impl<T: Transport> Endpoint<T> {
             self.deadlines.push(Reverse((deadline, conn)));
         }
         if options.auto_accept {
-            if let Err(error) = self.setup_and_accept(conn, options.private_data.as_bytes()) {
-                let id = self.live(conn).map(|c| c.id.clone());
-                if let Some(id) = id {
-                    let _ = self.transport.reject(&id, &[]);
-                }
-                log::warn!("{listener}: a request was rejected, its setup failed: {error}");
-                self.close(conn, CloseReason::SetupFailed(error.clone()), false);
-                self.push_endpoint_event(Event::AcceptFailed { listener, error });
-            }
+            // Set up once the channel has been read (see `Endpoint::set_up_requests`).
+            self.to_set_up.push_back(conn);
         } else if let Some(entry) = self.live_mut(conn) {
             entry.pending.request = true;
             self.mark_ready(conn);
+        }
+    }
+
+    /// Sets up and accepts a request queued for an auto-accepting listener, if it is
+    /// still waiting (its listener or device may have gone since); a setup that fails
+    /// rejects the request and reports it.
+    pub(super) fn set_up_request(&mut self, conn: ConnectionId) {
+        let Some(listener) = self
+            .live(conn)
+            .filter(|c| c.state == ConnState::Requested)
+            .and_then(|c| c.listener)
+        else {
+            return;
+        };
+        let Some(private_data) = self
+            .listener_entry(listener)
+            .map(|l| l.options.private_data.clone())
+        else {
+            return;
+        };
+        if let Err(error) = self.setup_and_accept(conn, private_data.as_bytes()) {
+            let id = self.live(conn).map(|c| c.id.clone());
+            if let Some(id) = id {
+                let _ = self.transport.reject(&id, &[]);
+            }
+            log::warn!("{listener}: a request was rejected, its setup failed: {error}");
+            self.close(conn, CloseReason::SetupFailed(error.clone()), false);
+            self.push_endpoint_event(Event::AcceptFailed { listener, error });
         }
     }
 

@@ -69,7 +69,8 @@ pub enum ConnState {
     Resolving,
     /// Active side: REQ sent, waiting for the REP.
     Connecting,
-    /// Passive side: the request waits for the application's answer.
+    /// Passive side: the request waits for the application's answer, or (auto
+    /// accept) for its turn to be set up.
     Requested,
     /// Passive side: REP sent, waiting for the RTU (or a notify).
     Accepted,
@@ -307,6 +308,13 @@ pub struct Endpoint<T: Transport> {
     listener_closed_pending: usize,
     /// Passive connections established, in order, for `accept`.
     accepted: VecDeque<ConnectionId>,
+    /// Requests to auto-accepting listeners read from the CM channel and not yet set
+    /// up, oldest first: the channel is read ahead of the setup work, so unread
+    /// requests never fill the kernel's listen backlog (past it the kernel drops a REQ
+    /// without a reply, and the peer resends it only after its CM response timeout).
+    /// Each listener's share is bounded by its `max_in_setup`; an entry whose
+    /// connection moved on is stale and skipped.
+    to_set_up: VecDeque<ConnectionId>,
     /// Connect and establish deadlines; an entry whose connection moved on is stale
     /// and skipped.
     deadlines: BinaryHeap<Reverse<(Duration, ConnectionId)>>,
@@ -395,6 +403,7 @@ impl<T: Transport> Endpoint<T> {
             endpoint_events: VecDeque::new(),
             listener_closed_pending: 0,
             accepted: VecDeque::new(),
+            to_set_up: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             awaiting: VecDeque::new(),
             next_ticket: 0,
@@ -478,6 +487,7 @@ impl<T: Transport> Endpoint<T> {
             accept_entries: self.accepted.len(),
             deadline_entries: self.deadlines.len(),
             awaiting_entries: self.awaiting.len(),
+            setup_entries: self.to_set_up.len(),
             dropped_events: self.dropped_events,
             requests_refused: self.requests_refused,
         }

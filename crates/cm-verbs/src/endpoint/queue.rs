@@ -137,15 +137,14 @@ impl<T: Transport> Endpoint<T> {
         });
     }
 
-    /// Drops stale `accept` entries once they outnumber the live ones.
+    /// Drops stale `accept` and setup entries once they outnumber the live ones.
     pub(super) fn compact_accepted(&mut self) {
         let live = self.live_conns + self.closed_conns;
-        if self.accepted.len() <= 2 * live + 64 {
-            return;
+        for queue in [&mut self.accepted, &mut self.to_set_up] {
+            if queue.len() > 2 * live + 64 {
+                queue.retain(|&conn| entry_in(&self.slots, conn).is_some());
+            }
         }
-        let slots = &self.slots;
-        self.accepted
-            .retain(|&conn| entry_in(slots, conn).is_some());
     }
 
     /// The oldest thing to report, from the ready queue. O(1) amortised.

@@ -191,11 +191,19 @@ impl<const N: usize> From<&[u8; N]> for PrivateData {
 /// How a listener treats connection requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenOptions {
-    /// `rdma_listen` backlog.
+    /// `rdma_listen` backlog: how many connection requests the kernel holds for this
+    /// listener before the endpoint has read them. Past it the kernel drops a REQ
+    /// without any reply, and the peer resends it only after its CM response timeout
+    /// (about 4 s), so this is not a bound on connections in setup
+    /// ([`ListenOptions::max_in_setup`] is, refusing with a REJ). The endpoint reads
+    /// the CM channel ahead of its setup work, so requests wait in its own queue rather
+    /// than the kernel's. Linux caps it at the sysctl `net.rdma_ucm.max_backlog`
+    /// (1024 by default); 0 means that cap.
     pub backlog: u16,
     /// Queue sizes of every accepted connection.
     pub caps: QueueCaps,
-    /// `true`: every request is accepted at once with [`ListenOptions::private_data`];
+    /// `true`: every request is accepted by the endpoint with
+    /// [`ListenOptions::private_data`], in the pass that read it;
     /// `false`: each one is reported as [`Event::Request`] for
     /// [`Endpoint::accept_request`](crate::Endpoint::accept_request) or
     /// [`Endpoint::reject_request`](crate::Endpoint::reject_request).
@@ -220,11 +228,12 @@ pub struct ListenOptions {
 }
 
 impl Default for ListenOptions {
-    /// Backlog 64, default queues, automatic accept, no private data, no establish
-    /// deadline, requests answered within 10 s, at most 1024 connections in setup.
+    /// Backlog 1024 (Linux's default cap), default queues, automatic accept, no
+    /// private data, no establish deadline, requests answered within 10 s, at most 1024
+    /// connections in setup.
     fn default() -> Self {
         ListenOptions {
-            backlog: 64,
+            backlog: 1024,
             caps: QueueCaps::default(),
             auto_accept: true,
             private_data: PrivateData::empty(),
@@ -638,6 +647,10 @@ pub struct EndpointStats {
     /// ones included (the same bound; kept while notify is on, read only while busy
     /// polling).
     pub awaiting_entries: usize,
+    /// Requests read from the CM channel and waiting for their setup, stale ones
+    /// included (at most each auto-accepting listener's
+    /// [`ListenOptions::max_in_setup`], plus the stale).
+    pub setup_entries: usize,
     /// Events dropped because a bound was reached.
     pub dropped_events: u64,
     /// Connection requests rejected at once because their listener had

@@ -42,7 +42,7 @@ pub(super) struct Pacing {
     /// simulation only). A call waiting since before the latest answers `Idle`.
     idle_epoch: u64,
     /// Turns in a row with nothing happening anywhere on the fabric, and the fabric's
-    /// activity count when last seen ([`cm_core::Transport::activity`]).
+    /// activity count when last seen ([`crate::Transport::activity`]).
     quiet_turns: u32,
     last_activity: u64,
     /// Every handle is gone: the driver ends.
