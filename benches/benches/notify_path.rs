@@ -169,17 +169,7 @@ fn pump_one_event(c: &mut Criterion) {
 
     // The same through simulated ids: the pump in front of the simulated kernel.
     let conns = established_connections(64);
-    let mut sim_pump = NotifyPump::with_policy(Default::default(), conns.passive.len());
-    let qps: Vec<QpNum> = conns
-        .passive
-        .iter()
-        .map(|id| id.qp_num().expect("accepted ids have a QP"))
-        .collect();
-    for id in &conns.passive {
-        sim_pump
-            .register(id.clone(), Role::Passive)
-            .expect("unique QP numbers");
-    }
+    let (mut sim_pump, qps) = conns.passive_pump();
     let mut i = 0usize;
     group.bench_function("comm_est_sim", |b| {
         b.iter(|| {

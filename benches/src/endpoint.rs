@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cm_mock::sim::{SimConfig, SimFabric, SimTransport, SimTransports};
+use cm_mock::sim::{SimAddr, SimConfig, SimFabric, SimTransport, SimTransports};
 use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
 
 /// Figure key: the soak's resident memory at its end over its middle.
@@ -14,6 +14,43 @@ pub const SOAK_QUEUED_END: &str = "soak/queued_end";
 
 /// Idle connection counts of the echo bench (the first is the baseline).
 pub const ECHO_IDLE_POINTS: [usize; 4] = [0, 1_000, 10_000, 100_000];
+
+/// A server endpoint listening with `options` and a client endpoint, both on one fresh
+/// simulated fabric (seed 1): where the endpoint benches start.
+pub struct ListeningPair {
+    /// The fabric both endpoints run on.
+    pub fabric: SimFabric,
+    /// The listening side.
+    pub server: Endpoint<SimTransport>,
+    /// The connecting side.
+    pub client: Endpoint<SimTransport>,
+    /// The listener's address.
+    pub to: SimAddr,
+}
+
+impl ListeningPair {
+    /// The listener's port.
+    pub const PORT: u16 = 7471;
+
+    /// Both endpoints, the server listening on [`ListeningPair::PORT`] with `options`.
+    pub fn new(options: ListenOptions) -> Self {
+        let SimTransports {
+            fabric,
+            server,
+            client,
+        } = SimTransports::new(SimConfig::default(), 1);
+        let mut server = Endpoint::new(server);
+        let client = Endpoint::new(client);
+        let to = server.transport().addr(Self::PORT);
+        server.listen(to, options).expect("a fresh node listens");
+        ListeningPair {
+            fabric,
+            server,
+            client,
+            to,
+        }
+    }
+}
 
 /// A server and a client endpoint with one working connection and `idle` others.
 pub struct EchoFixture {
@@ -39,21 +76,16 @@ impl EchoFixture {
     /// Opens `idle + 1` connections and runs the fabric until all are established on
     /// both sides; the last one is the working connection.
     pub fn new(idle: usize) -> Self {
-        const PORT: u16 = 7471;
-        let SimTransports {
-            fabric,
-            server,
-            client,
-        } = SimTransports::new(SimConfig::default(), 1);
-        let mut server = Endpoint::new(server);
-        let mut client = Endpoint::new(client);
-        let to = server.transport().addr(PORT);
         // Every connection is opened at once: all of them in setup together.
-        let options = ListenOptions {
+        let ListeningPair {
+            fabric,
+            mut server,
+            mut client,
+            to,
+        } = ListeningPair::new(ListenOptions {
             max_in_setup: u32::MAX,
             ..ListenOptions::default()
-        };
-        server.listen(to, options).expect("a fresh node listens");
+        });
         let mut client_conns: Vec<ConnectionId> = (0..=idle)
             .map(|_| {
                 client

@@ -7,6 +7,8 @@
 //! - [`endpoint`]: the connection API at scale (an echo beside N idle connections).
 //! - [`sim`]: ids and fixtures on the mock and simulated backends (an established
 //!   simulated connection, an id answering like the kernel) and the scale runs.
+//! - [`count`]: the scenarios whose instructions `cargo xtask bench --count` counts
+//!   under callgrind (the `cm-bench-count` binary runs one).
 //! - `real` (feature `rdma`): measurements on a real RDMA device: cm-sys notify, the
 //!   lost-RTU trigger to ESTABLISHED through the pump, through the connection API
 //!   (`Endpoint`) and through hand-written loops, and connection setup per step.
@@ -24,6 +26,7 @@
 #[cfg(feature = "rdma")]
 pub mod real;
 
+pub mod count;
 pub mod endpoint;
 pub mod results;
 pub mod sim;

@@ -1,9 +1,10 @@
 //! Fixtures on the mock and simulated backends, and the scale runs.
 
-use cm_core::{CmEvent, CmEventType};
+use cm_core::{CmEvent, CmEventType, CmId, QpNum};
 use cm_mock::sim::{SimCmId, SimConfig, SimPair};
 use cm_tools::sim_run::SimRun;
 use cm_tools::stats::peak_rss_bytes;
+use cm_verbs::{NotifyPump, Role};
 
 pub use cm_mock::KernelLikeId;
 
@@ -17,6 +18,24 @@ pub struct SimConnections {
     pub passive: Vec<SimCmId>,
     /// The active (client) ids.
     pub active: Vec<SimCmId>,
+}
+
+impl SimConnections {
+    /// A pump with every passive id registered (as a server's pump would hold them),
+    /// and their QP numbers in the same order: the events a bench feeds it.
+    pub fn passive_pump(&self) -> (NotifyPump<SimCmId>, Vec<QpNum>) {
+        let mut pump = NotifyPump::with_policy(Default::default(), self.passive.len());
+        let qps = self
+            .passive
+            .iter()
+            .map(|id| id.qp_num().expect("accepted ids have a QP"))
+            .collect();
+        for id in &self.passive {
+            pump.register(id.clone(), Role::Passive)
+                .expect("unique QP numbers");
+        }
+        (pump, qps)
+    }
 }
 
 /// Opens `count` connections on a fresh fabric and runs it until every one is

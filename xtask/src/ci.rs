@@ -117,6 +117,9 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         .map(|_| "every library crate packages".to_string())
     });
     steps.run("bench", crate::bench::ci_smoke);
+    // Deterministic cost figures: instructions per operation of the simulated paths
+    // against benches/instructions-baseline.txt (seconds: the bench step built most of it).
+    steps.run("count", crate::bench::ci_count);
     if no_vm {
         println!("\n!!! --no-vm: the real-kernel (soft-RoCE VM) tests are NOT run. CI always runs them. !!!");
         steps.skip(

@@ -27,6 +27,12 @@ Commands:
                   target/bench-scale.svg and criterion's HTML report.
                   --smoke: the short CI mode (no 100k scale point);
                   --vm: also the real-device figures inside the soft-RoCE VM
+  bench --count [--update-baseline]
+                  instructions per operation of the simulated paths (pump event, echo,
+                  connection setup) counted by callgrind (needs valgrind); table in
+                  target/bench-count.md (and in target/bench-report.md if present);
+                  fails when one is over 2% above benches/instructions-baseline.txt.
+                  --update-baseline: write the figures as the new baseline
   fuzz --seconds N [target]
                   runs every cargo-fuzz target in fuzz/ (or one) for N seconds each and
                   prints executions and findings (needs nightly and cargo-fuzz)

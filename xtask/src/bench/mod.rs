@@ -7,8 +7,11 @@
 //! (allocations, peak memory, outcomes, real-device figures, skips).
 //!
 //! The parts: `estimates` (criterion's files and the results file), `report` (the
-//! table's rows and its markdown) and `svg` (the scale curve).
+//! table's rows and its markdown) and `svg` (the scale curve). `count` is
+//! `cargo xtask bench --count`: instructions per operation under callgrind against a
+//! checked-in baseline, instead of the criterion benches.
 
+mod count;
 mod estimates;
 mod report;
 mod svg;
@@ -33,15 +36,28 @@ const WARM_HEAP_TUNABLES: &str =
     "glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554432";
 
 /// Runs the benches (`--smoke`: the short CI mode; `--vm`: also the real-device quick
-/// mode inside the soft-RoCE VM, its figures folded into the table) and prints the report.
+/// mode inside the soft-RoCE VM, its figures folded into the table) and prints the report;
+/// or, with `--count` (and `--update-baseline`), the instruction counts.
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    let (mut smoke, mut vm) = (false, false);
+    let (mut smoke, mut vm, mut count, mut update_baseline) = (false, false, false, false);
     for arg in args {
         match arg.as_str() {
             "--smoke" => smoke = true,
             "--vm" => vm = true,
+            "--count" => count = true,
+            "--update-baseline" => update_baseline = true,
             other => return Err(format!("bench: unknown option `{other}`")),
         }
+    }
+    if update_baseline && !count {
+        return Err("bench: --update-baseline goes with --count".into());
+    }
+    if count {
+        if smoke || vm {
+            return Err("bench: --count runs alone (not with --smoke or --vm)".into());
+        }
+        println!("{}", count::run(&target_dir(), update_baseline)?);
+        return Ok(());
     }
     if smoke && !vm {
         let summary = ci_smoke()?;
@@ -134,6 +150,12 @@ pub(crate) fn ci_smoke() -> Result<String, String> {
         report.rows,
         report.path.display()
     ))
+}
+
+/// The CI step: the instruction counts against the baseline (after the bench step, whose
+/// release build the count binary shares). Fails on a regression.
+pub(crate) fn ci_count() -> Result<String, String> {
+    count::run(&target_dir(), false)
 }
 
 /// Where a report went.
