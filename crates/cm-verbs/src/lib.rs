@@ -96,7 +96,7 @@ pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
     Endpoint, EndpointOptions, EndpointStats, EndpointWaker, EstablishedVia, Event, ListenOptions,
     ListenerId, PrivateData, QpErrorDetail, APPLICATION_WR_ID, CLOSED_BACKLOG,
-    ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
+    DEFERRED_DESTROY_MAX, ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
 };
 pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{

@@ -458,6 +458,8 @@ impl SimDevice {
     }
 
     /// Raises an asynchronous event as if the device had (QP_FATAL, PORT_ERR, …).
+    /// DEVICE_FATAL also stops the device: nothing the node sends afterwards leaves
+    /// (counted in [`SimStats::dropped`]).
     pub fn raise(&self, event: AsyncEvent) {
         self.fabric.lock().raise_async_event(self.node, event);
     }

@@ -366,6 +366,13 @@ pub struct SimStats {
     /// REQs dropped without a reply because their listener's backlog was used up
     /// ([`SimConfig::max_backlog`]).
     pub reqs_dropped_backlog: u64,
+    /// CM events still queued unread on an id's channel when the id was destroyed,
+    /// summed over every destroy: the kernel's `rdma_destroy_id` walks its channel's
+    /// whole list of unread events to drop the id's own, so a server that destroys
+    /// ids while thousands of events wait pays for each of them each time.
+    pub events_walked_by_destroy: u64,
+    /// Ids destroyed (`rdma_destroy_id`, or their channel's destruction).
+    pub ids_destroyed: u64,
 }
 
 impl SimStats {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use cm_core::Transport;
 
-use super::{CloseReason, ConnError, ConnectionId, Endpoint, Event, PASS_BATCH};
+use super::{
+    CloseReason, ConnError, ConnectionId, Endpoint, Event, DEFERRED_DESTROY_MAX, PASS_BATCH,
+};
 
 impl<T: Transport> Endpoint<T> {
     /// Asks `take` for what it looks for; until it has it, waits in the transport and
@@ -186,6 +188,12 @@ impl<T: Transport> Endpoint<T> {
         }
         more |= self.set_up_requests(&mut first_error);
         more |= self.expire();
+        if !self.cm_batch_full || self.ended_ids.len() >= DEFERRED_DESTROY_MAX {
+            // Each destroy walks the events still unread on the channel: few now.
+            for id in self.ended_ids.drain(..) {
+                self.transport.release_id(id);
+            }
+        }
         // The clock is read only when housekeeping is pending (a read per pass shows on
         // the notify path).
         let wanted = self.transport.wants_housekeeping();
@@ -260,7 +268,20 @@ impl<T: Transport> Endpoint<T> {
     /// stopped early). The first error is kept in `first_error` and ends the read,
     /// except ENOMEM, which is transient: librdmacm could not allocate the event's copy
     /// and the kernel keeps the event, so the read stops and is retried next pass.
+    /// Connections that end meanwhile keep their ids for the end of the pass.
     fn read_cm_events(
+        &mut self,
+        first_error: &mut Option<cm_core::CmError>,
+        answered: &mut dyn FnMut(&mut Self) -> bool,
+    ) -> bool {
+        self.reading_cm = true;
+        self.cm_batch_full = false;
+        let more = self.read_cm_batch(first_error, answered);
+        self.reading_cm = false;
+        more
+    }
+
+    fn read_cm_batch(
         &mut self,
         first_error: &mut Option<cm_core::CmError>,
         answered: &mut dyn FnMut(&mut Self) -> bool,
@@ -287,6 +308,7 @@ impl<T: Transport> Endpoint<T> {
                 }
             }
         }
+        self.cm_batch_full = true;
         true
     }
 }

@@ -54,6 +54,10 @@ const POLL_BATCH: usize = 32;
 /// does not wait: sustained traffic on one source cannot starve the others.
 pub const PASS_BATCH: usize = 64;
 
+/// Ids of ended connections kept at most before they are destroyed while the CM
+/// channel still has events waiting (see [`EndpointStats::ended_ids`]).
+pub const DEFERRED_DESTROY_MAX: usize = 1024;
+
 /// The bit that marks a work request id as the application's own: one-sided work
 /// (RDMA READ/WRITE) it posts on a connection's QP (through [`Endpoint::cm_id`], room
 /// made by [`QueueCaps::work_depth`]) with this bit set completes to the application
@@ -315,6 +319,16 @@ pub struct Endpoint<T: Transport> {
     /// Each listener's share is bounded by its `max_in_setup`; an entry whose
     /// connection moved on is stale and skipped.
     to_set_up: VecDeque<ConnectionId>,
+    /// Ids of connections that ended while the CM channel was read, destroyed at the
+    /// end of the pass unless the read left a full batch waiting (then once a later
+    /// pass finds less, or [`DEFERRED_DESTROY_MAX`] wait): the kernel's
+    /// `rdma_destroy_id` walks every unread event of the channel to drop the id's own,
+    /// so destroying ids amid a burst of thousands of DISCONNECTEDs costs their square.
+    ended_ids: Vec<T::Id>,
+    /// Whether the CM channel is being read (an id that ends now is deferred).
+    reading_cm: bool,
+    /// Whether the last CM read took a full batch (more are likely waiting).
+    cm_batch_full: bool,
     /// Connect and establish deadlines; an entry whose connection moved on is stale
     /// and skipped.
     deadlines: BinaryHeap<Reverse<(Duration, ConnectionId)>>,
@@ -404,6 +418,9 @@ impl<T: Transport> Endpoint<T> {
             listener_closed_pending: 0,
             accepted: VecDeque::new(),
             to_set_up: VecDeque::new(),
+            ended_ids: Vec::new(),
+            reading_cm: false,
+            cm_batch_full: false,
             deadlines: BinaryHeap::new(),
             awaiting: VecDeque::new(),
             next_ticket: 0,
@@ -488,6 +505,7 @@ impl<T: Transport> Endpoint<T> {
             deadline_entries: self.deadlines.len(),
             awaiting_entries: self.awaiting.len(),
             setup_entries: self.to_set_up.len(),
+            ended_ids: self.ended_ids.len(),
             dropped_events: self.dropped_events,
             requests_refused: self.requests_refused,
         }

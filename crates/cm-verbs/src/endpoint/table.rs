@@ -121,8 +121,8 @@ impl<T: Transport> Endpoint<T> {
             })
     }
 
-    /// Ends `conn`: unregisters it and drops the id, which destroys its QP, queues and
-    /// memory; keeps what it has to report, and the close itself, for the application
+    /// Ends `conn`: unregisters it and destroys the id with its QP, queues and memory
+    /// (at the end of the pass when the CM read ended it, see `ended_ids`); keeps what it has to report, and the close itself, for the application
     /// (unless it never saw the connection and setting it up failed).
     pub(super) fn close(&mut self, conn: ConnectionId, reason: CloseReason, disconnect: bool) {
         let seen = self.live(conn).is_some_and(|entry| {
@@ -166,8 +166,13 @@ impl<T: Transport> Endpoint<T> {
             pending,
             ..
         } = entry;
-        // The id goes now: its QP, queues and memory with it, whatever is kept below.
-        drop(id);
+        // The id goes now (its QP, queues and memory with it, whatever is kept below),
+        // or at the end of the CM read that ended it.
+        if self.reading_cm {
+            self.ended_ids.push(id);
+        } else {
+            self.transport.release_id(id);
+        }
         let kept = report.filter(|_| {
             let room = pending.held || self.closed_conns < CLOSED_BACKLOG;
             if !room {

@@ -651,6 +651,12 @@ pub struct EndpointStats {
     /// included (at most each auto-accepting listener's
     /// [`ListenOptions::max_in_setup`], plus the stale).
     pub setup_entries: usize,
+    /// Ids of ended connections not yet destroyed: those that ended while the CM
+    /// channel was read wait for the end of the pass, or for a pass that leaves no
+    /// full batch of events unread (at most
+    /// [`DEFERRED_DESTROY_MAX`](crate::DEFERRED_DESTROY_MAX)): destroying an
+    /// id makes the kernel walk every event still unread on the channel.
+    pub ended_ids: usize,
     /// Events dropped because a bound was reached.
     pub dropped_events: u64,
     /// Connection requests rejected at once because their listener had

@@ -72,6 +72,7 @@ impl Fabric {
 
     pub(crate) fn raise_async_event(&mut self, node: NodeId, event: AsyncEvent) {
         if let Some(n) = self.nodes.get_mut(node.0 as usize) {
+            n.fatal |= event.event_type == AsyncEventType::DeviceFatal;
             n.async_events.push_back(event);
             self.arrivals.bump_node(node);
             self.record(|| TraceEvent::AsyncEvent { node, event });
@@ -338,6 +339,9 @@ impl Fabric {
             });
         }
         let node = self.node_of(key.index, id.place);
+        let walked = self.channels[self.channel_of(key.index, id.place)]
+            .queue
+            .len() as u64;
         let (ib, qp, port) = (id.state.ib(), id.qp.get(), id.port());
         let from_req = id.remote().filter(|_| id.state.has(IdState::FROM_REQ));
         // What ib_destroy_cm_id tells the peer, by state.
@@ -376,7 +380,8 @@ impl Fabric {
         slot.generation = slot.generation.wrapping_add(1);
         self.update_extras(key.index, |extras| *extras = IdExtras::default());
         self.free_ids.push(key.index);
-        self.ids_destroyed += 1;
+        self.stats.ids_destroyed += 1;
+        self.stats.events_walked_by_destroy += walked;
         Ok(())
     }
 
@@ -678,9 +683,9 @@ impl Fabric {
     }
 
     /// How many ids were destroyed so far: an id's QP number stays what it was read as
-    /// while this does not change.
+    /// while this does not change (it is set once, and cleared only with the id).
     pub(crate) fn ids_destroyed(&self) -> u64 {
-        self.ids_destroyed
+        self.stats.ids_destroyed
     }
 
     pub(crate) fn id_conn(&self, key: SimIdKey) -> Option<ConnId> {

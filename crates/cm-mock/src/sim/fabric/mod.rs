@@ -205,6 +205,8 @@ pub(crate) struct ReadEvent {
 struct Node {
     kind: DeviceKind,
     going_down: bool,
+    /// The device raised DEVICE_FATAL: nothing it sends leaves any more.
+    fatal: bool,
     /// QPs the node may still create (`None`: no limit); at 0 `rdma_create_qp` answers
     /// ENOMEM, as the kernel does once pinned memory passes RLIMIT_MEMLOCK.
     qp_budget: Option<u32>,
@@ -319,9 +321,6 @@ pub(crate) struct Fabric {
     /// By id slot: the rare parts of live ids, for the few that have them.
     id_extras: HashMap<u32, IdExtras>,
     free_ids: Vec<u32>,
-    /// Ids destroyed so far: an id's QP number stays what it was read as while this
-    /// does (it is set once, and cleared only with the id).
-    ids_destroyed: u64,
     qps: Chunked<Qp>,
     conns: Chunked<ConnRecord>,
     /// By connection: the full counts of the connections whose record overflowed.
@@ -363,7 +362,6 @@ impl Fabric {
             ids: Chunked::default(),
             id_extras: HashMap::new(),
             free_ids: Vec::new(),
-            ids_destroyed: 0,
             qps: Chunked::default(),
             conns: Chunked::default(),
             spilled_counts: HashMap::new(),

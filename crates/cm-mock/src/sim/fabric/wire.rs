@@ -18,6 +18,12 @@ impl Fabric {
     // ----- the wire ----------------------------------------------------------------
 
     pub(super) fn send(&mut self, mut msg: Message) {
+        if self.nodes.get(msg.from.0 as usize).is_some_and(|n| n.fatal) {
+            // A device in fatal error sends nothing (an id destroyed on it sends no
+            // DREQ or REJ).
+            self.stats.dropped += 1;
+            return;
+        }
         let kind = msg.kind;
         let conn = msg.conn;
         self.stats.sent[kind.index()] += 1;
