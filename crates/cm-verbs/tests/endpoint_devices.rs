@@ -33,6 +33,8 @@ struct PortDevices {
     /// Ports whose device is to report DEVICE_FATAL on its next read (the test's
     /// handle on the device).
     failing: Rc<RefCell<Vec<u16>>>,
+    /// Ports whose device reported DEVICE_FATAL.
+    dead: Vec<u16>,
     /// Ports whose reader fails every read (EIO), as a descriptor gone bad does.
     broken: Rc<RefCell<Vec<u16>>>,
     /// Whether the CM event channel fails every read (the endpoint's own source).
@@ -162,6 +164,7 @@ impl Transport for PortDevices {
         let mut failing = self.failing.borrow_mut();
         if let Some(at) = failing.iter().position(|&p| p == device.port) {
             failing.swap_remove(at);
+            self.dead.push(device.port);
             return Ok(Some(AsyncEvent {
                 event_type: AsyncEventType::DeviceFatal,
                 element: EventElement::Port(1),
@@ -170,7 +173,12 @@ impl Transport for PortDevices {
         self.inner.next_async_event(&mut device.inner)
     }
     fn release_id(&mut self, id: Id) {
-        self.ports.remove(&self.inner.id_key(&id));
+        let port = self.ports.remove(&self.inner.id_key(&id));
+        if port.is_some_and(|p| self.dead.contains(&p)) {
+            // A dead device sends nothing; the node's simulated device is alive, so its
+            // destroy would send the DREQ this one cannot: the id is let go as it is.
+            return;
+        }
         self.inner.release_id(id);
     }
     fn next_cq_event(&mut self, device: &mut PortDevice) -> Result<Option<u64>, CmError> {
@@ -285,6 +293,7 @@ impl Rig {
             inner: SimTransport::on_side(server),
             ports: HashMap::new(),
             failing: Rc::clone(&failing),
+            dead: Vec::new(),
             broken: Rc::clone(&broken),
             channel_broken: Rc::clone(&channel_broken),
             channel_out_of_memory: Rc::clone(&channel_out_of_memory),
