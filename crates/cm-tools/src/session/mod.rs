@@ -248,7 +248,8 @@ impl<T: Transport> Session<T> {
 
     fn listen(&mut self) -> Result<(), CmError> {
         let options = ListenOptions {
-            backlog: u16::try_from(self.plan.connections.min(1024)).unwrap_or(1024),
+            // Linux's cap: requests past the backlog are dropped unanswered.
+            backlog: ListenOptions::default().backlog,
             caps: self.plan.caps,
             // Each request is answered here: the ones beyond the plan are refused.
             auto_accept: false,

@@ -263,6 +263,17 @@ impl<T: Transport> Endpoint<T> {
         !self.to_set_up.is_empty()
     }
 
+    /// Reads at most [`PASS_BATCH`] CM events outside a pass, after work long enough
+    /// for requests to pile up in the kernel's listen backlog (past it the kernel drops
+    /// a REQ unanswered). A read error is left for the next pass, which meets it again.
+    pub(super) fn read_cm_ahead(&mut self) {
+        let mut first_error = None;
+        self.read_cm_events(&mut first_error, &mut |_| false);
+        if let Some(error) = first_error {
+            log::debug!("reading the CM channel after a setup: {error}");
+        }
+    }
+
     /// Reads at most [`PASS_BATCH`] CM events, stopping after the one for which
     /// `answered` is true; whether more may be waiting (the batch was full, or the read
     /// stopped early). The first error is kept in `first_error` and ends the read,

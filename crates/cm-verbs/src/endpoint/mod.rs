@@ -621,6 +621,9 @@ impl<T: Transport> Endpoint<T> {
             self.close(conn, CloseReason::SetupFailed(error.clone()), false);
             return Err(error.into());
         }
+        // Requests kept arriving during the setup: read them now, as an auto-accepting
+        // listener's setups do, so that they wait here and not in the kernel's backlog.
+        self.read_cm_ahead();
         Ok(())
     }
 
