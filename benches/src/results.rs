@@ -39,3 +39,20 @@ pub fn record(figure: &Figure) {
         eprintln!("cm-benches: cannot write {}: {e}", path.display());
     }
 }
+
+/// Prints `figures` as the markdown table the bench binaries end with, under the
+/// machine they were measured on.
+pub fn print_table(machine: &str, figures: &[Figure]) {
+    println!("machine: {machine}");
+    println!("| figure | value | unit | note |");
+    println!("|---|---|---|---|");
+    for figure in figures {
+        let value = figure
+            .value
+            .map_or_else(|| "skipped".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "| {} | {value} | {} | {} |",
+            figure.key, figure.unit, figure.note
+        );
+    }
+}

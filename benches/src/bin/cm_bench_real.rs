@@ -20,18 +20,7 @@ fn main() -> ExitCode {
     });
     let failed = matches!(&result, Err(e) if e.starts_with("measurement failed"));
     let figures = cm_benches::real::record_figures(&result, &machine);
-    println!("machine: {machine}");
-    println!("| figure | value | unit | note |");
-    println!("|---|---|---|---|");
-    for figure in figures {
-        let value = figure
-            .value
-            .map_or_else(|| "skipped".to_string(), |v| format!("{v:.3}"));
-        println!(
-            "| {} | {value} | {} | {} |",
-            figure.key, figure.unit, figure.note
-        );
-    }
+    cm_benches::results::print_table(&machine, &figures);
     if failed {
         ExitCode::FAILURE
     } else {

@@ -17,6 +17,9 @@ pub mod keys {
     pub const REAL_API_BUSY_TO_ESTABLISHED: &str = "real/api_busy_to_established";
     /// Connection setup per step (cmtime-like).
     pub const REAL_SETUP: &str = "real/setup";
+    /// Connection setup with rdma-core's cmtime client: cmtime's server against
+    /// cmnotify's (steps per connection, peak memory per connection, ratios).
+    pub const REAL_SETUP_VS_CMTIME: &str = "real/setup_vs_cmtime";
     /// Allocations per pumped event.
     pub const PUMP_ALLOCATIONS_PER_EVENT: &str = "pump/allocations_per_event";
 }

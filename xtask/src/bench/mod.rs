@@ -77,6 +77,9 @@ const VM_MANIFEST: &str = "\
 cargo-bin cm-benches cm-bench-real rdma
 exec bench-real timeout=240 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-real 300
 cargo-test cm-sys test=notify_overhead timeout=120
+cargo-bin cm-tools cmnotify rdma
+cargo-bin cm-benches cm-bench-setup
+exec bench-setup timeout=900 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-setup 1000 5000
 ";
 
 /// How [`vm_figures`] builds the VM payload, as its figures say.

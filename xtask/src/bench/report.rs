@@ -333,6 +333,11 @@ impl Figures {
                 "connection setup per step (cmtime-like)",
                 "-",
             ),
+            (
+                cm_testkit::figure_keys::REAL_SETUP_VS_CMTIME,
+                "cmtime client: cmnotify server against cmtime server",
+                "≤ 1.0",
+            ),
         ] {
             let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
             let matching: Vec<(&String, &Figure, &str)> = self

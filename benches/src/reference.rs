@@ -1,0 +1,471 @@
+//! Connection setup against the reference C server: rdma-core's `cmtime` client opens N
+//! connections at once, first to rdma-core's own `cmtime` server, then to a `cmnotify`
+//! server (the connection API, as a user's server runs it), in one run on one machine.
+//! The figures are cmtime's own step times (per connection, as the client measured them)
+//! and each server's peak memory from `/proc/PID/status`: resident (`VmHWM`) and pinned
+//! (`VmPin` + `VmLck`, sampled every 50 ms), divided by N.
+//!
+//! Needs `cmtime` and `cmnotify` on `PATH`, `/usr/bin/rdma` (to see the listener), and
+//! `CMNOTIFY_ADDR_A` / `CMNOTIFY_ADDR_B` on RDMA devices: the VM has them. Elsewhere every
+//! figure is recorded as skipped, with the reason.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::results::Figure;
+
+/// The key every figure of this bench starts with.
+pub const KEY: &str = cm_testkit::figure_keys::REAL_SETUP_VS_CMTIME;
+
+/// How long a server may take to start listening, and a client or server to finish.
+const LISTEN_WAIT: Duration = Duration::from_secs(10);
+const RUN_WAIT: Duration = Duration::from_secs(300);
+
+/// One row of cmtime's step table (`total ms`, `max ms`, `min us`, `us / conn`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepRow {
+    /// The whole step, all connections, ms.
+    pub total_ms: f64,
+    /// The slowest connection's step, ms.
+    pub max_ms: f64,
+    /// The fastest connection's step, µs.
+    pub min_us: f64,
+    /// The whole step divided by the connections, µs.
+    pub us_per_conn: f64,
+}
+
+/// Reads cmtime's step table: one `name : total max min per-conn` line per step, each
+/// value printed `%11.2f` (values too wide for their column run into the next one, so
+/// such a line is cut into 11-character columns).
+pub fn parse_cmtime(output: &str) -> BTreeMap<String, StepRow> {
+    output
+        .lines()
+        .filter_map(|line| {
+            let (name, values) = line.split_once(':')?;
+            let [total_ms, max_ms, min_us, us_per_conn] = four_values(values)?;
+            Some((
+                name.trim().to_string(),
+                StepRow {
+                    total_ms,
+                    max_ms,
+                    min_us,
+                    us_per_conn,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn four_values(values: &str) -> Option<[f64; 4]> {
+    let parse = |parts: Vec<&str>| -> Option<[f64; 4]> {
+        let numbers: Vec<f64> = parts
+            .iter()
+            .map(|p| p.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        numbers.try_into().ok()
+    };
+    parse(values.split_whitespace().collect()).or_else(|| {
+        let values = values.strip_prefix(' ')?.trim_end();
+        (values.len() == 44 && values.is_ascii())
+            .then(|| (0..4).map(|i| &values[11 * i..11 * (i + 1)]).collect())
+            .and_then(parse)
+    })
+}
+
+/// A server's peak memory, KiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeakMemory {
+    /// Peak resident set (`VmHWM`).
+    pub rss_kib: u64,
+    /// Peak pinned and locked memory (`VmPin` + `VmLck`), registered memory among it.
+    pub pinned_kib: u64,
+}
+
+impl PeakMemory {
+    /// Folds one reading of `/proc/PID/status` in.
+    pub fn add_status(&mut self, status: &str) {
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0)
+        };
+        self.rss_kib = self.rss_kib.max(field("VmHWM"));
+        self.pinned_kib = self.pinned_kib.max(field("VmPin") + field("VmLck"));
+    }
+}
+
+/// Samples a process's memory every 50 ms until stopped or the process is gone.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<PeakMemory>,
+}
+
+impl Sampler {
+    fn start(pid: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = thread::spawn(move || {
+            let mut peak = PeakMemory::default();
+            let path = format!("/proc/{pid}/status");
+            while !stopped.load(Ordering::Relaxed) {
+                match std::fs::read_to_string(&path) {
+                    Ok(status) => peak.add_status(&status),
+                    Err(_) => break,
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        });
+        Sampler { stop, thread }
+    }
+
+    fn finish(self) -> PeakMemory {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The servers compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// rdma-core's `cmtime` server (a QP per request, librdmacm's CQs, no memory).
+    Cmtime,
+    /// `cmnotify --backend rdma -s` (the connection API with its notify path).
+    Cmnotify,
+}
+
+impl Server {
+    /// The name in figure keys.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Server::Cmtime => "cmtime",
+            Server::Cmnotify => "cmnotify",
+        }
+    }
+
+    fn spawn(self, addr: IpAddr, port: u16, connections: u32) -> Result<Child, String> {
+        let (addr, port, n) = (addr.to_string(), port.to_string(), connections.to_string());
+        let mut command = match self {
+            Server::Cmtime => {
+                let mut c = Command::new("cmtime");
+                c.args(["-b", &addr, "-p", &port]);
+                c
+            }
+            Server::Cmnotify => {
+                let mut c = Command::new("cmnotify");
+                c.args([
+                    "--backend",
+                    "rdma",
+                    "-s",
+                    "-b",
+                    &addr,
+                    "-p",
+                    &port,
+                    "-c",
+                    &n,
+                ]);
+                c
+            }
+        };
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.name()))
+    }
+}
+
+/// What one server did with N connections of one client.
+#[derive(Debug, Clone)]
+pub struct ServerRun {
+    /// cmtime's steps as its client measured them.
+    pub steps: BTreeMap<String, StepRow>,
+    /// The server's peak memory.
+    pub memory: PeakMemory,
+}
+
+/// Waits until `rdma resource show cm_id` lists a listener on `port`.
+fn wait_listening(port: u16) -> Result<(), String> {
+    let until = Instant::now() + LISTEN_WAIT;
+    let suffix = format!(":{port}");
+    while Instant::now() < until {
+        let out = Command::new("/usr/bin/rdma")
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .map_err(|e| format!("rdma resource show: {e}"))?;
+        let listing = String::from_utf8_lossy(&out.stdout);
+        if listing
+            .lines()
+            .any(|l| l.contains("LISTEN") && l.contains(&suffix))
+        {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!(
+        "nothing listened on port {port} within {LISTEN_WAIT:?}"
+    ))
+}
+
+/// Waits for `child` at most [`RUN_WAIT`], killing it past that.
+fn wait_bounded(mut child: Child, what: &str) -> Result<Output, String> {
+    let until = Instant::now() + RUN_WAIT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().map_err(|e| format!("{what}: {e}")),
+            Ok(None) if Instant::now() < until => thread::sleep(Duration::from_millis(50)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{what} did not finish within {RUN_WAIT:?}"));
+            }
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
+    }
+}
+
+/// One server, one cmtime client opening `connections` from `client_addr`.
+pub fn run_server(
+    server: Server,
+    server_addr: IpAddr,
+    client_addr: IpAddr,
+    port: u16,
+    connections: u32,
+) -> Result<ServerRun, String> {
+    let child = server.spawn(server_addr, port, connections)?;
+    let sampler = Sampler::start(child.id());
+    let mut child = Some(child);
+    let result = (|| {
+        wait_listening(port)?;
+        let client = Command::new("cmtime")
+            .args([
+                "-s",
+                &server_addr.to_string(),
+                "-b",
+                &client_addr.to_string(),
+            ])
+            .args(["-p", &port.to_string(), "-c", &connections.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cmtime client: {e}"))?;
+        let out = wait_bounded(client, "the cmtime client")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!(
+                "the cmtime client against {} exited {}: {}{}",
+                server.name(),
+                out.status,
+                text,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let steps = parse_cmtime(&text);
+        if !steps.contains_key("connect") || !steps.contains_key("disconnect") {
+            return Err(format!("no connect and disconnect rows in: {text}"));
+        }
+        if server == Server::Cmnotify {
+            // It exits by itself once every connection it counted has closed.
+            let out = wait_bounded(child.take().expect("spawned"), "the cmnotify server")?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the cmnotify server exited {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        Ok(steps)
+    })();
+    let memory = sampler.finish();
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(ServerRun {
+        steps: result?,
+        memory,
+    })
+}
+
+/// The figures of both servers at `connections`, the ratios cmnotify / cmtime among them.
+pub fn figures(connections: u32, cmtime: &ServerRun, cmnotify: &ServerRun) -> Vec<Figure> {
+    let n = f64::from(connections);
+    let mut figures = Vec::new();
+    for (run, server) in [(cmtime, Server::Cmtime), (cmnotify, Server::Cmnotify)] {
+        let name = server.name();
+        for step in ["connect", "disconnect"] {
+            if let Some(row) = run.steps.get(step) {
+                figures.push(Figure::measured(
+                    &format!("{KEY}/{connections}/{step}/{name}"),
+                    row.us_per_conn,
+                    "us",
+                    &format!(
+                        "{step} step per connection, cmtime client, {name} server; slowest {:.1} ms",
+                        row.max_ms
+                    ),
+                ));
+            }
+        }
+        figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/rss_per_conn/{name}"),
+            (run.memory.rss_kib as f64 * 1024.0 / n).round(),
+            "bytes",
+            &format!(
+                "{name} server peak VmHWM {} KiB / {connections}",
+                run.memory.rss_kib
+            ),
+        ));
+        figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/pinned_per_conn/{name}"),
+            (run.memory.pinned_kib as f64 * 1024.0 / n).round(),
+            "bytes",
+            &format!(
+                "{name} server peak VmPin + VmLck {} KiB / {connections}",
+                run.memory.pinned_kib
+            ),
+        ));
+    }
+    for step in ["connect", "disconnect"] {
+        if let (Some(ours), Some(theirs)) = (cmnotify.steps.get(step), cmtime.steps.get(step)) {
+            figures.push(Figure::measured(
+                &format!("{KEY}/{connections}/{step}_ratio"),
+                ours.us_per_conn / theirs.us_per_conn,
+                "ratio",
+                &format!("{step} step per connection, cmnotify server / cmtime server"),
+            ));
+        }
+    }
+    let rss = |run: &ServerRun| run.memory.rss_kib as f64;
+    if rss(cmtime) > 0.0 {
+        figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/rss_ratio"),
+            rss(cmnotify) / rss(cmtime),
+            "ratio",
+            "server peak resident memory, cmnotify / cmtime",
+        ));
+    }
+    figures
+}
+
+/// Runs both servers for each N (ports from 7600 up) and returns every figure; without
+/// the VM's addresses, one skipped figure saying why.
+pub fn measure(points: &[u32]) -> Vec<Figure> {
+    let Some(addrs) = cm_testkit::addresses("setup_vs_cmtime") else {
+        return vec![Figure::skipped(
+            KEY,
+            "no RDMA device (CMNOTIFY_ADDR_A/B unset)",
+        )];
+    };
+    let mut out = Vec::new();
+    let mut port = 7600;
+    for &n in points {
+        let mut run = |server| {
+            port += 1;
+            run_server(server, addrs.addr_a, addrs.addr_b, port, n)
+        };
+        match (run(Server::Cmtime), run(Server::Cmnotify)) {
+            (Ok(cmtime), Ok(cmnotify)) => out.extend(figures(n, &cmtime, &cmnotify)),
+            (Err(e), _) | (_, Err(e)) => {
+                out.push(Figure::skipped(
+                    &format!("{KEY}/{n}"),
+                    &format!("failed: {e}"),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CMTIME: &str = "\
+step              total ms     max ms     min us  us / conn
+create id    :       1.25       0.01       1.00       1.25
+resolve addr :     210.50     200.10     150.00     210.50
+create qp    :      30.00       0.20      20.00      30.00
+connect      :    1234.56     900.00     400.00    1234.56
+disconnect   :   123456.78   12345.6712345678.90     123.45
+destroy      :       2.00       0.10       1.00       2.00
+";
+
+    #[test]
+    fn cmtime_rows_are_read_with_their_columns_run_together_or_not() {
+        let steps = parse_cmtime(CMTIME);
+        assert_eq!(steps.len(), 6, "{steps:?}");
+        assert_eq!(
+            steps["connect"],
+            StepRow {
+                total_ms: 1234.56,
+                max_ms: 900.0,
+                min_us: 400.0,
+                us_per_conn: 1234.56
+            }
+        );
+        let disconnect = steps["disconnect"];
+        assert_eq!(disconnect.max_ms, 12345.67);
+        assert_eq!(disconnect.min_us, 12345678.90);
+        assert_eq!(disconnect.us_per_conn, 123.45);
+        assert!(!steps.contains_key("step"), "the header is no row");
+    }
+
+    #[test]
+    fn peak_memory_keeps_the_highest_reading() {
+        let mut peak = PeakMemory::default();
+        peak.add_status("VmHWM:\t    2048 kB\nVmPin:\t     100 kB\nVmLck:\t      28 kB\n");
+        peak.add_status("VmHWM:\t    1024 kB\nVmPin:\t       0 kB\nVmLck:\t       0 kB\n");
+        assert_eq!(
+            peak,
+            PeakMemory {
+                rss_kib: 2048,
+                pinned_kib: 128
+            }
+        );
+    }
+
+    #[test]
+    fn the_ratios_put_cmnotify_over_cmtime() {
+        let run = |connect: f64, rss_kib| ServerRun {
+            steps: [
+                ("connect".to_string(), row(connect)),
+                ("disconnect".to_string(), row(connect / 2.0)),
+            ]
+            .into_iter()
+            .collect(),
+            memory: PeakMemory {
+                rss_kib,
+                pinned_kib: 0,
+            },
+        };
+        let figures = figures(100, &run(500.0, 1000), &run(750.0, 3000));
+        let value = |key: &str| {
+            figures
+                .iter()
+                .find(|f| f.key == format!("{KEY}/100/{key}"))
+                .and_then(|f| f.value)
+        };
+        assert_eq!(value("connect_ratio"), Some(1.5));
+        assert_eq!(value("disconnect_ratio"), Some(1.5));
+        assert_eq!(value("rss_ratio"), Some(3.0));
+        assert_eq!(value("rss_per_conn/cmtime"), Some(10240.0));
+        assert_eq!(value("connect/cmnotify"), Some(750.0));
+    }
+
+    fn row(us_per_conn: f64) -> StepRow {
+        StepRow {
+            total_ms: us_per_conn / 10.0,
+            max_ms: 1.0,
+            min_us: 1.0,
+            us_per_conn,
+        }
+    }
+}
