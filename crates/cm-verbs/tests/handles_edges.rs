@@ -9,6 +9,9 @@
 #[path = "support/poll_once.rs"]
 mod poll_once;
 
+#[path = "support/drivers.rs"]
+mod drivers;
+
 use std::time::Duration;
 
 use poll_once::poll_once_and_drop;
@@ -21,26 +24,7 @@ use cm_verbs::{
     CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, Endpoint, EstablishedVia,
     ListenOptions,
 };
-
-const WAIT: Option<Duration> = Some(Duration::from_secs(5));
-
-type Addr = <SimTransport as cm_verbs::Transport>::Addr;
-
-/// Who drives the server's handles.
-#[derive(Debug, Clone, Copy)]
-enum Driver {
-    Thread,
-    Tokio,
-}
-
-const DRIVERS: [Driver; 2] = [Driver::Thread, Driver::Tokio];
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
+use drivers::{runtime, Addr, Driver, DRIVERS, WAIT};
 
 /// A server handle listening on the fabric, and a client endpoint the test drives by
 /// hand (stepping the fabric itself while it holds the server's endpoint).

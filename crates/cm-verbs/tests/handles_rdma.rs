@@ -1,7 +1,8 @@
 //! Connection handles on the real kernel (soft-RoCE in the VM), every RTU to the
 //! server dropped: several threads serving one device through one shared endpoint, and
-//! the tokio example's server (a task per connection) as written, and the application's
-//! one-sided work beside the notify path. Without a device each test records a skip.
+//! the tokio example's server (a task per connection) as written, the application's
+//! one-sided work beside the notify path, and manual accept (private data both ways, a
+//! reject). Without a device each test records a skip.
 #![cfg(all(feature = "rdma", feature = "tokio"))]
 
 mod common;
@@ -17,7 +18,10 @@ use cm_testkit::{addresses, CmMadRule};
 use cm_verbs::handle::EndpointHandle;
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::sys::RemoteMemory;
-use cm_verbs::{Endpoint, EstablishedVia, ListenOptions, QueueCaps, APPLICATION_WR_ID};
+use cm_verbs::{
+    CloseReason, ConnError, Endpoint, EstablishedVia, ListenOptions, PrivateData, QueueCaps,
+    RejectReason, APPLICATION_WR_ID,
+};
 
 #[allow(dead_code)]
 #[path = "../examples/tokio_server.rs"]
@@ -362,6 +366,97 @@ fn one_sided_work_of_the_application_beside_the_notify_path() {
         "the server's memory holds what the client wrote"
     );
     assert!(matches!(via, EstablishedVia::Notify(_)), "{via:?}");
+    assert!(rule.hits().expect("counter") >= 1);
+    conn.close().expect("close");
+}
+
+/// Whether `data` starts with `prefix`: the kernel pads private data with zeros to the
+/// CM message's room (REQ 56 bytes, REP 196, REJ 148).
+fn starts_with(data: Option<&PrivateData>, prefix: &[u8]) -> bool {
+    data.is_some_and(|d| d.as_bytes().starts_with(prefix))
+}
+
+/// Manual accept through the handles: the server reads the client's REQ private data
+/// and address and answers with private data of its own in the REP (its RTU dropped:
+/// the connection is rescued by notify), each side's connection shows the other's; a
+/// second request is rejected with private data the client reads from its close.
+#[test]
+fn manual_accept_answers_with_private_data_both_ways_and_rejects_on_the_real_kernel() {
+    const TEST: &str =
+        "manual_accept_answers_with_private_data_both_ways_and_rejects_on_the_real_kernel";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(rule) = CmMadRule::drop_rtus(TEST, "handles_requests", addrs.addr_a) else {
+        return;
+    };
+    let addr = SocketAddr::new(addrs.addr_a, 7541);
+    let server = EndpointHandle::spawn_thread(common::endpoint()).expect("server endpoint");
+    let client = EndpointHandle::spawn_thread(common::endpoint()).expect("client endpoint");
+    let options = ListenOptions {
+        auto_accept: false,
+        ..ListenOptions::default()
+    };
+    let listener = server.listen(addr, options).expect("listen");
+    let serving = std::thread::spawn(move || {
+        let request = listener.blocking_next_request(WAIT).expect("first request");
+        eprintln!("server: {request:?}");
+        assert!(
+            starts_with(Some(request.private_data()), b"credits 16"),
+            "{request:?}"
+        );
+        assert_eq!(
+            request.peer_addr().map(|a| a.ip()),
+            Some(addrs.addr_b),
+            "{request:?}"
+        );
+        let conn = request
+            .accept(&PrivateData::from(b"rkey 0x1234"))
+            .expect("accept");
+        let second = listener
+            .blocking_next_request(WAIT)
+            .expect("second request");
+        second
+            .reject(&PrivateData::from(b"full, retry later"))
+            .expect("reject");
+        let via = conn.blocking_established(WAIT).expect("established");
+        assert_eq!(conn.blocking_recv(WAIT).expect("hello"), b"hello");
+        (via, conn.peer_private_data().cloned())
+    });
+    let mut options = common::from(addrs.addr_b);
+    options.private_data = PrivateData::from(b"credits 16");
+    let conn = client.connect(addr, options).expect("connect");
+    conn.blocking_established(WAIT).expect("client established");
+    assert!(
+        starts_with(conn.peer_private_data(), b"rkey 0x1234"),
+        "{:?}",
+        conn.peer_private_data()
+    );
+    let second = client
+        .connect(addr, common::from(addrs.addr_b))
+        .expect("connect");
+    match second.blocking_established(WAIT) {
+        Err(ConnError::Closed {
+            reason:
+                CloseReason::Rejected {
+                    reason,
+                    private_data,
+                },
+            ..
+        }) => {
+            assert_eq!(reason, RejectReason::Consumer);
+            assert!(
+                private_data.as_bytes().starts_with(b"full, retry later"),
+                "{private_data:?}"
+            );
+        }
+        other => panic!("expected a consumer reject, got {other:?}"),
+    }
+    // The first message rescues the server's connection.
+    conn.blocking_send(b"hello", WAIT).expect("hello");
+    let (via, peer) = serving.join().expect("server thread");
+    assert!(matches!(via, EstablishedVia::Notify(_)), "{via:?}");
+    assert!(starts_with(peer.as_ref(), b"credits 16"), "{peer:?}");
     assert!(rule.hits().expect("counter") >= 1);
     conn.close().expect("close");
 }

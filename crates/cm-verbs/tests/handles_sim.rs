@@ -286,21 +286,6 @@ fn dropping_handles_frees_every_connection_and_listener() {
 }
 
 #[test]
-fn a_listener_that_accepts_by_hand_is_refused_with_a_typed_error() {
-    let (server, _client) = pair_losing_rtus(46);
-    let addr = server.addr(7476);
-    let server = EndpointHandle::spawn_thread(Endpoint::new(server)).expect("server");
-    let manual = ListenOptions {
-        auto_accept: false,
-        ..ListenOptions::default()
-    };
-    assert!(matches!(
-        server.listen(addr, manual),
-        Err(ConnError::InvalidOptions(_))
-    ));
-}
-
-#[test]
 fn a_blocking_receive_on_an_idle_fabric_times_out() {
     let (server, client) = pair_losing_rtus(47);
     let addr = server.addr(7477);

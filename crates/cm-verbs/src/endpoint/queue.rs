@@ -198,6 +198,25 @@ impl<T: Transport> Endpoint<T> {
         self.closed(conn).is_some()
     }
 
+    /// The peer's private data of `conn`: the REQ's on a passive connection (from its
+    /// request on), the REP's on an active one once established; live, or closed and not
+    /// yet reported. `None` for an unknown connection or an active one not yet
+    /// established (its record then holds our own REQ data, or nothing). O(1).
+    ///
+    /// Reading it takes nothing. Taking the connection's [`Event::Established`]
+    /// (`next_event`, `poll`) moves the data into that event, after which this answers
+    /// empty data; the handles never take that event (they route with
+    /// [`Endpoint::take_ready`]), so for them it holds until the record is freed.
+    pub(crate) fn peer_private_data(&self, conn: ConnectionId) -> Option<PrivateData> {
+        if let Some(entry) = self.live(conn) {
+            let known = entry.role == Role::Passive || entry.established_via().is_some();
+            return known.then(|| entry.rare.private());
+        }
+        let closed = self.closed(conn)?;
+        let known = closed.role == Role::Passive || closed.established.is_some();
+        known.then(|| closed.peer_private.clone())
+    }
+
     /// `conn`'s next thing to report, in its order: request, established, messages,
     /// notify failure, sent, closed.
     fn take_conn_event(&mut self, conn: ConnectionId) -> Option<Event> {

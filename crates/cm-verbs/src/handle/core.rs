@@ -1,5 +1,6 @@
 //! The state behind the handles' lock: the endpoint, who waits on what, and the
-//! listeners' queues of established connections. Every operation here is O(1)
+//! listeners' queues of established connections (and, on a listener that does not
+//! accept by itself, of requests). Every operation here is O(1)
 //! (amortised) in the number of connections and of waiting calls, except the wake-up of
 //! every waiting call when the endpoint ends.
 //!
@@ -18,8 +19,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use cm_core::{CmError, Transport};
 
 use crate::{
-    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
-    ListenOptions, ListenerId, ENDPOINT_EVENT_BACKLOG,
+    CloseReason, ConnError, ConnState, ConnectOptions, ConnectionId, Endpoint, EstablishedVia,
+    Event, ListenOptions, ListenerId, PrivateData, ENDPOINT_EVENT_BACKLOG,
 };
 
 use super::pacing::Pacing;
@@ -43,9 +44,12 @@ pub(super) enum WaitOn {
     Conn(ConnectionId),
     /// A listener's next established connection, or its end.
     Listener(ListenerId),
+    /// A manual listener's next request, or its end.
+    Requests(ListenerId),
 }
 
-/// A listener's connections established and not yet accepted.
+/// A listener's connections established and not yet accepted, or (manual accept) its
+/// requests not yet taken.
 struct Accepting {
     queue: VecDeque<ConnectionId>,
     /// At most this many wait in `queue`.
@@ -53,7 +57,25 @@ struct Accepting {
     /// Why it ended, once it did (its device went away).
     ended: Option<CloseReason>,
     waiters: Waiters,
+    /// Its requests wait for the application's answer (`auto_accept` off).
+    manual: bool,
+    /// Requests not yet taken, oldest first; an entry no longer in
+    /// [`Core::queued_requests`] is stale (it closed and was freed) and skipped. The
+    /// endpoint bounds the live ones (`max_in_setup`, `request_timeout`).
+    requests: VecDeque<ConnectionId>,
+    request_waiters: Waiters,
 }
+
+/// A request taken from its listener's queue, held for the application's answer.
+pub(super) struct TakenRequest<A> {
+    pub(super) conn: ConnectionId,
+    pub(super) private_data: PrivateData,
+    pub(super) peer_addr: Option<A>,
+}
+
+/// An accepted connection as `accept` hands it out: how it was established and the
+/// peer's private data.
+pub(super) type Accepted = (ConnectionId, Option<EstablishedVia>, Option<PrivateData>);
 
 pub(super) struct Core<T: Transport> {
     endpoint: Endpoint<T>,
@@ -64,9 +86,11 @@ pub(super) struct Core<T: Transport> {
     /// The last number given to a waiting call.
     last_call: u64,
     listeners: FxHashMap<ListenerId, Accepting>,
-    /// Connections a handle holds, or queued for `accept`: the others are freed as soon
-    /// as they close (nobody would take their end).
+    /// Connections a handle holds (a request taken included), or queued for `accept`:
+    /// the others are freed as soon as they close (nobody would take their end).
     held: FxHashSet<ConnectionId>,
+    /// Requests in a listener's queue, not yet taken.
+    queued_requests: FxHashSet<ConnectionId>,
     /// Blocking calls' deadlines (transport time); an entry whose waker is gone is
     /// stale.
     timers: BinaryHeap<Reverse<(Duration, u64)>>,
@@ -90,6 +114,7 @@ impl<T: Transport> Core<T> {
             last_call: 0,
             listeners: FxHashMap::default(),
             held: FxHashSet::default(),
+            queued_requests: FxHashSet::default(),
             timers: BinaryHeap::new(),
             timer_wakers: FxHashMap::default(),
             next_timer: 0,
@@ -184,6 +209,10 @@ impl<T: Transport> Core<T> {
                 Some(accepting) => &mut accepting.waiters,
                 None => return,
             },
+            WaitOn::Requests(listener) => match self.listeners.get_mut(&listener) {
+                Some(accepting) => &mut accepting.request_waiters,
+                None => return,
+            },
         };
         match waiters.iter_mut().find(|(c, _)| *c == call) {
             Some((_, known)) => {
@@ -207,6 +236,10 @@ impl<T: Transport> Core<T> {
         let waiters = match on {
             WaitOn::Conn(conn) => self.conn_waiters.get_mut(&conn),
             WaitOn::Listener(listener) => self.listeners.get_mut(&listener).map(|a| &mut a.waiters),
+            WaitOn::Requests(listener) => self
+                .listeners
+                .get_mut(&listener)
+                .map(|a| &mut a.request_waiters),
         };
         let Some(waiters) = waiters else {
             return;
@@ -236,6 +269,7 @@ impl<T: Transport> Core<T> {
             timers: self.timer_wakers.len(),
             held_connections: self.held.len(),
             accept_queued: self.listeners.values().map(|a| a.queue.len()).sum(),
+            requests_queued: self.queued_requests.len(),
         }
     }
 
@@ -326,6 +360,7 @@ impl<T: Transport> Core<T> {
         }
         for accepting in self.listeners.values_mut() {
             wake_waiters(&mut accepting.waiters);
+            wake_waiters(&mut accepting.request_waiters);
         }
         self.registered = 0;
         for (_, waker) in self.timer_wakers.drain() {
@@ -335,8 +370,8 @@ impl<T: Transport> Core<T> {
     }
 
     /// Routes what the pass produced: established connections to their listener's
-    /// queue, news to the calls waiting on their connection, endpoint-wide events to
-    /// their queue. O(1) per item.
+    /// queue, requests to their manual listener's, news to the calls waiting on their
+    /// connection, endpoint-wide events to their queue. O(1) per item.
     fn route(&mut self) {
         while let Some(accepted) = self.endpoint.try_accept() {
             self.pacing.note_routed();
@@ -352,12 +387,16 @@ impl<T: Transport> Core<T> {
             self.pacing.note_routed();
             match ready {
                 Ok(conn) => {
-                    if !self.wake_conn(conn)
-                        && !self.held.contains(&conn)
-                        && self.endpoint.is_closed(conn)
-                    {
-                        // Closed before anyone held it (a connection in setup).
+                    if self.wake_conn(conn) || self.held.contains(&conn) {
+                        continue;
+                    }
+                    if self.endpoint.is_closed(conn) {
+                        // Closed before anyone held it (a connection in setup, a request
+                        // not yet taken that timed out): its queue entry goes stale.
+                        self.queued_requests.remove(&conn);
                         let _ = self.endpoint.disconnect(conn);
+                    } else {
+                        self.queue_request(conn);
                     }
                 }
                 Err(Event::ListenerClosed { listener, reason }) => {
@@ -378,6 +417,11 @@ impl<T: Transport> Core<T> {
     /// connects, sends and leaves at once), as TCP's `accept` returns a connection
     /// whose peer has gone: its messages, then its close, are read from it.
     fn queue_accepted(&mut self, conn: ConnectionId) {
+        if self.held.contains(&conn) {
+            // A request's `accept` handed it out already: its `Connection` hears of it,
+            // and no second handle is made.
+            return;
+        }
         let accepting = self
             .endpoint
             .listener_of(conn)
@@ -395,6 +439,27 @@ impl<T: Transport> Core<T> {
         accepting.queue.push_back(conn);
         self.registered -= wake_waiters(&mut accepting.waiters);
         self.hold(conn);
+    }
+
+    /// A live connection with news that nobody holds or waits on: on a manual listener,
+    /// a request (nothing else of it is unheld and live), queued for `next_request`.
+    fn queue_request(&mut self, conn: ConnectionId) {
+        let Some(listener) = self.endpoint.listener_of(conn) else {
+            return;
+        };
+        let Some(accepting) = self.listeners.get_mut(&listener).filter(|a| a.manual) else {
+            return;
+        };
+        if !self.queued_requests.insert(conn) {
+            return;
+        }
+        accepting.requests.push_back(conn);
+        // Stale entries go once they outnumber the live ones (of every listener).
+        let queued = &self.queued_requests;
+        if accepting.requests.len() > 2 * queued.len() + 64 {
+            accepting.requests.retain(|c| queued.contains(c));
+        }
+        self.registered -= wake_waiters(&mut accepting.request_waiters);
     }
 
     /// An established connection nobody will accept: disconnected, and counted.
@@ -419,6 +484,7 @@ impl<T: Transport> Core<T> {
         if let Some(accepting) = self.listeners.get_mut(&listener) {
             accepting.ended = Some(reason);
             self.registered -= wake_waiters(&mut accepting.waiters);
+            self.registered -= wake_waiters(&mut accepting.request_waiters);
         }
     }
 
@@ -428,6 +494,7 @@ impl<T: Transport> Core<T> {
         options: ListenOptions,
         bound: u32,
     ) -> Result<ListenerId, ConnError> {
+        let manual = !options.auto_accept;
         let listener = self.endpoint.listen(addr, options)?;
         self.listeners.insert(
             listener,
@@ -436,6 +503,9 @@ impl<T: Transport> Core<T> {
                 bound: bound.max(1) as usize,
                 ended: None,
                 waiters: Vec::new(),
+                manual,
+                requests: VecDeque::new(),
+                request_waiters: Vec::new(),
             },
         );
         Ok(listener)
@@ -451,22 +521,105 @@ impl<T: Transport> Core<T> {
         Ok(conn)
     }
 
-    /// For `accept`: the listener's next connection with how it was established, or
-    /// the listener's end.
+    /// For `accept`: the listener's next connection with how it was established and
+    /// the peer's private data, or the listener's end.
     pub(super) fn try_accept(
         &mut self,
         listener: ListenerId,
-    ) -> Option<Result<(ConnectionId, Option<EstablishedVia>), ConnError>> {
+    ) -> Option<Result<Accepted, ConnError>> {
         let Some(accepting) = self.listeners.get_mut(&listener) else {
             return Some(Err(ConnError::UnknownListener(listener)));
         };
+        if accepting.manual {
+            return Some(Err(ConnError::InvalidOptions(
+                "this listener's requests wait for an answer: take them with next_request",
+            )));
+        }
         if let Some(conn) = accepting.queue.pop_front() {
-            return Some(Ok((conn, self.endpoint.established_via(conn))));
+            let via = self.endpoint.established_via(conn);
+            return Some(Ok((conn, via, self.endpoint.peer_private_data(conn))));
         }
         accepting
             .ended
             .clone()
             .map(|reason| Err(ConnError::ListenerClosed { listener, reason }))
+    }
+
+    /// For `next_request`: the listener's oldest request not yet taken, held from now
+    /// on for the application's answer, or the listener's end. Requests that closed
+    /// since they were queued (timed out, the peer gave up) are skipped.
+    pub(super) fn try_request(
+        &mut self,
+        listener: ListenerId,
+    ) -> Option<Result<TakenRequest<T::Addr>, ConnError>> {
+        loop {
+            let Some(accepting) = self.listeners.get_mut(&listener) else {
+                return Some(Err(ConnError::UnknownListener(listener)));
+            };
+            if !accepting.manual {
+                return Some(Err(ConnError::InvalidOptions(
+                    "this listener accepts by itself (auto_accept): take connections with accept",
+                )));
+            }
+            let Some(conn) = accepting.requests.pop_front() else {
+                let reason = accepting.ended.clone()?;
+                return Some(Err(ConnError::ListenerClosed { listener, reason }));
+            };
+            if !self.queued_requests.remove(&conn) {
+                continue;
+            }
+            match self.endpoint.info(conn) {
+                Ok(info) if info.state == ConnState::Requested => {
+                    self.hold(conn);
+                    return Some(Ok(TakenRequest {
+                        conn,
+                        private_data: self.endpoint.peer_private_data(conn).unwrap_or_default(),
+                        peer_addr: info.peer_addr,
+                    }));
+                }
+                // Closed and not yet routed: nobody will take its end.
+                Err(ConnError::Closed { .. }) => {
+                    let _ = self.endpoint.disconnect(conn);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// `Request::accept`: the REP goes with `private_data`, and the connection stays
+    /// held (a `Connection` takes it over). If it cannot go, the request is rejected
+    /// and freed (the peer is not left waiting), and the error returned.
+    pub(super) fn accept_request(
+        &mut self,
+        conn: ConnectionId,
+        private_data: &PrivateData,
+    ) -> Result<(), ConnError> {
+        let accepted = self.endpoint.accept_request(conn, private_data);
+        if accepted.is_err() {
+            self.drop_request(conn);
+        }
+        accepted
+    }
+
+    /// `Request::reject`: the REJ goes with `private_data`; if it cannot go (too much
+    /// data), with none. Nothing of the request is left.
+    pub(super) fn reject_request(
+        &mut self,
+        conn: ConnectionId,
+        private_data: &PrivateData,
+    ) -> Result<(), ConnError> {
+        let rejected = self.endpoint.reject_request(conn, private_data);
+        self.drop_request(conn);
+        rejected
+    }
+
+    /// A request dropped unanswered (or whose answer failed): rejected with no private
+    /// data if it still can be, and freed, closed or not.
+    pub(super) fn drop_request(&mut self, conn: ConnectionId) {
+        let _ = self.endpoint.reject_request(conn, &PrivateData::empty());
+        self.unhold(conn);
+        // A request that closed meanwhile (timed out) keeps its record until now.
+        let _ = self.endpoint.disconnect(conn);
     }
 
     /// For `send`: sent, refused for good, or every buffer in flight (`None`: wait).
@@ -481,14 +634,21 @@ impl<T: Transport> Core<T> {
         }
     }
 
-    /// The listener's handle is gone: it stops listening, and the connections it had
-    /// established and not handed out are disconnected.
+    /// The listener's handle is gone: it stops listening, the connections it had
+    /// established and not handed out are disconnected, and its requests not yet taken
+    /// rejected. Requests taken already stay with their `Request`.
     pub(super) fn close_listener(&mut self, listener: ListenerId) {
         if let Some(accepting) = self.listeners.remove(&listener) {
-            self.registered -= accepting.waiters.len();
+            self.registered -= accepting.waiters.len() + accepting.request_waiters.len();
             for conn in accepting.queue {
                 self.unhold(conn);
                 self.refuse(conn);
+            }
+            // Requests not yet taken are answered now, not left to their timeout.
+            for conn in accepting.requests {
+                if self.queued_requests.remove(&conn) {
+                    self.drop_request(conn);
+                }
             }
         }
         // Already closed when its device went away.

@@ -12,6 +12,12 @@
 //! own, [`EndpointHandle::spawn_tokio`] (feature `tokio`) as a task on the current
 //! runtime. It ends when the last handle (endpoint, listener or connection) is dropped.
 //!
+//! A listener with [`ListenOptions::auto_accept`] off hands out each connection request
+//! as a [`Request`] ([`Listener::next_request`]): the peer's private data and address,
+//! to [`Request::accept`] with private data of its own (the REP's: where RDMA services
+//! send rkeys and credits) or [`Request::reject`]; a `Request` dropped unanswered is
+//! rejected. [`Connection::peer_private_data`] keeps the other side's private data.
+//!
 //! Every call exists twice, whichever driver runs: `recv().await` for async code and
 //! `blocking_recv(timeout)` for a thread (the naming of tokio's channels). A blocking
 //! call inside async code blocks its runtime thread: use the async one there.
@@ -23,10 +29,14 @@
 //! disconnects the connections it had established and not yet handed out. Established
 //! connections wait for `accept` in their listener's queue, at most
 //! [`ListenOptions::max_in_setup`] of them: past it the newest is disconnected and
-//! counted ([`EndpointHandle::accepts_refused`]). Endpoint-wide events (devices) are
-//! kept up to [`crate::ENDPOINT_EVENT_BACKLOG`] for [`EndpointHandle::endpoint_event`],
-//! the oldest dropped first. A connection closed before anyone held it is freed at
-//! once. Nothing else is kept.
+//! counted ([`EndpointHandle::accepts_refused`]). Requests not yet taken wait in their
+//! listener's queue, bounded by the endpoint: at most [`ListenOptions::max_in_setup`]
+//! connections in setup per listener (a request past it is rejected at once), each
+//! request rejected and dropped from the queue once [`ListenOptions::request_timeout`]
+//! passed unanswered; a [`Listener`] dropped rejects those it holds. Endpoint-wide
+//! events (devices) are kept up to [`crate::ENDPOINT_EVENT_BACKLOG`] for
+//! [`EndpointHandle::endpoint_event`], the oldest dropped first. A connection closed
+//! before anyone held it is freed at once. Nothing else is kept.
 //!
 //! # Cancellation
 //!
@@ -61,6 +71,7 @@ mod call;
 mod core;
 mod driver;
 mod pacing;
+mod request;
 
 use std::fmt;
 use std::future::poll_fn;
@@ -72,11 +83,12 @@ use cm_core::{CmError, Transport, WorkCompletion};
 
 use crate::{
     ConnError, ConnectOptions, ConnectionId, ConnectionInfo, Endpoint, EstablishedVia, Event,
-    ListenOptions, ListenerId,
+    ListenOptions, ListenerId, PrivateData,
 };
 
 use self::call::Call;
 use self::core::{Core, WaitOn};
+pub use self::request::Request;
 use crate::wake::LockGate;
 
 /// What the handles hold and wait on ([`EndpointHandle::stats`]): every figure is
@@ -93,6 +105,9 @@ pub struct HandleStats {
     pub held_connections: usize,
     /// Established connections waiting in the listeners' queues for `accept`.
     pub accept_queued: usize,
+    /// Requests waiting in their listeners' queues for `next_request` (each listener's
+    /// at most its [`ListenOptions::max_in_setup`]).
+    pub requests_queued: usize,
 }
 
 /// What the driver and every handle share.
@@ -269,15 +284,11 @@ impl<T: Transport> EndpointHandle<T> {
         &self.owner.shared
     }
 
-    /// Binds a listener to `addr` and listens (see [`Endpoint::listen`]). Its requests
-    /// are accepted automatically: `options.auto_accept` must be `true`
-    /// ([`ConnError::InvalidOptions`] otherwise).
+    /// Binds a listener to `addr` and listens (see [`Endpoint::listen`]). With
+    /// `options.auto_accept` (the default) its connections come out of
+    /// [`Listener::accept`]; without, its requests come out of
+    /// [`Listener::next_request`], each for the application to answer.
     pub fn listen(&self, addr: T::Addr, options: ListenOptions) -> Result<Listener<T>, ConnError> {
-        if !options.auto_accept {
-            return Err(ConnError::InvalidOptions(
-                "a Listener accepts automatically: set ListenOptions::auto_accept",
-            ));
-        }
         let bound = options.max_in_setup;
         let id = self
             .shared()
@@ -315,7 +326,8 @@ impl<T: Transport> EndpointHandle<T> {
 
     /// Established connections that no `accept` returned: disconnected because their
     /// listener's queue was full, or their listener was closed before it accepted
-    /// them. Every established connection is either accepted or counted here. O(1).
+    /// them. Every established connection is either accepted (by `accept` or a
+    /// [`Request::accept`]) or counted here. O(1).
     pub fn accepts_refused(&self) -> u64 {
         self.shared().lock().accepts_refused()
     }
@@ -327,7 +339,8 @@ impl<T: Transport> EndpointHandle<T> {
 }
 
 /// A listening address: each connection established on it comes out of
-/// [`Listener::accept`] once. Dropping it stops listening.
+/// [`Listener::accept`] once, or (with [`ListenOptions::auto_accept`] off) each request
+/// out of [`Listener::next_request`] once. Dropping it stops listening.
 pub struct Listener<T: Transport> {
     id: ListenerId,
     owner: Arc<Owner<T>>,
@@ -357,27 +370,60 @@ impl<T: Transport> Listener<T> {
     /// The next connection established on this listener, lost RTUs rescued before it
     /// comes. A connection whose peer left before it was accepted is returned too, as
     /// TCP's `accept` does: what the peer sent is read from it, then its close. Ends
-    /// with [`ConnError::ListenerClosed`] once its device went away.
+    /// with [`ConnError::ListenerClosed`] once its device went away. On a listener
+    /// whose requests wait for an answer (`auto_accept` off):
+    /// [`ConnError::InvalidOptions`] (its connections come from [`Request::accept`]).
     /// Cancellation-safe.
     pub async fn accept(&self) -> Result<Connection<T>, ConnError> {
         let id = self.id;
-        let (conn, via) = self
+        let (conn, via, peer) = self
             .owner
             .shared
             .wait(WaitOn::Listener(id), |core| core.try_accept(id))
             .await?;
-        Ok(Connection::accepted(conn, via, &self.owner))
+        Ok(Connection::accepted(conn, via, peer, &self.owner))
     }
 
     /// [`Listener::accept`] on the calling thread, at most `timeout` (`None`: as long
     /// as it takes; [`ConnError::Timeout`] when it passed).
     pub fn blocking_accept(&self, timeout: Option<Duration>) -> Result<Connection<T>, ConnError> {
         let id = self.id;
-        let (conn, via) =
+        let (conn, via, peer) =
             self.owner
                 .shared
                 .blocking_wait(timeout, WaitOn::Listener(id), |core| core.try_accept(id))?;
-        Ok(Connection::accepted(conn, via, &self.owner))
+        Ok(Connection::accepted(conn, via, peer, &self.owner))
+    }
+
+    /// The next connection request on this listener (`auto_accept` off), oldest first,
+    /// for the application to answer: [`Request::accept`], [`Request::reject`], or
+    /// dropped (rejected). A request that timed out
+    /// ([`ListenOptions::request_timeout`]) or whose peer gave up before it was taken
+    /// never comes out. Ends with [`ConnError::ListenerClosed`] once its device went
+    /// away; on a listener that accepts by itself: [`ConnError::InvalidOptions`].
+    /// Cancellation-safe: a request is taken only by the call that returns it.
+    pub async fn next_request(&self) -> Result<Request<T>, ConnError> {
+        let id = self.id;
+        let taken = self
+            .owner
+            .shared
+            .wait(WaitOn::Requests(id), |core| core.try_request(id))
+            .await?;
+        Ok(Request::new(taken, id, &self.owner))
+    }
+
+    /// [`Listener::next_request`] on the calling thread, at most `timeout` (`None`: as
+    /// long as it takes; [`ConnError::Timeout`] when it passed).
+    pub fn blocking_next_request(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<Request<T>, ConnError> {
+        let id = self.id;
+        let taken = self
+            .owner
+            .shared
+            .blocking_wait(timeout, WaitOn::Requests(id), |core| core.try_request(id))?;
+        Ok(Request::new(taken, id, &self.owner))
     }
 }
 
@@ -405,6 +451,8 @@ struct ConnInner<T: Transport> {
     /// How it was established, once known: kept after the endpoint has forgotten the
     /// connection (its close reported), since it stays true.
     established: OnceLock<EstablishedVia>,
+    /// The peer's private data, once known: kept likewise, after the peer left.
+    peer_private: OnceLock<PrivateData>,
 }
 
 impl<T: Transport> Drop for ConnInner<T> {
@@ -437,17 +485,37 @@ impl<T: Transport> Connection<T> {
                 id,
                 owner: Arc::clone(owner),
                 established: OnceLock::new(),
+                peer_private: OnceLock::new(),
             }),
         }
     }
 
-    /// A connection `accept` returns, established `via`.
-    fn accepted(id: ConnectionId, via: Option<EstablishedVia>, owner: &Arc<Owner<T>>) -> Self {
+    /// A connection `accept` (or a request's) returns, established `via`, the peer's
+    /// private data `peer`.
+    fn accepted(
+        id: ConnectionId,
+        via: Option<EstablishedVia>,
+        peer: Option<PrivateData>,
+        owner: &Arc<Owner<T>>,
+    ) -> Self {
         let conn = Self::new(id, owner);
         if let Some(via) = via {
             let _ = conn.inner.established.set(via);
         }
+        if let Some(peer) = peer {
+            let _ = conn.inner.peer_private.set(peer);
+        }
         conn
+    }
+
+    /// Keeps the peer's private data once the endpoint knows it (an active connection:
+    /// once established), so that it outlives the endpoint's record.
+    fn note_peer_private(&self, endpoint: &Endpoint<T>) {
+        if self.inner.peer_private.get().is_none() {
+            if let Some(data) = endpoint.peer_private_data(self.inner.id) {
+                let _ = self.inner.peer_private.set(data);
+            }
+        }
     }
 
     /// For `established`: the endpoint's answer, kept once it is known, and answered
@@ -457,6 +525,7 @@ impl<T: Transport> Connection<T> {
         match core.endpoint_mut().try_established(self.inner.id) {
             Some(Ok(via)) => {
                 let _ = known.set(via);
+                self.note_peer_private(core.endpoint());
                 Some(Ok(via))
             }
             Some(Err(ConnError::UnknownConnection(_))) if known.get().is_some() => {
@@ -488,12 +557,22 @@ impl<T: Transport> Connection<T> {
         if let Some(via) = known.get() {
             return Some(*via);
         }
-        let via = self
-            .shared()
-            .lock()
-            .endpoint()
-            .established_via(self.inner.id)?;
+        let core = self.shared().lock();
+        let via = core.endpoint().established_via(self.inner.id)?;
+        self.note_peer_private(core.endpoint());
         Some(*known.get_or_init(|| via))
+    }
+
+    /// The peer's private data: on an accepted connection the REQ's, on a connected one
+    /// the REP's (`None` until it is established). Kept once known, also after the peer
+    /// left. On the real kernel it comes padded with zeros to the CM message's room
+    /// ([`PrivateData::MAX_REQ`], [`PrivateData::MAX_REP`]): compare a prefix.
+    pub fn peer_private_data(&self) -> Option<&PrivateData> {
+        let known = &self.inner.peer_private;
+        if known.get().is_none() {
+            self.note_peer_private(self.shared().lock().endpoint());
+        }
+        known.get()
     }
 
     /// Runs `f` with its CM id, for what this API does not wrap (its QP, protection
