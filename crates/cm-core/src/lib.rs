@@ -34,6 +34,7 @@
 mod backend;
 mod cm_event;
 mod completion;
+mod conn_params;
 pub mod decode;
 mod error;
 mod event;
@@ -47,6 +48,7 @@ use core::fmt;
 pub use backend::{AsyncEventSource, CmBackend, CmEvent, CmEventSource, CmId};
 pub use cm_event::CmEventType;
 pub use completion::{WcOpcode, WcStatus};
+pub use conn_params::ConnectionParams;
 pub use error::{errno, notify_result_from_errno, CmError, Errno, NotifyError, NotifyOutcome};
 pub use event::{AsyncEvent, AsyncEventType, EventElement, EventObject};
 pub use routing::{Route, RoutingPolicy};

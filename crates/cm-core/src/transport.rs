@@ -11,7 +11,7 @@ use core::fmt::Debug;
 use core::hash::Hash;
 use core::time::Duration;
 
-use crate::{AsyncEvent, CmError, CmEvent, CmId, QpNum, WcStatus};
+use crate::{AsyncEvent, CmError, CmEvent, CmId, ConnectionParams, QpNum, WcStatus};
 
 /// Which of a connection's two completion queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,10 +171,22 @@ pub trait Transport {
     ) -> Result<(), CmError>;
     /// `rdma_resolve_route` (ROUTE_RESOLVED or ROUTE_ERROR follows).
     fn resolve_route(&mut self, id: &Self::Id, timeout: Duration) -> Result<(), CmError>;
-    /// `rdma_connect` with private data.
-    fn connect(&mut self, id: &Self::Id, private_data: &[u8]) -> Result<(), CmError>;
-    /// `rdma_accept` with private data.
-    fn accept(&mut self, id: &Self::Id, private_data: &[u8]) -> Result<(), CmError>;
+    /// `rdma_connect` with private data and the connection's parameters (sent in the
+    /// REQ), already checked ([`ConnectionParams::validate`]).
+    fn connect(
+        &mut self,
+        id: &Self::Id,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError>;
+    /// `rdma_accept` with private data and this side's parameters (sent in the REP),
+    /// already checked ([`ConnectionParams::validate`]).
+    fn accept(
+        &mut self,
+        id: &Self::Id,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError>;
     /// `rdma_reject` with private data.
     fn reject(&mut self, id: &Self::Id, private_data: &[u8]) -> Result<(), CmError>;
     /// `rdma_disconnect`.

@@ -22,13 +22,13 @@ pub(crate) use rdma_sys::{
     ibv_ack_async_event, ibv_ack_cq_events, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_create_comp_channel, ibv_create_cq, ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq,
     ibv_get_async_event, ibv_get_cq_event, ibv_get_device_name, ibv_mr, ibv_poll_cq, ibv_post_recv,
-    ibv_post_send, ibv_qp, ibv_qp_init_attr, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq,
-    ibv_send_wr, ibv_sge, ibv_srq, ibv_wc, ibv_wq, rdma_accept, rdma_ack_cm_event, rdma_bind_addr,
-    rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_event_channel,
-    rdma_create_id, rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp,
-    rdma_disconnect, rdma_event_channel, rdma_event_str, rdma_free_devices, rdma_get_cm_event,
-    rdma_get_devices, rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr,
-    rdma_resolve_route,
+    ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_query_qp,
+    ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc, ibv_wq,
+    rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_cm_event, rdma_cm_id, rdma_conn_param,
+    rdma_connect, rdma_create_event_channel, rdma_create_id, rdma_create_qp,
+    rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp, rdma_disconnect,
+    rdma_event_channel, rdma_event_str, rdma_free_devices, rdma_get_cm_event, rdma_get_devices,
+    rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr, rdma_resolve_route,
 };
 
 /// `union` member of [`RawAsyncEvent`]: `element` of `struct ibv_async_event`.

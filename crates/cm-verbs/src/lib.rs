@@ -66,8 +66,8 @@
 /// The domain types and backend traits the API names (`cm-core`), so that one dependency line is enough.
 pub use cm_core as core;
 pub use cm_core::{
-    AsyncEvent, AsyncEventType, CmError, CqKind, NotifyError, NotifyOutcome, QpNum, QueueCaps,
-    RejectReason, Transport, WcStatus, WorkCompletion,
+    AsyncEvent, AsyncEventType, CmError, ConnectionParams, CqKind, NotifyError, NotifyOutcome,
+    QpNum, QueueCaps, RejectReason, Transport, WcStatus, WorkCompletion,
 };
 /// The simulated fabric (cm-mock's `sim`: `SimPair`, `SimTransport`, faults), with the
 /// `sim` feature: test a server written against [`Endpoint`] with no device.

@@ -29,7 +29,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cm_core::{AsyncEvent, CmError, CqKind, QpNum, QueueCaps, Transport, WorkCompletion};
+use cm_core::{
+    AsyncEvent, CmError, ConnectionParams, CqKind, QpNum, QueueCaps, Transport, WorkCompletion,
+};
 
 use crate::rdma::WakeReader;
 use cm_sys::{
@@ -379,10 +381,13 @@ fn listed_devices() -> Vec<String> {
     }
 }
 
-fn conn_params(private_data: &[u8]) -> ConnParams<'_> {
+fn conn_params<'a>(private_data: &'a [u8], params: &ConnectionParams) -> ConnParams<'a> {
     ConnParams {
         private_data,
-        ..ConnParams::default()
+        responder_resources: params.responder_resources,
+        initiator_depth: params.initiator_depth,
+        retry_count: params.retry_count,
+        rnr_retry_count: params.rnr_retry_count,
     }
 }
 
@@ -457,12 +462,22 @@ impl Transport for RdmaTransport {
         id.resolve_route(timeout)
     }
 
-    fn connect(&mut self, id: &CmId, private_data: &[u8]) -> Result<(), CmError> {
-        id.connect(&conn_params(private_data))
+    fn connect(
+        &mut self,
+        id: &CmId,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
+        id.connect(&conn_params(private_data, params))
     }
 
-    fn accept(&mut self, id: &CmId, private_data: &[u8]) -> Result<(), CmError> {
-        id.accept(&conn_params(private_data))
+    fn accept(
+        &mut self,
+        id: &CmId,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
+        id.accept(&conn_params(private_data, params))
     }
 
     fn reject(&mut self, id: &CmId, private_data: &[u8]) -> Result<(), CmError> {

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use cm_mock::sim::{SimAddr, SimBuffers, SimConfig, SimDeviceReader, SimPair, SimTransport};
 use cm_verbs::core::{
-    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CqKind, Errno, EventElement, QpNum,
-    QueueCaps, Transport, WorkCompletion,
+    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, ConnectionParams, CqKind, Errno,
+    EventElement, QpNum, QueueCaps, Transport, WorkCompletion,
 };
 use cm_verbs::{
     CloseReason, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions, QpErrorDetail,
@@ -122,11 +122,21 @@ impl Transport for PortDevices {
     fn resolve_route(&mut self, id: &Id, timeout: Duration) -> Result<(), CmError> {
         self.inner.resolve_route(id, timeout)
     }
-    fn connect(&mut self, id: &Id, private_data: &[u8]) -> Result<(), CmError> {
-        self.inner.connect(id, private_data)
+    fn connect(
+        &mut self,
+        id: &Id,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
+        self.inner.connect(id, private_data, params)
     }
-    fn accept(&mut self, id: &Id, private_data: &[u8]) -> Result<(), CmError> {
-        self.inner.accept(id, private_data)
+    fn accept(
+        &mut self,
+        id: &Id,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
+        self.inner.accept(id, private_data, params)
     }
     fn reject(&mut self, id: &Id, private_data: &[u8]) -> Result<(), CmError> {
         self.inner.reject(id, private_data)

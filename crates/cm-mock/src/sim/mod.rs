@@ -62,6 +62,7 @@
 //! assert_eq!(event.event_type(), CmEventType::Established);
 //! ```
 
+mod conn_params;
 mod fabric;
 mod pair;
 mod rng;
@@ -795,12 +796,12 @@ impl SimCmId {
 
     /// `rdma_connect` (route resolved and QP created); returns the connection's number.
     pub fn connect(&self, private_data: &[u8]) -> Result<ConnId, CmError> {
-        self.with(|f| f.connect(self.key, private_data))
+        self.connect_with(private_data, &Default::default())
     }
 
     /// `rdma_accept` on an id from CONNECT_REQUEST: QP to RTR and RTS, REP sent.
     pub fn accept(&self, private_data: &[u8]) -> Result<(), CmError> {
-        self.with(|f| f.accept(self.key, private_data))
+        self.accept_with(private_data, &Default::default())
     }
 
     /// `rdma_reject` on an id from CONNECT_REQUEST.

@@ -1,6 +1,7 @@
 //! `CmId`: one `rdma_cm_id`, shared by cheap clones and destroyed with the last one.
 
 mod data;
+mod query;
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
@@ -19,6 +20,8 @@ use crate::cq::{CompletionChannel, DeviceKey, OwnedCq};
 use crate::device::AsyncEvents;
 use crate::ffi;
 use crate::verbs::{QpCaps, RegisteredMemory};
+
+pub use query::{QpAttributes, QpState};
 
 /// `qp_num` value meaning "no QP yet" (QP numbers are 24 bits).
 const NO_QP: u32 = u32::MAX;

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use cm_core::{CmError, QueueCaps, Transport};
+use cm_core::{CmError, ConnectionParams, QueueCaps, Transport};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions,
     PrivateData,
@@ -260,6 +260,7 @@ impl<T: Transport> Session<T> {
             // Every connection of the plan may be in setup at once (the client starts
             // them together, as cmtime does); a real server keeps the default bound.
             max_in_setup: self.plan.connections.max(1),
+            params: ConnectionParams::default(),
         };
         let listener = self
             .endpoint
@@ -277,6 +278,7 @@ impl<T: Transport> Session<T> {
             private_data: PrivateData::empty(),
             resolve_timeout: self.plan.resolve_timeout,
             timeout: self.plan.establish_timeout,
+            params: ConnectionParams::default(),
         };
         let conn = match self.endpoint.connect(self.plan.addr, options) {
             Ok(handle) => {

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use cm_core::QpNum;
+use cm_core::{ConnectionParams, QpNum};
 
 use super::{ConnTimes, ConnectionId, PrivateData};
 
@@ -145,14 +145,16 @@ impl Inbox {
 }
 
 /// What a connection seldom has, kept together: its private data (nearly always
-/// empty) and a notify failure not yet reported. Nothing at all (eight bytes) while
-/// both are empty, which is nearly always.
+/// empty), connection parameters other than the default (active side, until the
+/// REQ) and a notify failure not yet reported. Nothing at all (eight bytes) while all
+/// are empty, which is nearly always.
 #[derive(Debug, Default)]
 pub(super) struct Rare(Option<Box<RareParts>>);
 
 #[derive(Debug, Default)]
 struct RareParts {
     private: PrivateData,
+    params: Option<ConnectionParams>,
     notify_failed: Option<cm_core::NotifyError>,
 }
 
@@ -186,6 +188,28 @@ impl Rare {
         data
     }
 
+    /// Keeps the parameters of the REQ to send; the default takes no room.
+    pub(super) fn set_params(&mut self, params: ConnectionParams) {
+        if params == ConnectionParams::default() {
+            if let Some(parts) = self.0.as_deref_mut() {
+                parts.params = None;
+            }
+            self.shrink();
+        } else {
+            self.0.get_or_insert_default().params = Some(params);
+        }
+    }
+
+    pub(super) fn take_params(&mut self) -> ConnectionParams {
+        let params = self
+            .0
+            .as_deref_mut()
+            .and_then(|parts| parts.params.take())
+            .unwrap_or_default();
+        self.shrink();
+        params
+    }
+
     /// The latest notify failure not yet reported ([`crate::Event::NotifyFailed`]).
     pub(super) fn notify_failed(&self) -> Option<cm_core::NotifyError> {
         self.0.as_deref().and_then(|parts| parts.notify_failed)
@@ -206,7 +230,9 @@ impl Rare {
     /// The box goes once it holds nothing.
     pub(super) fn shrink(&mut self) {
         if self.0.as_deref().is_some_and(|parts| {
-            parts.private.as_bytes().is_empty() && parts.notify_failed.is_none()
+            parts.private.as_bytes().is_empty()
+                && parts.params.is_none()
+                && parts.notify_failed.is_none()
         }) {
             self.0 = None;
         }

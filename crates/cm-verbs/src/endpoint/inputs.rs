@@ -451,12 +451,13 @@ impl<T: Transport> Endpoint<T> {
         self.setup_qp(conn, Role::Passive)?;
         let entry = self.live(conn).expect("set up above");
         let id = entry.id.clone();
-        let timeout = entry
-            .listener
-            .and_then(|l| self.listener_entry(l))
-            .and_then(|l| l.options.establish_timeout);
+        let listener = entry.listener.and_then(|l| self.listener_entry(l));
+        let timeout = listener.and_then(|l| l.options.establish_timeout);
+        // The listener's parameters (checked by `listen`); one closed meanwhile leaves
+        // none to answer with, and its requests are rejected, not accepted.
+        let params = listener.map(|l| l.options.params).unwrap_or_default();
         let called = self.transport.now();
-        self.transport.accept(&id, private_data)?;
+        self.transport.accept(&id, private_data, &params)?;
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
             entry.times.mark(Step::ConnectCalled, called);
@@ -601,9 +602,10 @@ impl<T: Transport> Endpoint<T> {
         self.setup_qp(conn, Role::Active)?;
         let entry = self.live_mut(conn).expect("set up above");
         let request = entry.rare.take_private();
+        let params = entry.rare.take_params();
         let id = entry.id.clone();
         let called = self.transport.now();
-        self.transport.connect(&id, request.as_bytes())?;
+        self.transport.connect(&id, request.as_bytes(), &params)?;
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
             entry.times.mark(Step::ConnectCalled, called);

@@ -524,6 +524,7 @@ impl<T: Transport> Endpoint<T> {
         options: ListenOptions,
     ) -> Result<ListenerId, ConnError> {
         options.caps.validate()?;
+        options.params.validate()?;
         options.private_data.check("REP", PrivateData::MAX_REP)?;
         let id = self.transport.create_id()?;
         self.transport.bind(&id, addr)?;
@@ -585,6 +586,7 @@ impl<T: Transport> Endpoint<T> {
         options: ConnectOptions<T::Addr>,
     ) -> Result<ConnectionId, ConnError> {
         options.caps.validate()?;
+        options.params.validate()?;
         options.private_data.check("REQ", PrivateData::MAX_REQ)?;
         let id = self.transport.create_id()?;
         self.transport
@@ -593,6 +595,7 @@ impl<T: Transport> Endpoint<T> {
         let mut entry = Conn::new(id, Role::Active, ConnState::Resolving, options.caps, now);
         entry.deadline = Nanos::new(options.timeout.map(|t| now.saturating_add(t)));
         entry.rare.set_private(options.private_data);
+        entry.rare.set_params(options.params);
         entry.resolve_timeout = Micros::new(options.resolve_timeout);
         let conn = self.insert(entry);
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
@@ -780,7 +783,9 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// The CM id of `conn`, for calls this API does not wrap (on the real transport its
-    /// QP and protection domain: memory of the application's own, one-sided work). O(1).
+    /// QP and protection domain: memory of the application's own, one-sided work; its
+    /// QP's attributes, `CmId::query_qp`, to see the connection parameters the kernel
+    /// applied). O(1).
     pub fn cm_id(&self, conn: ConnectionId) -> Result<&T::Id, ConnError> {
         Ok(&self.conn(conn)?.id)
     }

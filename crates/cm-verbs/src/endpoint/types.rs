@@ -3,7 +3,7 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use cm_core::{AsyncEvent, CmError, NotifyError, QpNum, QueueCaps, RejectReason};
+use cm_core::{AsyncEvent, CmError, ConnectionParams, NotifyError, QpNum, QueueCaps, RejectReason};
 
 use crate::{Role, Trigger};
 
@@ -225,12 +225,29 @@ pub struct ListenOptions {
     /// so a flood of requests holds at most this many connections' queues and
     /// buffers, however long the peers keep retrying.
     pub max_in_setup: u32,
+    /// The connection parameters of every accept (sent in the REP), checked by
+    /// [`Endpoint::listen`](crate::Endpoint::listen) ([`ConnectionParams::validate`]:
+    /// retry counts 0 to 7). The kernel's IB CM builds *both* QPs' read depths from the
+    /// REP: `initiator_depth` becomes this side's outstanding RDMA READs (`max_rd_atomic`)
+    /// and the peer's served ones, `responder_resources` this side's served reads
+    /// (`max_dest_rd_atomic`) and the peer's outstanding ones. Nothing caps them by
+    /// what the peer's request asked for, and a depth the peer's device cannot take
+    /// fails the peer's QP setup: keep them within what peers ask for. `rnr_retry_count` bounds the *peer's* sends into this side's
+    /// receive queue: 7 (the default) retries forever, so a slow reader here stalls the
+    /// peer with no error; below 7 the peer's send completes with
+    /// [`WcStatus::RnrRetryExcErr`](crate::WcStatus::RnrRetryExcErr) and the
+    /// connection closes. `retry_count` is the peer's (the REQ's) to choose: unused
+    /// here. librdmacm refuses (EINVAL, the accept fails) a depth above the device's
+    /// `max_qp_rd_atom` / `max_qp_init_rd_atom`, except
+    /// [`ConnectionParams::DEVICE_MAX`].
+    pub params: ConnectionParams,
 }
 
 impl Default for ListenOptions {
     /// Backlog 1024 (Linux's default cap), default queues, automatic accept, no
     /// private data, no establish deadline, requests answered within 10 s, at most 1024
-    /// connections in setup.
+    /// connections in setup, default connection parameters (one outstanding read each
+    /// way, RNR retries forever).
     fn default() -> Self {
         ListenOptions {
             backlog: 1024,
@@ -240,6 +257,7 @@ impl Default for ListenOptions {
             establish_timeout: None,
             request_timeout: Some(Duration::from_secs(10)),
             max_in_setup: 1024,
+            params: ConnectionParams::default(),
         }
     }
 }
@@ -258,10 +276,25 @@ pub struct ConnectOptions<A> {
     /// How long the whole connect may take before it is closed with
     /// [`CloseReason::TimedOut`] (`None`: the CM's own timeouts decide).
     pub timeout: Option<Duration>,
+    /// The connection parameters of the REQ, checked by
+    /// [`Endpoint::connect`](crate::Endpoint::connect) ([`ConnectionParams::validate`]:
+    /// retry counts 0 to 7; nothing is created when they fail). `retry_count` is used by
+    /// both QPs (transport retries before
+    /// [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr)); `rnr_retry_count`
+    /// bounds the *peer's* sends into this side's receive queue (7, the default:
+    /// forever, a slow reader here stalls the peer with no error; below 7 the peer's
+    /// send fails with [`WcStatus::RnrRetryExcErr`](crate::WcStatus::RnrRetryExcErr)).
+    /// The read depths are only a request: the kernel's IB CM sets both QPs' depths
+    /// from the accepting side's REP ([`ListenOptions::params`]), so this side's
+    /// outstanding RDMA READs are the peer's `responder_resources`. librdmacm refuses
+    /// (EINVAL) a depth above the device's `max_qp_rd_atom` / `max_qp_init_rd_atom`,
+    /// except [`ConnectionParams::DEVICE_MAX`].
+    pub params: ConnectionParams,
 }
 
 impl<A> Default for ConnectOptions<A> {
-    /// No source address, default queues, no private data, 2 s resolution, no deadline.
+    /// No source address, default queues, no private data, 2 s resolution, no deadline,
+    /// default connection parameters.
     fn default() -> Self {
         ConnectOptions {
             source: None,
@@ -269,6 +302,7 @@ impl<A> Default for ConnectOptions<A> {
             private_data: PrivateData::empty(),
             resolve_timeout: Duration::from_secs(2),
             timeout: None,
+            params: ConnectionParams::default(),
         }
     }
 }

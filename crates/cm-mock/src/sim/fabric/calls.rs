@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 
 use cm_core::kernel_model::{ib_cm_notify, notify_delivers_established, LapState};
 use cm_core::{
-    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CmIdState, IbCmState, NotifyError,
-    NotifyOutcome, QpNum,
+    errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CmIdState, ConnectionParams,
+    IbCmState, NotifyError, NotifyOutcome, QpNum,
 };
 
 use super::{
@@ -232,7 +232,12 @@ impl Fabric {
         Ok(())
     }
 
-    pub(crate) fn connect(&mut self, key: SimIdKey, private: &[u8]) -> Result<ConnId, CmError> {
+    pub(crate) fn connect(
+        &mut self,
+        key: SimIdKey,
+        private: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<ConnId, CmError> {
         const OP: &str = "rdma_connect";
         let conn = ConnId(self.conns.len() as u32);
         let private = self.privates.store(private);
@@ -248,7 +253,10 @@ impl Fabric {
         }
         id.state.set_cm(CmIdState::Connect);
         id.conn = MaybeConn::new(Some(conn));
-        self.update_extras(key.index, |extras| extras.private = private);
+        self.update_extras(key.index, |extras| {
+            extras.private = private;
+            extras.set_params(params);
+        });
         self.conns.push(ConnRecord::default());
         self.set_ib(key, IbCmState::ReqSent);
         self.send_req(key, false);
@@ -256,7 +264,12 @@ impl Fabric {
         Ok(conn)
     }
 
-    pub(crate) fn accept(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
+    pub(crate) fn accept(
+        &mut self,
+        key: SimIdKey,
+        private: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
         const OP: &str = "rdma_accept";
         let private = self.privates.store(private);
         let id = self.live(key, OP)?;
@@ -271,7 +284,10 @@ impl Fabric {
             reason: "the simulated fabric needs a QP before accept (rdma_create_qp)",
         })?;
         let peer = id.remote_qp.get();
-        self.update_extras(key.index, |extras| extras.private = private);
+        self.update_extras(key.index, |extras| {
+            extras.private = private;
+            extras.set_params(params);
+        });
         // librdmacm moves the QP to RTR and RTS before it sends the REP.
         if let Some(q) = self.qp_mut(qp) {
             q.peer = MaybeQp::new(peer);

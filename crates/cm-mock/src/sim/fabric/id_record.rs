@@ -4,7 +4,7 @@
 use std::num::NonZeroU32;
 
 use cm_core::kernel_model::LapState;
-use cm_core::{CmIdState, IbCmState};
+use cm_core::{CmIdState, ConnectionParams, IbCmState};
 
 use super::{MaybeConn, MaybeQp, Private};
 use crate::sim::types::{MsgKind, NodeId, SimIdKey};
@@ -226,6 +226,15 @@ pub(super) struct IdExtras {
     pub(super) unacked: u32,
     /// The retransmissions left, when they pass the compact field.
     pub(super) retries_left: u32,
+    /// The parameters of the id's connect or accept, when not the default (which most
+    /// ids use: they take no entry).
+    pub(super) params: Option<ConnectionParams>,
+}
+
+impl IdExtras {
+    pub(super) fn set_params(&mut self, params: &ConnectionParams) {
+        self.params = (*params != ConnectionParams::default()).then_some(*params);
+    }
 }
 
 /// A slot of the id table.

@@ -3,7 +3,7 @@
 
 use super::{gone, Fabric, IdData, IdExtras, IdSlot, Place};
 use crate::sim::types::{NodeId, SimIdKey};
-use cm_core::CmError;
+use cm_core::{CmError, ConnectionParams};
 
 impl Fabric {
     pub(super) fn id(&self, key: SimIdKey) -> Option<&IdData> {
@@ -26,6 +26,13 @@ impl Fabric {
 
     pub(super) fn live(&mut self, key: SimIdKey, op: &'static str) -> Result<&mut IdData, CmError> {
         self.id_mut(key).ok_or_else(|| gone(op))
+    }
+
+    /// The parameters the id was connected or accepted with (the default when it made
+    /// neither call); `None` once destroyed.
+    pub(crate) fn conn_params(&self, key: SimIdKey) -> Option<ConnectionParams> {
+        self.id(key)?;
+        Some(self.extras(key.index).params.unwrap_or_default())
     }
 
     pub(crate) fn is_alive(&self, key: SimIdKey) -> bool {

@@ -6,8 +6,8 @@ use std::num::NonZeroU16;
 use std::time::Duration;
 
 use cm_core::{
-    AsyncEvent, AsyncEventSource, CmError, CmEventSource, CqKind, QpNum, QueueCaps, Transport,
-    WorkCompletion,
+    AsyncEvent, AsyncEventSource, CmError, CmEventSource, ConnectionParams, CqKind, QpNum,
+    QueueCaps, Transport, WorkCompletion,
 };
 
 use super::queues::Queues;
@@ -87,12 +87,22 @@ impl Transport for SimTransport {
         id.resolve_route()
     }
 
-    fn connect(&mut self, id: &SimCmId, private_data: &[u8]) -> Result<(), CmError> {
-        id.connect(private_data).map(drop)
+    fn connect(
+        &mut self,
+        id: &SimCmId,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
+        id.connect_with(private_data, params).map(drop)
     }
 
-    fn accept(&mut self, id: &SimCmId, private_data: &[u8]) -> Result<(), CmError> {
-        id.accept(private_data)
+    fn accept(
+        &mut self,
+        id: &SimCmId,
+        private_data: &[u8],
+        params: &ConnectionParams,
+    ) -> Result<(), CmError> {
+        id.accept_with(private_data, params)
     }
 
     fn reject(&mut self, id: &SimCmId, private_data: &[u8]) -> Result<(), CmError> {

@@ -360,13 +360,13 @@ mod tests {
         next_event(&mut client, &pair.fabric).ack().unwrap();
         let device = client.open_device(&active).unwrap();
         client.create_qp(&active, &device, 1, caps).unwrap();
-        client.connect(&active, b"").unwrap();
+        client.connect(&active, b"", &Default::default()).unwrap();
         let request = next_event(&mut server, &pair.fabric);
         let passive = server.event_id(&request).unwrap();
         request.ack().unwrap();
         let device = server.open_device(&passive).unwrap();
         server.create_qp(&passive, &device, 2, caps).unwrap();
-        server.accept(&passive, b"").unwrap();
+        server.accept(&passive, b"", &Default::default()).unwrap();
         next_event(&mut client, &pair.fabric).ack().unwrap();
         (pair, server, client, passive, active)
     }

@@ -1,0 +1,116 @@
+//! Connection parameters on the real kernel (soft-RoCE in the VM): what each side's QP
+//! holds after ESTABLISHED, read back with `ibv_query_qp`, when both sides ask for
+//! values other than the default. Without a device the test records a skip.
+//!
+//! What the kernel applies (`drivers/infiniband/core/cm.c`: `ib_send_cm_req`,
+//! `cm_req_handler`, `ib_send_cm_rep`, `cm_rep_handler`, then `cm_init_qp_rtr_attr` /
+//! `cm_init_qp_rts_attr`; librdmacm moves a user QP with those attributes, overriding
+//! the depths only with the accepting side's explicit values): the read depths of both
+//! QPs come from the REP (crossed over on the active side), the transport retry count
+//! from the REQ, and each side's RNR retry count from the other side's message.
+#![cfg(feature = "rdma")]
+
+mod common;
+
+use std::net::SocketAddr;
+
+use cm_testkit::{addresses, report};
+use cm_verbs::sys::{QpAttributes, QpState};
+use cm_verbs::{ConnectOptions, ConnectionParams, ListenOptions};
+
+/// The active side's request. Depths are powers of two: soft-RoCE rounds a depth up
+/// to one, and these must come back as set.
+const ACTIVE: ConnectionParams = ConnectionParams {
+    responder_resources: 4,
+    initiator_depth: 4,
+    retry_count: 5,
+    rnr_retry_count: 3,
+};
+
+/// The accepting side's answer, each value distinct from the request's so that the
+/// test tells whose value each QP holds.
+const PASSIVE: ConnectionParams = ConnectionParams {
+    responder_resources: 8,
+    initiator_depth: 2,
+    retry_count: 6,
+    rnr_retry_count: 6,
+};
+
+#[test]
+fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
+    const TEST: &str = "each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let mut server = common::endpoint();
+    let listen = SocketAddr::new(addrs.addr_a, 7521);
+    let options = ListenOptions {
+        params: PASSIVE,
+        ..ListenOptions::default()
+    };
+    server.listen(listen, options).expect("listen");
+    let src = addrs.addr_b;
+    let client = std::thread::spawn(move || -> QpAttributes {
+        let mut client = common::endpoint();
+        let options = ConnectOptions {
+            params: ACTIVE,
+            ..common::from(src)
+        };
+        let conn = client.connect(listen, options).expect("connect");
+        client
+            .established(conn, common::WAIT)
+            .expect("client established");
+        let attrs = client
+            .cm_id(conn)
+            .expect("the connection's id")
+            .query_qp()
+            .expect("ibv_query_qp, active side");
+        // The server reads its QP before it echoes: the connection stays up meanwhile.
+        client.send(conn, b"read").expect("send");
+        client.recv(conn, common::WAIT).expect("echo");
+        client.disconnect(conn).expect("disconnect");
+        attrs
+    });
+    let conn = server.accept(common::WAIT).expect("accept");
+    let passive = server
+        .cm_id(conn)
+        .expect("the connection's id")
+        .query_qp()
+        .expect("ibv_query_qp, passive side");
+    let message = server.recv(conn, common::WAIT).expect("message");
+    server.send(conn, &message).expect("echo");
+    let active = client.join().expect("client thread");
+    report(&format!(
+        "params: active QP {active:?}, passive QP {passive:?}"
+    ));
+    for (side, attrs) in [("active", &active), ("passive", &passive)] {
+        assert_eq!(attrs.state, QpState::Rts, "{side}: {attrs:?}");
+        assert!(attrs.path_mtu.is_some(), "{side}: a path MTU: {attrs:?}");
+    }
+    // The REP decides both QPs' read depths, crossed over on the active side.
+    assert_eq!(
+        (passive.max_rd_atomic, passive.max_dest_rd_atomic),
+        (PASSIVE.initiator_depth, PASSIVE.responder_resources),
+        "passive QP: its own depths"
+    );
+    assert_eq!(
+        (active.max_rd_atomic, active.max_dest_rd_atomic),
+        (PASSIVE.responder_resources, PASSIVE.initiator_depth),
+        "active QP: the REP's depths, crossed"
+    );
+    // The REQ's transport retry count, on both QPs.
+    assert_eq!(active.retry_cnt, ACTIVE.retry_count, "active QP retry_cnt");
+    assert_eq!(
+        passive.retry_cnt, ACTIVE.retry_count,
+        "passive QP retry_cnt"
+    );
+    // Each side's RNR retry count bounds the other side's sends.
+    assert_eq!(
+        passive.rnr_retry, ACTIVE.rnr_retry_count,
+        "passive QP: the REQ's RNR retries"
+    );
+    assert_eq!(
+        active.rnr_retry, PASSIVE.rnr_retry_count,
+        "active QP: the REP's RNR retries"
+    );
+}
