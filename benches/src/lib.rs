@@ -7,7 +7,7 @@
 //! - [`endpoint`]: the connection API at scale (an echo beside N idle connections).
 //! - [`sim`]: ids and fixtures on the mock and simulated backends (an established
 //!   simulated connection, an id answering like the kernel) and the scale runs.
-//! - [`reference`]: connection setup against rdma-core's `cmtime` server, with its own
+//! - [`mod@reference`]: connection setup against rdma-core's `cmtime` server, with its own
 //!   client (`cm-bench-setup`, run in the VM).
 //! - [`count`]: the scenarios whose instructions `cargo xtask bench --count` counts
 //!   under callgrind (the `cm-bench-count` binary runs one).
