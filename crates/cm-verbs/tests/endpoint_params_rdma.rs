@@ -16,7 +16,10 @@ use std::net::SocketAddr;
 
 use cm_testkit::{addresses, report};
 use cm_verbs::sys::{QpAttributes, QpState};
-use cm_verbs::{ConnectOptions, ConnectionParams, ListenOptions};
+use cm_verbs::{
+    CloseReason, ConnError, ConnectOptions, ConnectionParams, Event, ListenOptions, QpErrorDetail,
+    QueueCaps, WcStatus,
+};
 
 /// The active side's request. Depths are powers of two: soft-RoCE rounds a depth up
 /// to one, and these must come back as set.
@@ -113,4 +116,67 @@ fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
         active.rnr_retry, PASSIVE.rnr_retry_count,
         "active QP: the REP's RNR retries"
     );
+}
+
+/// A reader that stops taking messages: its receives are not posted again, so the
+/// peer's SENDs meet RNR NAKs. With the listener's RNR retry count at 1 (what bounds the
+/// client's sends), the client's connection ends with a typed completion error after a
+/// retry, instead of its sends stalling forever as with the default (7).
+#[test]
+fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
+    const TEST: &str = "a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let mut server = common::endpoint();
+    let listen = SocketAddr::new(addrs.addr_a, 7522);
+    let options = ListenOptions {
+        params: ConnectionParams {
+            rnr_retry_count: 1,
+            ..ConnectionParams::default()
+        },
+        caps: QueueCaps {
+            recv_depth: 2,
+            ..QueueCaps::default()
+        },
+        ..ListenOptions::default()
+    };
+    server.listen(listen, options).expect("listen");
+    let src = addrs.addr_b;
+    let client = std::thread::spawn(move || -> (usize, CloseReason) {
+        let mut client = common::endpoint();
+        let conn = client.connect(listen, common::from(src)).expect("connect");
+        client
+            .established(conn, common::WAIT)
+            .expect("client established");
+        let mut sent = 0;
+        for _ in 0..10_000 {
+            match client.send(conn, &[7; 64]) {
+                Ok(()) => sent += 1,
+                Err(ConnError::SendQueueFull(_)) => match client.next_event(common::WAIT) {
+                    Ok(Event::Closed { reason, .. }) => return (sent, reason),
+                    Ok(_) => {}
+                    Err(error) => panic!("client, after {sent} sends: {error}"),
+                },
+                Err(ConnError::Closed { reason, .. }) => return (sent, reason),
+                Err(error) => panic!("client send, after {sent}: {error}"),
+            }
+        }
+        panic!("10,000 sends to a reader that reads nothing all went through");
+    });
+    // Accepted, then nothing read: the two receives are used up and stay so.
+    let conn = server.accept(common::WAIT).expect("accept");
+    let (sent, reason) = client.join().expect("the client thread");
+    report(&format!(
+        "{TEST}: the client's connection ended after {sent} sends: {reason:?}"
+    ));
+    assert_eq!(
+        reason,
+        CloseReason::QpError {
+            detail: QpErrorDetail::Completion(WcStatus::RnrRetryExcErr)
+        },
+        "after {sent} sends"
+    );
+    assert!(sent > 2, "more sends than the reader's receives: {sent}");
+    server.disconnect(conn).expect("the server's side");
 }

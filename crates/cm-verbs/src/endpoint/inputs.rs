@@ -207,6 +207,21 @@ impl<T: Transport> Endpoint<T> {
             }
         }
         if !completion.is_success() {
+            if completion.is_flush() && !self.seeking_cause {
+                // A flush is a consequence of the QP's error: its cause (RNR or transport
+                // retries exceeded, say) is on the other queue, with what completed
+                // before it. Read that first, so the close names the cause.
+                self.seeking_cause = true;
+                let other = match completion.kind {
+                    CqKind::Send => CqKind::Recv,
+                    CqKind::Recv => CqKind::Send,
+                };
+                self.poll_queue(conn, other, reading);
+                self.seeking_cause = false;
+                if self.live(conn).is_none() {
+                    return;
+                }
+            }
             let detail = QpErrorDetail::Completion(completion.status);
             self.close(conn, CloseReason::QpError { detail }, true);
             return;

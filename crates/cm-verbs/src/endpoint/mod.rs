@@ -327,6 +327,8 @@ pub struct Endpoint<T: Transport> {
     ended_ids: Vec<T::Id>,
     /// Whether the CM channel is being read (an id that ends now is deferred).
     reading_cm: bool,
+    /// Whether a flushed completion's cause is being looked for on the other queue.
+    seeking_cause: bool,
     /// Whether the last CM read took a full batch (more are likely waiting).
     cm_batch_full: bool,
     /// Connect and establish deadlines; an entry whose connection moved on is stale
@@ -420,6 +422,7 @@ impl<T: Transport> Endpoint<T> {
             to_set_up: VecDeque::new(),
             ended_ids: Vec::new(),
             reading_cm: false,
+            seeking_cause: false,
             cm_batch_full: false,
             deadlines: BinaryHeap::new(),
             awaiting: VecDeque::new(),
