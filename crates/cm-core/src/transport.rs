@@ -213,8 +213,8 @@ pub trait Transport {
     fn release_device(&mut self, device: Self::Device) {
         drop(device);
     }
-    /// The caller is done with `id` (a listener it closed): no handle of it is used
-    /// again. The default drops it (the real backend destroys an id with its last
+    /// The caller is done with `id` (a listener it closed, a connection that ended):
+    /// no handle of it is used again. The default drops it (the real backend destroys an id with its last
     /// handle, which frees its address); a backend whose ids outlive their handles
     /// destroys it here.
     fn release_id(&mut self, id: Self::Id) {

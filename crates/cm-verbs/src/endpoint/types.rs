@@ -203,7 +203,8 @@ pub struct ListenOptions {
     /// Queue sizes of every accepted connection.
     pub caps: QueueCaps,
     /// `true`: every request is accepted by the endpoint with
-    /// [`ListenOptions::private_data`], in the pass that read it;
+    /// [`ListenOptions::private_data`], in the order they came (at most
+    /// [`PASS_BATCH`](crate::PASS_BATCH) setups a pass, the CM channel read after each);
     /// `false`: each one is reported as [`Event::Request`] for
     /// [`Endpoint::accept_request`](crate::Endpoint::accept_request) or
     /// [`Endpoint::reject_request`](crate::Endpoint::reject_request).
