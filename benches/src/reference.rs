@@ -139,6 +139,9 @@ pub enum Server {
     Cmtime,
     /// `cmnotify --backend rdma -s` (the connection API with its notify path).
     Cmnotify,
+    /// The same with `--shared-queues`: every connection on one shared receive queue,
+    /// one registered pool and one pair of completion queues.
+    CmnotifyShared,
 }
 
 impl Server {
@@ -147,6 +150,7 @@ impl Server {
         match self {
             Server::Cmtime => "cmtime",
             Server::Cmnotify => "cmnotify",
+            Server::CmnotifyShared => "cmnotify-shared",
         }
     }
 
@@ -158,8 +162,11 @@ impl Server {
                 c.args(["-b", &addr, "-p", &port]);
                 c
             }
-            Server::Cmnotify => {
+            Server::Cmnotify | Server::CmnotifyShared => {
                 let mut c = Command::new("cmnotify");
+                if self == Server::CmnotifyShared {
+                    c.arg("--shared-queues");
+                }
                 c.args([
                     "--backend",
                     "rdma",
@@ -271,7 +278,7 @@ pub fn run_server(
         if !steps.contains_key("connect") || !steps.contains_key("disconnect") {
             return Err(format!("no connect and disconnect rows in: {text}"));
         }
-        if server == Server::Cmnotify {
+        if server != Server::Cmtime {
             // It exits by itself once every connection it counted has closed.
             let out = wait_bounded(child.take().expect("spawned"), "the cmnotify server")?;
             if !out.status.success() {
@@ -295,11 +302,14 @@ pub fn run_server(
     })
 }
 
-/// The figures of both servers at `connections`, the ratios cmnotify / cmtime among them.
-pub fn figures(connections: u32, cmtime: &ServerRun, cmnotify: &ServerRun) -> Vec<Figure> {
+/// The figures of cmtime's server and of each of ours at `connections`, with the
+/// ratios ours / cmtime's (keys `…_ratio` for the per-connection queues,
+/// `…_ratio_shared` for the shared ones).
+pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun)]) -> Vec<Figure> {
     let n = f64::from(connections);
     let mut figures = Vec::new();
-    for (run, server) in [(cmtime, Server::Cmtime), (cmnotify, Server::Cmnotify)] {
+    let runs = std::iter::once((Server::Cmtime, cmtime)).chain(ours.iter().copied());
+    for (server, run) in runs {
         let name = server.name();
         for step in ["connect", "disconnect"] {
             if let Some(row) = run.steps.get(step) {
@@ -333,24 +343,30 @@ pub fn figures(connections: u32, cmtime: &ServerRun, cmnotify: &ServerRun) -> Ve
             ),
         ));
     }
-    for step in ["connect", "disconnect"] {
-        if let (Some(ours), Some(theirs)) = (cmnotify.steps.get(step), cmtime.steps.get(step)) {
+    for &(server, run) in ours {
+        let (suffix, name) = match server {
+            Server::CmnotifyShared => ("_shared", server.name()),
+            _ => ("", server.name()),
+        };
+        for step in ["connect", "disconnect"] {
+            if let (Some(ours), Some(theirs)) = (run.steps.get(step), cmtime.steps.get(step)) {
+                figures.push(Figure::measured(
+                    &format!("{KEY}/{connections}/{step}_ratio{suffix}"),
+                    ours.us_per_conn / theirs.us_per_conn,
+                    "ratio",
+                    &format!("{step} step per connection, {name} server / cmtime server"),
+                ));
+            }
+        }
+        let rss = |run: &ServerRun| run.memory.rss_kib as f64;
+        if rss(cmtime) > 0.0 {
             figures.push(Figure::measured(
-                &format!("{KEY}/{connections}/{step}_ratio"),
-                ours.us_per_conn / theirs.us_per_conn,
+                &format!("{KEY}/{connections}/rss_ratio{suffix}"),
+                rss(run) / rss(cmtime),
                 "ratio",
-                &format!("{step} step per connection, cmnotify server / cmtime server"),
+                &format!("server peak resident memory, {name} / cmtime"),
             ));
         }
-    }
-    let rss = |run: &ServerRun| run.memory.rss_kib as f64;
-    if rss(cmtime) > 0.0 {
-        figures.push(Figure::measured(
-            &format!("{KEY}/{connections}/rss_ratio"),
-            rss(cmnotify) / rss(cmtime),
-            "ratio",
-            "server peak resident memory, cmnotify / cmtime",
-        ));
     }
     figures
 }
@@ -371,9 +387,17 @@ pub fn measure(points: &[u32]) -> Vec<Figure> {
             port += 1;
             run_server(server, addrs.addr_a, addrs.addr_b, port, n)
         };
-        match (run(Server::Cmtime), run(Server::Cmnotify)) {
-            (Ok(cmtime), Ok(cmnotify)) => out.extend(figures(n, &cmtime, &cmnotify)),
-            (Err(e), _) | (_, Err(e)) => {
+        match (
+            run(Server::Cmtime),
+            run(Server::Cmnotify),
+            run(Server::CmnotifyShared),
+        ) {
+            (Ok(cmtime), Ok(own), Ok(shared)) => out.extend(figures(
+                n,
+                &cmtime,
+                &[(Server::Cmnotify, &own), (Server::CmnotifyShared, &shared)],
+            )),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 out.push(Figure::skipped(
                     &format!("{KEY}/{n}"),
                     &format!("failed: {e}"),
@@ -446,7 +470,12 @@ destroy      :       2.00       0.10       1.00       2.00
                 pinned_kib: 0,
             },
         };
-        let figures = figures(100, &run(500.0, 1000), &run(750.0, 3000));
+        let (own, shared) = (run(750.0, 3000), run(400.0, 1500));
+        let figures = figures(
+            100,
+            &run(500.0, 1000),
+            &[(Server::Cmnotify, &own), (Server::CmnotifyShared, &shared)],
+        );
         let value = |key: &str| {
             figures
                 .iter()
@@ -458,6 +487,9 @@ destroy      :       2.00       0.10       1.00       2.00
         assert_eq!(value("rss_ratio"), Some(3.0));
         assert_eq!(value("rss_per_conn/cmtime"), Some(10240.0));
         assert_eq!(value("connect/cmnotify"), Some(750.0));
+        assert_eq!(value("connect_ratio_shared"), Some(0.8));
+        assert_eq!(value("rss_ratio_shared"), Some(1.5));
+        assert_eq!(value("connect/cmnotify-shared"), Some(400.0));
     }
 
     fn row(us_per_conn: f64) -> StepRow {

@@ -53,7 +53,7 @@ pub use error::{errno, notify_result_from_errno, CmError, Errno, NotifyError, No
 pub use event::{AsyncEvent, AsyncEventType, EventElement, EventObject};
 pub use routing::{Route, RoutingPolicy};
 pub use state::{CmIdState, IbCmState};
-pub use transport::{CqKind, QueueCaps, RejectReason, Transport, WorkCompletion};
+pub use transport::{CqKind, QueueCaps, RejectReason, SharedCaps, Transport, WorkCompletion};
 
 /// A queue pair number (24 bits on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

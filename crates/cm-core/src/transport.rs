@@ -109,6 +109,75 @@ impl QueueCaps {
     }
 }
 
+/// Sizes of the queues every connection on one device context shares
+/// ([`Transport::create_shared`]): one shared receive queue (SRQ) with its receive
+/// buffers, one pool of send buffers, and one completion queue for each direction.
+///
+/// Memory registered is `(recv_slots + send_slots) * buffer_size` per device context,
+/// however many connections use it: with the defaults, 5 MiB (1024 receive and 256
+/// send buffers of 4 KiB), under the 8 MiB `RLIMIT_MEMLOCK` many systems give users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SharedCaps {
+    /// Receives kept posted on the shared receive queue (each one buffer).
+    pub recv_slots: u32,
+    /// Send buffers shared by every connection's messages in flight.
+    pub send_slots: u32,
+    /// Bytes of every buffer: the largest message of a connection on these queues.
+    pub buffer_size: u32,
+    /// Receives posted below which the device raises `IBV_EVENT_SRQ_LIMIT_REACHED`
+    /// (0: never armed). The endpoint re-posts a receive as soon as it has copied its
+    /// message out, so the limit is reached only when completions come faster than
+    /// they are read: a sign the pool is too small for the load.
+    pub limit: u32,
+}
+
+impl Default for SharedCaps {
+    /// 1024 receives, 256 send buffers, 4 KiB messages, limit at a sixteenth.
+    fn default() -> Self {
+        SharedCaps {
+            recv_slots: 1024,
+            send_slots: 256,
+            buffer_size: 4096,
+            limit: 64,
+        }
+    }
+}
+
+impl SharedCaps {
+    /// Checks the sizes: each count 1 to 65536 (`limit` below `recv_slots`), buffers
+    /// of 1 byte to 1 GiB, and the whole pool addressable.
+    pub fn validate(&self) -> Result<(), CmError> {
+        let invalid = |reason| {
+            Err(CmError::InvalidArgument {
+                op: "SharedCaps",
+                reason,
+            })
+        };
+        if self.recv_slots == 0 || self.send_slots == 0 {
+            return invalid("shared queue sizes must be at least 1");
+        }
+        if self.recv_slots > 1 << 16 || self.send_slots > 1 << 16 {
+            return invalid("shared queue sizes above 65536");
+        }
+        if self.limit >= self.recv_slots {
+            return invalid("the SRQ limit must be below its receive count");
+        }
+        if self.buffer_size == 0 || self.buffer_size > 1 << 30 {
+            return invalid("buffer size must be 1 byte to 1 GiB");
+        }
+        if self.pool_len().is_none() {
+            return invalid("buffer pool larger than the address space");
+        }
+        Ok(())
+    }
+
+    /// Bytes of the registered pool: receive buffers, then send buffers.
+    pub fn pool_len(&self) -> Option<usize> {
+        let slots = (self.recv_slots as usize).checked_add(self.send_slots as usize)?;
+        slots.checked_mul(self.buffer_size as usize)
+    }
+}
+
 /// A backend the connection layer drives: one CM event channel and any number of
 /// device contexts, ids, queue pairs and buffers.
 ///
@@ -129,6 +198,9 @@ pub trait Transport {
     type DeviceKey: Copy + Eq + Hash + Debug;
     /// A connection's registered memory.
     type Buffers: Debug;
+    /// The queues and registered pool a device context's connections share
+    /// ([`Transport::create_shared`]); a transport without them names `()`.
+    type Shared: Debug;
 
     // ----- the CM ----------------------------------------------------------------
 
@@ -303,6 +375,100 @@ pub trait Transport {
         max: usize,
     ) -> Result<usize, CmError>;
 
+    // ----- queues shared by a device context's connections -----------------------
+    //
+    // A transport without them answers `InvalidArgument` from `create_shared` (the
+    // defaults below), and the connection layer keeps each connection's own queues.
+
+    /// Creates the queues every connection on `device` may share: a shared receive
+    /// queue, a registered pool of `caps` buffers, and a send and a receive completion
+    /// queue on the device's completion channel, both armed, reporting `token`. `id` is
+    /// any id bound to the device (its context is the device's). Nothing is posted yet.
+    fn create_shared(
+        &mut self,
+        id: &Self::Id,
+        device: &Self::Device,
+        token: u64,
+        caps: &SharedCaps,
+    ) -> Result<Self::Shared, CmError> {
+        let _ = (id, device, token, caps);
+        Err(unsupported("create_shared"))
+    }
+    /// Creates the id's RC QP on `shared`'s receive queue and completion queues, with
+    /// a send queue of `caps.send_depth + caps.work_depth` (its receive depth unused).
+    fn create_qp_shared(
+        &mut self,
+        id: &Self::Id,
+        shared: &Self::Shared,
+        caps: &QueueCaps,
+    ) -> Result<QpNum, CmError> {
+        let _ = (id, shared, caps);
+        Err(unsupported("create_qp_shared"))
+    }
+    /// Posts receive buffer `slot` (0..recv_slots) of `shared` on its receive queue.
+    fn post_shared_recv(
+        &mut self,
+        shared: &Self::Shared,
+        slot: u32,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let _ = (shared, slot, wr_id);
+        Err(unsupported("ibv_post_srq_recv"))
+    }
+    /// Copies `data` into send buffer `slot` (0..send_slots) of `shared` and posts one
+    /// SEND of it on the id's QP.
+    fn post_shared_send(
+        &mut self,
+        id: &Self::Id,
+        shared: &Self::Shared,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let _ = (id, shared, slot, data, wr_id);
+        Err(unsupported("ibv_post_send"))
+    }
+    /// Appends the first `len` bytes of receive buffer `slot` of `shared` to `out`.
+    fn read_shared_recv(
+        &mut self,
+        shared: &Self::Shared,
+        slot: u32,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CmError> {
+        let _ = (shared, slot, len, out);
+        Err(unsupported("read_shared_recv"))
+    }
+    /// Re-arms the completion notification of one of `shared`'s completion queues.
+    fn arm_shared_cq(&mut self, shared: &Self::Shared, kind: CqKind) -> Result<(), CmError> {
+        let _ = (shared, kind);
+        Err(unsupported("ibv_req_notify_cq"))
+    }
+    /// Appends up to `max` completions of one of `shared`'s completion queues to `out`
+    /// (each names its QP); how many.
+    fn poll_shared_cq(
+        &mut self,
+        shared: &Self::Shared,
+        kind: CqKind,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, CmError> {
+        let _ = (shared, kind, out, max);
+        Err(unsupported("ibv_poll_cq"))
+    }
+    /// Arms the shared receive queue's limit event (`IBV_EVENT_SRQ_LIMIT_REACHED` once
+    /// fewer than `limit` receives are posted; `ibv_modify_srq`). The default: no limit
+    /// event (nothing is lost without it: the endpoint re-posts as it reads).
+    fn arm_shared_limit(&mut self, shared: &Self::Shared, limit: u32) -> Result<(), CmError> {
+        let _ = (shared, limit);
+        Ok(())
+    }
+    /// Takes back shared queues nothing uses any more (every QP on them destroyed).
+    /// The default drops them.
+    fn release_shared(&mut self, shared: Self::Shared) {
+        drop(shared);
+    }
+
     // ----- time and waiting ------------------------------------------------------
 
     /// The transport's clock: time since an origin of its choosing (virtual time on a
@@ -337,6 +503,14 @@ pub trait Transport {
     /// it lets time move on. A transport in real time answers 0 (the default).
     fn activity(&self) -> u64 {
         0
+    }
+}
+
+/// What a transport without shared queues answers.
+fn unsupported(op: &'static str) -> CmError {
+    CmError::InvalidArgument {
+        op,
+        reason: "this transport has no shared receive queue",
     }
 }
 

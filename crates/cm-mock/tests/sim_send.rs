@@ -9,8 +9,8 @@ use std::thread;
 use cm_core::{CmEvent, CmEventSource, CmEventType, Transport};
 use cm_mock::sim::{
     SimAddr, SimBackend, SimBuffers, SimChannel, SimCmEvent, SimCmId, SimConfig, SimDevice,
-    SimDeviceReader, SimFabric, SimNode, SimPair, SimSide, SimStats, SimTransport, SimTransports,
-    Trace,
+    SimDeviceReader, SimFabric, SimNode, SimPair, SimShared, SimSide, SimStats, SimTransport,
+    SimTransports, Trace,
 };
 
 fn assert_send<T: Send>() {}
@@ -31,6 +31,7 @@ fn every_handle_of_the_fabric_is_send() {
     assert_send::<SimTransports>();
     assert_send::<SimAddr>();
     assert_send::<SimBuffers>();
+    assert_send::<SimShared>();
     assert_send::<SimDeviceReader>();
     assert_send::<SimStats>();
     assert_send::<Trace>();

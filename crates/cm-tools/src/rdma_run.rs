@@ -62,6 +62,8 @@ pub struct RealRun {
     /// Where to write the first connection's endpoint timeline on CLOCK_MONOTONIC
     /// (`--timeline`, for [`crate::ladder::kernel`]).
     pub timeline: Option<std::path::PathBuf>,
+    /// Every connection on its device's shared queues (`--shared-queues`).
+    pub shared_queues: bool,
 }
 
 impl Default for RealRun {
@@ -78,6 +80,7 @@ impl Default for RealRun {
             messages: None,
             message_size: DEFAULT_MESSAGE_SIZE,
             timeline: None,
+            shared_queues: false,
         }
     }
 }

@@ -19,7 +19,7 @@ use cm_mock::sim::{
 };
 use cm_verbs::{CloseReason, ConnectionId, Endpoint, EstablishedVia, Event, PumpCounters};
 
-use crate::session::{queue_caps, ConnRecord, Plan, Session};
+use crate::session::{endpoint_options, queue_caps, ConnRecord, Plan, Session};
 use crate::stats::LatencySummary;
 
 /// The port the simulated server listens on.
@@ -63,6 +63,8 @@ pub struct SimRun {
     /// Deterministic faults (drop, delay, duplicate the nth REQ, REP, RTU, …), applied
     /// in addition to the random ones.
     pub rules: Vec<FaultRule>,
+    /// Both sides' connections on shared queues (`--shared-queues`).
+    pub shared_queues: bool,
 }
 
 impl Default for SimRun {
@@ -79,6 +81,7 @@ impl Default for SimRun {
             odds: Vec::new(),
             teardown: true,
             rules: Vec::new(),
+            shared_queues: false,
         }
     }
 }
@@ -265,11 +268,18 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     }
 
     let addr = server.addr(PORT);
+    let options = endpoint_options(config.shared_queues, PAYLOAD);
     let mut world = World {
         server_inputs: inputs.0,
         client_inputs: inputs.1,
-        server: Session::new(Endpoint::new(server), plan(config, true, addr)),
-        client: Session::new(Endpoint::new(client), plan(config, false, addr)),
+        server: Session::new(
+            Endpoint::with_options(server, options),
+            plan(config, true, addr),
+        ),
+        client: Session::new(
+            Endpoint::with_options(client, options),
+            plan(config, false, addr),
+        ),
         trace: config.trace_conn.map(|conn| TraceKeeper {
             conn: ConnId(conn),
             handle: None,

@@ -67,7 +67,7 @@
 pub use cm_core as core;
 pub use cm_core::{
     AsyncEvent, AsyncEventType, CmError, ConnectionParams, CqKind, NotifyError, NotifyOutcome,
-    QpNum, QueueCaps, RejectReason, Transport, WcStatus, WorkCompletion,
+    QpNum, QueueCaps, RejectReason, SharedCaps, Transport, WcStatus, WorkCompletion,
 };
 /// The simulated fabric (cm-mock's `sim`: `SimPair`, `SimTransport`, faults), with the
 /// `sim` feature: test a server written against [`Endpoint`] with no device.

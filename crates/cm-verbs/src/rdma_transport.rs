@@ -416,6 +416,7 @@ impl Transport for RdmaTransport {
     type Device = RdmaDevice;
     type DeviceKey = DeviceKey;
     type Buffers = RdmaBuffers;
+    type Shared = ();
 
     fn create_id(&mut self) -> Result<CmId, CmError> {
         self.channel.create_id()

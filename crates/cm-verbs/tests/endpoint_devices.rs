@@ -65,6 +65,7 @@ impl Transport for PortDevices {
     type Device = PortDevice;
     type DeviceKey = u16;
     type Buffers = SimBuffers;
+    type Shared = ();
 
     fn create_id(&mut self) -> Result<Id, CmError> {
         self.inner.create_id()

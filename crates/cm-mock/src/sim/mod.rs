@@ -88,7 +88,7 @@ use fabric::Fabric;
 pub use pair::{SimPair, SimSide, SimTransports};
 pub use rng::SplitMix64;
 pub use trace::{Trace, TraceEntry, TraceEvent};
-pub use transport::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};
+pub use transport::{SimAddr, SimBuffers, SimDeviceReader, SimShared, SimTransport};
 pub use types::{
     ConnId, DeviceKind, FaultAction, FaultOdds, FaultRule, MsgKind, NodeId, RecvCompletion,
     SimConfig, SimIdKey, SimStats,
@@ -117,6 +117,8 @@ struct Shared {
     /// [`SimConfig::create_qp_cost`] and [`SimConfig::register_cost`], read without the
     /// lock: a zero cost takes none.
     costs: (Duration, Duration),
+    /// Registered memory, counted without the lock ([`SimStats`]'s `registered_*`).
+    registered: transport::Registered,
 }
 
 /// The arrival counter a reader saw when it last found its queue empty (`u64::MAX`:
@@ -232,6 +234,7 @@ impl SimFabric {
                 now: AtomicU64::new(fabric.now_nanos()),
                 ids_destroyed: AtomicU64::new(fabric.ids_destroyed()),
                 costs: (fabric.config.create_qp_cost, fabric.config.register_cost),
+                registered: transport::Registered::default(),
                 fabric: Mutex::new(fabric),
             }),
         }
@@ -360,7 +363,9 @@ impl SimFabric {
 
     /// The counters so far.
     pub fn stats(&self) -> SimStats {
-        self.lock().stats.clone()
+        let mut stats = self.lock().stats.clone();
+        self.inner.registered.fill(&mut stats);
+        stats
     }
 }
 

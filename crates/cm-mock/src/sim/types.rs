@@ -373,6 +373,17 @@ pub struct SimStats {
     pub events_walked_by_destroy: u64,
     /// Ids destroyed (`rdma_destroy_id`, or their channel's destruction).
     pub ids_destroyed: u64,
+    /// Bytes of per-connection buffer areas registered now (the transport's
+    /// `register_buffers`, `(recv_depth + send_depth) * buffer_size` each, given back
+    /// when its `SimBuffers` drops), over every node.
+    pub registered_buffers: u64,
+    /// The most [`SimStats::registered_buffers`] ever was.
+    pub registered_buffers_peak: u64,
+    /// Bytes of shared pools registered now (the transport's `create_shared`,
+    /// `SharedCaps::pool_len` each, given back by `release_shared`), over every node.
+    pub registered_pools: u64,
+    /// The most [`SimStats::registered_pools`] ever was.
+    pub registered_pools_peak: u64,
 }
 
 impl SimStats {

@@ -10,7 +10,7 @@ use cm_verbs::{CloseReason, Endpoint, EstablishedVia, Trigger};
 
 use super::report::RealReport;
 use super::{RealRun, ESTABLISH_TIMEOUT, RESOLVE_ATTEMPTS, RESOLVE_TIMEOUT};
-use crate::session::{cm_error, queue_caps, Plan, Session};
+use crate::session::{cm_error, endpoint_options, queue_caps, Plan, Session};
 use crate::steps::{Span, Step};
 
 /// Runs the server or the client to the end and reports. Errors are what stops the run
@@ -29,7 +29,8 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
             reason: "the client needs the server's address (-a)",
         });
     }
-    let endpoint = Endpoint::new(RdmaTransport::new()?);
+    let options = endpoint_options(config.shared_queues, config.message_size);
+    let endpoint = Endpoint::with_options(RdmaTransport::new()?, options);
     let mut session = Session::new(endpoint, plan(config));
     session.start()?;
     session.drive().map_err(cm_error)?;

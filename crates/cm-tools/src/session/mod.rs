@@ -63,6 +63,19 @@ pub fn queue_caps(message_size: usize) -> QueueCaps {
     }
 }
 
+/// The endpoint options of a run: every connection of a device on shared queues
+/// (`--shared-queues`), their buffers as large as the run's messages, or each
+/// connection with its own.
+pub fn endpoint_options(shared_queues: bool, message_size: usize) -> cm_verbs::EndpointOptions {
+    if !shared_queues {
+        return cm_verbs::EndpointOptions::default();
+    }
+    cm_verbs::EndpointOptions::shared_queues(cm_verbs::SharedCaps {
+        buffer_size: queue_caps(message_size).buffer_size,
+        ..cm_verbs::SharedCaps::default()
+    })
+}
+
 /// What one side of a run does, whatever the transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan<A> {
@@ -427,6 +440,9 @@ pub fn describe(reason: &CloseReason) -> String {
         CloseReason::TimedOut => "timed out (connect/establish deadline)".into(),
         CloseReason::SetupFailed(error) => format!("setup failed: {error}"),
         CloseReason::RejectedHere => "refused here".into(),
+        CloseReason::ReceiveOverrun { depth } => {
+            format!("the peer sent past the receive depth ({depth} messages untaken)")
+        }
         other => format!("{other:?}"),
     }
 }

@@ -167,9 +167,11 @@ impl<T: Transport> Endpoint<T> {
         });
         more |= self.read_devices(&mut failed, |ep, index| {
             let token = ep.transport.next_cq_event(&mut ep.devices[index])?;
-            Ok(token
-                .and_then(ConnectionId::from_token)
-                .map(|conn| ep.on_cq_event(conn)))
+            Ok(token.map(|token| match ConnectionId::from_token(token) {
+                Some(conn) => ep.on_cq_event(conn),
+                // The device's shared queues (`shared::SHARED_TOKEN`).
+                None => ep.on_shared_cq_event(index),
+            }))
         });
         // A trigger that forced an establish: its ESTABLISHED may be there already
         // (the kernel's worker may have run on another CPU meanwhile), and reading it

@@ -39,6 +39,12 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn on_device_event(&mut self, device: usize, event: AsyncEvent) {
+        if self.on_shared_event(device, event) {
+            // Reported too: the limit says the pool is short for the load, an error
+            // that its connections ended.
+            self.push_endpoint_event(Event::Device(event));
+            return;
+        }
         match event.event_type {
             AsyncEventType::QpFatal | AsyncEventType::QpReqErr | AsyncEventType::QpAccessErr => {
                 if let Some(conn) = event.qp_num().and_then(|qp| self.conn_of_qp(qp)) {
@@ -163,6 +169,10 @@ impl<T: Transport> Endpoint<T> {
     /// Polls one of `conn`'s queues dry (see [`Endpoint::poll_queues`]); stops once the
     /// connection is closed, by a completion handled or before.
     fn poll_queue(&mut self, conn: ConnectionId, kind: CqKind, reading: Reading) {
+        if let Some(key) = self.shared_key_of(conn) {
+            self.poll_shared(key, kind, Some((conn, reading)));
+            return;
+        }
         loop {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
@@ -260,14 +270,7 @@ impl<T: Transport> Endpoint<T> {
         completion: WorkCompletion,
         reading: Reading,
     ) {
-        // The trigger first: on a passive connection whose RTU is late, this receive is
-        // what forces the establish. Not once the peer left: the CM is past it, and a
-        // notify would only fail.
-        if reading == Reading::Event {
-            if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
-                self.on_pumped(Some(conn), pumped);
-            }
-        }
+        self.receive_trigger(conn, &completion, reading);
         let slot = completion.wr_id as u32;
         let Some((transport, entry)) = self.split(conn) else {
             return;
@@ -289,6 +292,32 @@ impl<T: Transport> Endpoint<T> {
             self.close(conn, CloseReason::SetupFailed(error), true);
             return;
         }
+        self.hold_message(conn, slot, data);
+    }
+
+    /// A receive on `conn`, to the pump first: on a passive connection whose RTU is
+    /// late, it is what forces the establish. Not once the peer left: the CM is past
+    /// it, and a notify would only fail.
+    pub(super) fn receive_trigger(
+        &mut self,
+        conn: ConnectionId,
+        completion: &WorkCompletion,
+        reading: Reading,
+    ) {
+        if reading == Reading::Event {
+            if let Some(pumped) = self.pump.on_receive_completion(completion.qp) {
+                self.on_pumped(Some(conn), pumped);
+            }
+        }
+    }
+
+    /// Holds a message received on `conn` (from receive buffer `slot` of its own, or
+    /// copied out of the shared pool) until the application takes it; the trigger was
+    /// handled already.
+    pub(super) fn hold_message(&mut self, conn: ConnectionId, slot: u32, data: Vec<u8>) {
+        let Some(entry) = self.live_mut(conn) else {
+            return;
+        };
         if entry.inbox.capacity() == 0 {
             // Room for one (a push would make room for four): most connections hold
             // one message at a time, and a server may hold a million connections.
@@ -510,24 +539,36 @@ impl<T: Transport> Endpoint<T> {
         }
         self.device_use(key);
         let caps = self.live(conn).expect("live connection").caps;
+        let shared = self.shared_for_setup(&id, device_index);
         let called = self.transport.now();
-        let qp = self
-            .transport
-            .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?;
+        let qp = match shared {
+            Some(set) => self.create_qp_on_shared(&id, set, &caps)?,
+            None => {
+                self.transport
+                    .create_qp(&id, &self.devices[device_index], conn.token(), &caps)?
+            }
+        };
         let created = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
             entry.times.mark(Step::CreateQpCalled, called);
             entry.times.mark(Step::QpCreated, created);
         }
-        let buffers = self.transport.register_buffers(&id, &caps)?;
-        for slot in 0..caps.recv_depth {
-            self.transport
-                .post_recv(&id, &buffers, slot, u64::from(slot))?;
-        }
+        // On shared queues the pool's receives are posted already: nothing of its own.
+        let buffers = match shared {
+            Some(_) => None,
+            None => {
+                let buffers = self.transport.register_buffers(&id, &caps)?;
+                for slot in 0..caps.recv_depth {
+                    self.transport
+                        .post_recv(&id, &buffers, slot, u64::from(slot))?;
+                }
+                Some(buffers)
+            }
+        };
         self.by_qp.insert(qp, super::SlotIndex::of(conn));
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = super::QpSlot::new(qp);
-        entry.buffers = Some(buffers);
+        entry.buffers = buffers;
         entry.send_next = 0;
         entry.sends_in_flight = 0;
         // Registered before the REQ or REP leaves, so no trigger of this QP can come

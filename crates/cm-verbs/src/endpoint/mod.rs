@@ -14,6 +14,7 @@ mod compact;
 mod driving;
 mod inputs;
 mod queue;
+mod shared;
 mod slots;
 mod table;
 mod types;
@@ -359,6 +360,8 @@ pub struct Endpoint<T: Transport> {
     /// Completions of the application's one-sided work, per connection, until taken
     /// (each at most its `work_depth`).
     work_done: FxHashMap<ConnectionId, VecDeque<WorkCompletion>>,
+    /// The devices' shared queues ([`EndpointOptions::shared_queues`]).
+    shared: shared::SharedQueues<T>,
 }
 
 /// Wakes an [`Endpoint`]'s waiting call from another thread: a server stops (or looks
@@ -440,6 +443,7 @@ impl<T: Transport> Endpoint<T> {
             notify: true,
             woken: Arc::new(AtomicBool::new(false)),
             work_done: FxHashMap::default(),
+            shared: shared::SharedQueues::default(),
         }
     }
 
@@ -511,6 +515,9 @@ impl<T: Transport> Endpoint<T> {
             ended_ids: self.ended_ids.len(),
             dropped_events: self.dropped_events,
             requests_refused: self.requests_refused,
+            shared_queue_devices: self.shared.sets(),
+            shared_sends_free: self.shared.figures().0,
+            srq_limit_events: self.shared.figures().1,
         }
     }
 
@@ -660,6 +667,7 @@ impl<T: Transport> Endpoint<T> {
     /// then; [`Event::Sent`] says a buffer came free). O(1).
     pub fn send(&mut self, conn: ConnectionId, data: &[u8]) -> Result<(), ConnError> {
         self.conn(conn)?;
+        let shared = self.shared_key_of(conn);
         let (transport, entry) = self.split(conn).ok_or(ConnError::UnknownConnection(conn))?;
         if entry.state != ConnState::Established {
             return Err(ConnError::WrongState {
@@ -676,6 +684,9 @@ impl<T: Transport> Endpoint<T> {
             });
         }
         let Some(buffers) = entry.buffers.as_ref() else {
+            if let Some(key) = shared {
+                return self.send_shared(conn, key, data);
+            }
             return Err(ConnError::WrongState {
                 conn,
                 what: "send",

@@ -410,6 +410,15 @@ pub enum CloseReason {
     SetupFailed(CmError),
     /// The application rejected the request.
     RejectedHere,
+    /// On shared queues ([`EndpointOptions::shared_queues`]), the peer sent a message
+    /// while `depth` (the connection's receive depth) were waiting untaken: a shared
+    /// receive queue cannot hold one peer back, so the connection ends rather than
+    /// hold without bound or take the other connections' buffers. A peer that keeps
+    /// within the receive depth (its own credits, request and answer) never meets it.
+    ReceiveOverrun {
+        /// The connection's receive depth.
+        depth: u32,
+    },
 }
 
 /// What reported a QP error.
@@ -643,6 +652,18 @@ pub struct EndpointOptions {
     /// device's packets, the CM's worker) is not held off for a scheduler slice.
     /// `None` (the default): sleep at once.
     pub busy_poll: Option<Duration>,
+    /// Queues every connection on a device context shares, of these sizes: one shared
+    /// receive queue with one registered receive pool, one send pool and one send and
+    /// one receive completion queue per device, made with its first connection. A
+    /// connection then has only its QP: its accept path registers nothing and creates
+    /// no completion queue, and registered memory does not grow with connections (the
+    /// default sizes register 5 MiB per device, under an 8 MiB `RLIMIT_MEMLOCK`).
+    /// Messages are bounded by the pool's `buffer_size` (a connection asking for larger
+    /// ones fails its setup); what a connection holds stays bounded by its receive
+    /// depth ([`CloseReason::ReceiveOverrun`] past it). A device that cannot make them
+    /// (no SRQ) keeps per-connection queues, logged once. `None` (the default): each
+    /// connection has its own queues and buffers.
+    pub shared_queues: Option<cm_core::SharedCaps>,
 }
 
 impl EndpointOptions {
@@ -650,7 +671,23 @@ impl EndpointOptions {
     pub fn busy_poll(budget: Duration) -> Self {
         EndpointOptions {
             busy_poll: Some(budget),
+            ..EndpointOptions::default()
         }
+    }
+
+    /// The defaults, with every device's connections on shared queues of `caps`
+    /// ([`EndpointOptions::shared_queues`]).
+    pub fn shared_queues(caps: cm_core::SharedCaps) -> Self {
+        EndpointOptions {
+            shared_queues: Some(caps),
+            ..EndpointOptions::default()
+        }
+    }
+
+    /// These options with the connections on shared queues of `caps`.
+    pub fn with_shared_queues(mut self, caps: cm_core::SharedCaps) -> Self {
+        self.shared_queues = Some(caps);
+        self
     }
 }
 
@@ -697,6 +734,14 @@ pub struct EndpointStats {
     /// Connection requests rejected at once because their listener had
     /// [`ListenOptions::max_in_setup`] connections in setup.
     pub requests_refused: u64,
+    /// Device contexts whose connections share queues
+    /// ([`EndpointOptions::shared_queues`]).
+    pub shared_queue_devices: usize,
+    /// Send buffers of the shared pools not in flight, over every device.
+    pub shared_sends_free: usize,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` events seen: the shared receive pool ran low
+    /// because completions came faster than they were read.
+    pub srq_limit_events: u64,
 }
 
 impl EndpointStats {

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use cm_core::{
     AsyncEvent, AsyncEventSource, CmError, CmEventSource, ConnectionParams, CqKind, QpNum,
-    QueueCaps, Transport, WorkCompletion,
+    QueueCaps, SharedCaps, Transport, WorkCompletion,
 };
 
 use super::queues::Queues;
-use super::{SimAddr, SimBuffers, SimDeviceReader, SimTransport};
+use super::{SimAddr, SimBuffers, SimDeviceReader, SimShared, SimTransport};
 use crate::sim::{NodeId, SimCmEvent, SimCmId};
 
 impl Transport for SimTransport {
@@ -21,6 +21,7 @@ impl Transport for SimTransport {
     type Device = SimDeviceReader;
     type DeviceKey = NodeId;
     type Buffers = SimBuffers;
+    type Shared = SimShared;
 
     fn create_id(&mut self) -> Result<SimCmId, CmError> {
         Ok(self.channel.create_id())
@@ -194,6 +195,7 @@ impl Transport for SimTransport {
             reason: "queue depth out of range",
         };
         let buffers = SimBuffers {
+            fabric: self.node.fabric().clone(),
             recv_depth: u16::try_from(caps.recv_depth)
                 .ok()
                 .and_then(NonZeroU16::new)
@@ -201,6 +203,7 @@ impl Transport for SimTransport {
             send_depth: u16::try_from(caps.send_depth).map_err(|_| out_of_range())?,
             buffer_size: caps.buffer_size,
         };
+        buffers.fabric.inner.registered.add_buffers(buffers.bytes());
         // The registration's setup time passes (arrivals meanwhile handled).
         self.node.fabric().charge_setup(crate::sim::Setup::Register);
         Ok(buffers)
@@ -273,17 +276,7 @@ impl Transport for SimTransport {
             .and_then(|busy| busy.landed.remove(&u64::from(slot)))
             .unwrap_or_default();
         queues.settle(pool);
-        if out.is_empty() {
-            // The landed payload's own memory, not a copy of it.
-            let mut data = data;
-            data.truncate(len);
-            *out = data;
-        } else {
-            out.extend_from_slice(&data[..len.min(data.len())]);
-        }
-        // A length-only send carries no bytes: the receiver sees zeroes, as in a fresh
-        // buffer.
-        out.resize(len, 0);
+        super::append_landed(out, data, len);
         Ok(())
     }
 
@@ -320,6 +313,77 @@ impl Transport for SimTransport {
         out.extend(queue.drain(..n));
         queues.settle(pool);
         Ok(n)
+    }
+
+    fn create_shared(
+        &mut self,
+        id: &SimCmId,
+        device: &SimDeviceReader,
+        token: u64,
+        caps: &SharedCaps,
+    ) -> Result<SimShared, CmError> {
+        self.shared_create(id, device, token, caps)
+    }
+
+    fn create_qp_shared(
+        &mut self,
+        id: &SimCmId,
+        shared: &SimShared,
+        caps: &QueueCaps,
+    ) -> Result<QpNum, CmError> {
+        self.shared_create_qp(id, shared, caps)
+    }
+
+    fn post_shared_recv(
+        &mut self,
+        shared: &SimShared,
+        slot: u32,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        self.shared_post_recv(shared, slot, wr_id)
+    }
+
+    fn post_shared_send(
+        &mut self,
+        id: &SimCmId,
+        shared: &SimShared,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        self.shared_post_send(id, shared, slot, data, wr_id)
+    }
+
+    fn read_shared_recv(
+        &mut self,
+        shared: &SimShared,
+        slot: u32,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CmError> {
+        self.shared_read_recv(shared, slot, len, out)
+    }
+
+    fn arm_shared_cq(&mut self, shared: &SimShared, kind: CqKind) -> Result<(), CmError> {
+        self.shared_arm_cq(shared, kind)
+    }
+
+    fn poll_shared_cq(
+        &mut self,
+        shared: &SimShared,
+        kind: CqKind,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, CmError> {
+        self.shared_poll_cq(shared, kind, out, max)
+    }
+
+    fn arm_shared_limit(&mut self, shared: &SimShared, limit: u32) -> Result<(), CmError> {
+        self.shared_arm_limit(shared, limit)
+    }
+
+    fn release_shared(&mut self, shared: SimShared) {
+        self.shared_release(shared);
     }
 
     fn now(&self) -> Duration {

@@ -8,8 +8,10 @@
 //!
 //! This file holds the transport and its bookkeeping (QP lookup, collecting
 //! completions); [`calls`] is its [`Transport`] implementation, [`queues`] a QP's
-//! queues, [`qp_slots`] the QP number table and [`one_sided`] the sim-only calls that
-//! post one-sided work (RDMA READ and WRITE) on an id's QP.
+//! queues, [`shared`] the queues a device context's connections share (an SRQ, its
+//! pool, two completion queues), [`qp_slots`] the QP number table, [`registration`] the
+//! fabric's count of registered bytes and [`one_sided`] the sim-only calls that post
+//! one-sided work (RDMA READ and WRITE) on an id's QP.
 //!
 //! [`Transport`]: cm_core::Transport
 
@@ -21,16 +23,21 @@ use cm_core::{CmError, CqKind, QpNum, WorkCompletion};
 
 use super::fabric::Fabric;
 use super::tables::Slots;
-use super::{NodeId, SimChannel, SimDevice, SimIdKey, SimNode, SimSide};
+use super::{NodeId, SimChannel, SimDevice, SimFabric, SimIdKey, SimNode, SimSide};
 use crate::sim::SimCmId;
 use one_sided::OneSided;
 use qp_slots::{QpSlots, NO_SLOT};
 use queues::{Pool, Queues};
+pub(crate) use registration::Registered;
+pub use shared::SimShared;
+use shared::{shared_slot, SharedQueues};
 
 mod calls;
 mod one_sided;
 mod qp_slots;
 mod queues;
+mod registration;
+mod shared;
 
 /// An address on the simulated fabric: a node and a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,15 +55,50 @@ pub struct SimDeviceReader {
 }
 
 /// A connection's buffers on the simulation: the sizes only (payloads travel with the
-/// simulated packets), in eight bytes, as a scale run holds one per connection and
-/// side ([`QueueCaps::validate`] bounds the depths to 16384).
+/// simulated packets), in sixteen bytes, as a scale run holds one per connection and
+/// side ([`QueueCaps::validate`] bounds the depths to 16384). Registered bytes are
+/// counted in [`SimStats::registered_buffers`] until it drops.
 ///
 /// [`QueueCaps::validate`]: cm_core::QueueCaps::validate
+/// [`SimStats::registered_buffers`]: crate::sim::SimStats::registered_buffers
 #[derive(Debug)]
 pub struct SimBuffers {
+    /// Where the registered bytes go back.
+    fabric: SimFabric,
     recv_depth: NonZeroU16,
     send_depth: u16,
     buffer_size: u32,
+}
+
+// Sixteen bytes per connection and side: checked when compiling.
+const _: () = assert!(std::mem::size_of::<SimBuffers>() == 16);
+
+impl SimBuffers {
+    /// Bytes of the buffer area: receive buffers, then send buffers.
+    fn bytes(&self) -> u64 {
+        (u64::from(self.recv_depth.get()) + u64::from(self.send_depth))
+            * u64::from(self.buffer_size)
+    }
+}
+
+impl Drop for SimBuffers {
+    fn drop(&mut self) {
+        self.fabric.inner.registered.sub_buffers(self.bytes());
+    }
+}
+
+/// Appends the first `len` bytes of a landed payload to `out` (zeroes past its end: a
+/// length-only send carries no bytes, and the receiver sees a fresh buffer's zeroes).
+fn append_landed(out: &mut Vec<u8>, data: Vec<u8>, len: usize) {
+    let start = out.len();
+    if start == 0 {
+        // The landed payload's own memory, not a copy of it.
+        *out = data;
+        out.truncate(len);
+    } else {
+        out.extend_from_slice(&data[..len.min(data.len())]);
+    }
+    out.resize(start + len, 0);
 }
 
 /// The QP number of the id the transport last looked up, valid while the fabric
@@ -74,7 +116,8 @@ struct QpHint {
 /// it can move to another thread, or into a task spawned on a multi-threaded runtime.
 ///
 /// Built for scale runs: an idle QP (receives posted, nothing in flight) costs it 24
-/// bytes plus four per QP number of the fabric from its own first; what a QP has in
+/// bytes plus four per QP number of the fabric from its own first (a QP on shared
+/// queues, [`SimShared`], only the four); what a QP has in
 /// flight (payloads, completions) lives in a part it holds only meanwhile, from a small
 /// pool of warm ones. A QP's state goes when its id is destroyed on the fabric, and its slot serves
 /// the next QP created.
@@ -103,6 +146,10 @@ pub struct SimTransport {
     /// One-sided work posted and not yet on its QP's send queue, and the QPs a refused
     /// piece put in the error state.
     one_sided: OneSided,
+    /// The shared queue sets ([`SimShared`]), few: one per device context.
+    shared: Slots<SharedQueues>,
+    /// The last SRQ handle number given out.
+    srq_handles: u32,
 }
 
 impl fmt::Debug for SimTransport {
@@ -138,6 +185,8 @@ impl SimTransport {
             on_step: None,
             collected_at: u64::MAX,
             one_sided: OneSided::default(),
+            shared: Slots::default(),
+            srq_handles: 0,
         }
     }
 
@@ -227,6 +276,12 @@ impl SimTransport {
             reason: "the id has no QP",
         })?;
         let slot = self.by_qp.get(qp);
+        if shared_slot(slot).is_some() {
+            return Err(CmError::InvalidArgument {
+                op,
+                reason: "the QP is on shared queues",
+            });
+        }
         let queues = self.queues.get_mut(slot).ok_or(CmError::InvalidArgument {
             op,
             reason: "the QP was not created by this transport",
@@ -264,6 +319,13 @@ impl SimTransport {
         while let Some(completion) = fabric.poll_cq_data(self.device.node, &mut payload) {
             let data = std::mem::take(&mut payload);
             let slot = self.by_qp.get(completion.qp);
+            if let Some(set) = shared_slot(slot).and_then(|set| self.shared.get_mut(set)) {
+                set.arrive(completion.qp, data, completion.byte_len);
+                if let Some(event) = set.land(&mut self.tokens) {
+                    fabric.raise_async_event(set.node(), event);
+                }
+                continue;
+            }
             let Some(queues) = self.queues.get_mut(slot) else {
                 continue;
             };
@@ -318,7 +380,14 @@ impl SimTransport {
         self.one_sided.forget(&self.destroyed);
         for qp in self.destroyed.drain(..) {
             if let Some(slot) = self.by_qp.get_mut(qp) {
-                self.queues.take(*slot);
+                match shared_slot(*slot) {
+                    Some(set) => {
+                        if let Some(set) = self.shared.get_mut(set) {
+                            set.detach(qp);
+                        }
+                    }
+                    None => drop(self.queues.take(*slot)),
+                }
                 *slot = NO_SLOT;
             }
         }

@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 
 use cm_core::{errno, CmError, CqKind, Errno, QpNum, WcStatus, WorkCompletion};
 
-use super::{SimTransport, NO_SLOT};
+use super::{shared_slot, SimTransport, NO_SLOT};
 use crate::sim::fabric::QpState;
 use crate::sim::SimCmId;
 
@@ -180,6 +180,13 @@ impl SimTransport {
         self.one_sided.take(&mut posted);
         for completion in posted {
             let slot = self.by_qp.get(completion.qp);
+            if let Some(set) = shared_slot(slot) {
+                // A QP on shared queues completes on their send queue.
+                if let Some(set) = self.shared.get_mut(set) {
+                    set.complete(completion, &mut self.tokens);
+                }
+                continue;
+            }
             let Some(queues) = self.queues.get_mut(slot) else {
                 continue;
             };

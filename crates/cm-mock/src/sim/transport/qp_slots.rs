@@ -55,6 +55,15 @@ impl QpSlots {
         }
     }
 
+    /// Sets every entry that is `entry` to [`NO_SLOT`] (a walk of the whole table).
+    pub(super) fn clear_entries(&mut self, entry: u32) {
+        for index in 0..self.slots.len() {
+            if let Some(slot) = self.slots.get_mut(index).filter(|slot| **slot == entry) {
+                *slot = NO_SLOT;
+            }
+        }
+    }
+
     /// Every entry, from the first QP number set.
     #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = &u32> {

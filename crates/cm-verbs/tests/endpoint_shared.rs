@@ -1,0 +1,291 @@
+//! Shared queues (simulated fabric): every connection on a device on one shared
+//! receive queue, one receive and one send pool and one pair of completion queues
+//! (`EndpointOptions::shared_queues`). Messages reach the connection their QP names,
+//! the notify path still rescues a lost RTU from the shared receive queue, a peer that
+//! sends past its receive depth is closed without touching the others, the send pool
+//! is bounded, and messages larger than the pool's buffers are refused at setup.
+
+use std::collections::HashMap;
+
+use cm_mock::sim::{
+    FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
+};
+use cm_verbs::{
+    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EndpointOptions,
+    EstablishedVia, Event, ListenOptions, QueueCaps, SharedCaps, Trigger,
+};
+
+const PORT: u16 = 7495;
+
+type SimEndpoint = Endpoint<SimTransport>;
+
+/// Small pools, so that a test can reach their bounds.
+const POOL: SharedCaps = SharedCaps {
+    recv_slots: 64,
+    send_slots: 8,
+    buffer_size: 256,
+    limit: 0,
+};
+
+const CAPS: QueueCaps = QueueCaps {
+    recv_depth: 4,
+    send_depth: 4,
+    buffer_size: 256,
+    work_depth: 0,
+};
+
+fn endpoints(config: SimConfig, seed: u64) -> (SimFabric, SimEndpoint, SimEndpoint) {
+    let SimTransports {
+        fabric,
+        server,
+        client,
+    } = SimTransports::new(config, seed);
+    let options = EndpointOptions::shared_queues(POOL);
+    (
+        fabric,
+        Endpoint::with_options(server, options),
+        Endpoint::with_options(client, options),
+    )
+}
+
+fn listen(server: &mut SimEndpoint, caps: QueueCaps) {
+    let addr = server.transport().addr(PORT);
+    let options = ListenOptions {
+        caps,
+        ..ListenOptions::default()
+    };
+    server.listen(addr, options).unwrap();
+}
+
+fn connect(server: &SimEndpoint, client: &mut SimEndpoint) -> ConnectionId {
+    let addr = server.transport().addr(PORT);
+    let options = ConnectOptions {
+        caps: CAPS,
+        ..ConnectOptions::default()
+    };
+    client.connect(addr, options).unwrap()
+}
+
+/// Steps the fabric until nothing is left, handing every event of each side to its
+/// handler.
+fn run(
+    fabric: &SimFabric,
+    server: &mut SimEndpoint,
+    client: &mut SimEndpoint,
+    mut on_server: impl FnMut(&mut SimEndpoint, Event),
+    mut on_client: impl FnMut(&mut SimEndpoint, Event),
+) {
+    loop {
+        while let Some(event) = server.poll().unwrap() {
+            on_server(server, event);
+        }
+        while let Some(event) = client.poll().unwrap() {
+            on_client(client, event);
+        }
+        if !fabric.step() {
+            return;
+        }
+    }
+}
+
+/// Twenty clients, every RTU lost, both sides on shared queues: each server connection
+/// is rescued by a receive read from the one shared receive queue, and every echo goes
+/// back to the client that sent it.
+#[test]
+fn every_connection_on_one_shared_queue_is_rescued_and_answered_in_order() {
+    let config = SimConfig {
+        comm_est: false,
+        ..SimConfig::default()
+    };
+    let (fabric, mut server, mut client) = endpoints(config, 11);
+    fabric.add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    listen(&mut server, CAPS);
+    let mut sent: HashMap<ConnectionId, Vec<u8>> = HashMap::new();
+    for _ in 0..20 {
+        let conn = connect(&server, &mut client);
+        sent.insert(conn, Vec::new());
+    }
+    let mut vias = Vec::new();
+    let mut echoed: HashMap<ConnectionId, Vec<Vec<u8>>> = HashMap::new();
+    run(
+        &fabric,
+        &mut server,
+        &mut client,
+        |server, event| match event {
+            Event::Established { conn, via, .. } => vias.push((conn, via)),
+            Event::Received { conn, data } => server.send(conn, &data).unwrap(),
+            Event::Closed { conn, reason } => panic!("server {conn}: {reason:?}"),
+            _ => {}
+        },
+        |client, event| match event {
+            Event::Established { conn, .. } => {
+                for n in 0..3u8 {
+                    let message = [conn.slot() as u8, n];
+                    client.send(conn, &message).unwrap();
+                }
+            }
+            Event::Received { conn, data } => echoed.entry(conn).or_default().push(data),
+            Event::Closed { conn, reason } => panic!("client {conn}: {reason:?}"),
+            _ => {}
+        },
+    );
+    assert_eq!(vias.len(), 20);
+    for (conn, via) in &vias {
+        assert_eq!(
+            *via,
+            EstablishedVia::Notify(Trigger::ReceiveCompletion),
+            "{conn}"
+        );
+    }
+    assert_eq!(server.counters().forced, 20);
+    for conn in sent.keys() {
+        let expected: Vec<Vec<u8>> = (0..3u8).map(|n| vec![conn.slot() as u8, n]).collect();
+        assert_eq!(echoed.get(conn), Some(&expected), "{conn}");
+    }
+    let stats = server.stats();
+    assert_eq!(stats.shared_queue_devices, 1);
+    assert_eq!(stats.shared_sends_free, POOL.send_slots as usize);
+    assert_eq!(client.stats().shared_queue_devices, 1);
+}
+
+/// A peer that sends past the receive depth while the application takes nothing is
+/// closed with `ReceiveOverrun`; what it sent within the depth is still delivered, and
+/// the other connection on the same queue is untouched.
+#[test]
+fn a_peer_past_its_receive_depth_is_closed_and_the_others_go_on() {
+    let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 12);
+    listen(&mut server, CAPS);
+    let flooder = connect(&server, &mut client);
+    let polite = connect(&server, &mut client);
+    // Set up both, without the server taking anything.
+    while fabric.step() {
+        server.process().unwrap();
+        while client.poll().unwrap().is_some() {}
+    }
+    // The flooder sends one past the depth (sends go out as their completions free
+    // the buffers), the polite one within it.
+    for n in 0..=CAPS.recv_depth {
+        loop {
+            match client.send(flooder, &[b'f', n as u8]) {
+                Ok(()) => break,
+                Err(ConnError::SendQueueFull(_)) => {
+                    fabric.step();
+                    server.process().unwrap();
+                    while client.poll().unwrap().is_some() {}
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+    }
+    client.send(polite, b"p").unwrap();
+    while fabric.step() {
+        server.process().unwrap();
+        while client.poll().unwrap().is_some() {}
+    }
+    let mut received: HashMap<ConnectionId, Vec<Vec<u8>>> = HashMap::new();
+    let mut closed = Vec::new();
+    while let Some(event) = server.poll().unwrap() {
+        match event {
+            Event::Received { conn, data } => received.entry(conn).or_default().push(data),
+            Event::Closed { conn, reason } => closed.push((conn, reason)),
+            _ => {}
+        }
+    }
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    let (overrun, reason) = &closed[0];
+    assert_eq!(
+        *reason,
+        CloseReason::ReceiveOverrun {
+            depth: CAPS.recv_depth
+        }
+    );
+    let within: Vec<Vec<u8>> = (0..CAPS.recv_depth).map(|n| vec![b'f', n as u8]).collect();
+    assert_eq!(received.get(overrun), Some(&within));
+    let others: Vec<_> = received.iter().filter(|(c, _)| *c != overrun).collect();
+    assert_eq!(others.len(), 1);
+    assert_eq!(others[0].1, &vec![b"p".to_vec()]);
+}
+
+/// Sends take buffers of the shared pool: with every buffer in flight the next send
+/// answers `SendQueueFull`, and a completion gives one back.
+#[test]
+fn the_send_pool_is_bounded_and_completions_give_buffers_back() {
+    let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 13);
+    let wide = QueueCaps {
+        send_depth: 16,
+        ..CAPS
+    };
+    listen(&mut server, wide);
+    connect(&server, &mut client);
+    let mut accepted = None;
+    while fabric.step() {
+        while let Some(event) = server.poll().unwrap() {
+            if let Event::Established { conn, .. } = event {
+                accepted = Some(conn);
+            }
+        }
+        while client.poll().unwrap().is_some() {}
+    }
+    let conn = accepted.expect("established");
+    for n in 0..POOL.send_slots {
+        server.send(conn, &[n as u8]).unwrap();
+    }
+    assert_eq!(server.stats().shared_sends_free, 0);
+    assert!(matches!(
+        server.send(conn, b"one too many"),
+        Err(ConnError::SendQueueFull(c)) if c == conn
+    ));
+    while fabric.step() {
+        server.process().unwrap();
+        while client.poll().unwrap().is_some() {}
+    }
+    server.process().unwrap();
+    assert_eq!(server.stats().shared_sends_free, POOL.send_slots as usize);
+    server.send(conn, b"again").unwrap();
+}
+
+/// A listener whose connections' messages are larger than the pool's buffers cannot
+/// accept on it: each request is rejected and reported, with a typed error.
+#[test]
+fn messages_larger_than_the_pool_fail_the_setup_with_a_typed_error() {
+    let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 14);
+    let large = QueueCaps {
+        buffer_size: POOL.buffer_size * 2,
+        ..CAPS
+    };
+    listen(&mut server, large);
+    connect(&server, &mut client);
+    let mut failed = Vec::new();
+    let mut client_closed = Vec::new();
+    run(
+        &fabric,
+        &mut server,
+        &mut client,
+        |_, event| {
+            if let Event::AcceptFailed { error, .. } = event {
+                failed.push(error);
+            }
+        },
+        |_, event| {
+            if let Event::Closed { reason, .. } = event {
+                client_closed.push(reason);
+            }
+        },
+    );
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        matches!(
+            failed[0],
+            cm_verbs::CmError::InvalidArgument {
+                op: "create_qp_shared",
+                ..
+            }
+        ),
+        "{:?}",
+        failed[0]
+    );
+    assert!(
+        matches!(client_closed[..], [CloseReason::Rejected { .. }]),
+        "{client_closed:?}"
+    );
+}
