@@ -46,7 +46,7 @@
 use std::time::Duration;
 
 use cm_mock::sim::{FaultAction, MsgKind, SimConfig, SimTransport};
-use cm_verbs::{Endpoint, QueueCaps};
+use cm_verbs::{Endpoint, QueueCaps, SharedCaps};
 
 use crate::input::Input;
 use world::World;
@@ -268,6 +268,8 @@ pub struct Setup {
     /// The server's busy polling (its waiting calls spin on the receive queues of the
     /// connections not yet established, then on every source).
     pub busy_poll: Option<Duration>,
+    /// Both endpoints' shared queues, if they use them.
+    pub shared_queues: Option<SharedCaps>,
 }
 
 /// The set-up (first four bytes) and the operations (four bytes each) of an input.

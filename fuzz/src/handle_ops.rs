@@ -17,7 +17,7 @@
 
 use cm_verbs::handle::{Connection, EndpointHandle, HandleStats, Listener};
 use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
-use cm_verbs::{ConnError, ConnectOptions, Endpoint, ListenOptions};
+use cm_verbs::{ConnError, ConnectOptions, Endpoint, EndpointOptions, ListenOptions, SharedCaps};
 
 use crate::input::Input;
 
@@ -59,6 +59,8 @@ pub fn run(data: &[u8]) {
     let setup = input.u8();
     let lose_rtus = setup & 1 == 1;
     let cancel_every = usize::from(setup >> 1) % 3;
+    // Half the runs with both endpoints on shared queues.
+    let shared = setup & 0x80 != 0;
     let seed = u64::from(input.u32()) << 32 | u64::from(input.u32());
     let mut plans = Vec::new();
     while plans.len() < MAX_CLIENTS && (plans.is_empty() || !input.is_empty()) {
@@ -73,7 +75,12 @@ pub fn run(data: &[u8]) {
             leaving,
         });
     }
-    check(plans, lose_rtus, cancel_every, seed);
+    let options = if shared {
+        EndpointOptions::shared_queues(SharedCaps::default())
+    } else {
+        EndpointOptions::default()
+    };
+    check(plans, lose_rtus, cancel_every, seed, options);
 }
 
 fn message(client: usize, n: usize) -> Vec<u8> {
@@ -155,7 +162,13 @@ async fn accept_all(
     all
 }
 
-pub fn check(plans: Vec<Client>, lose_rtus: bool, cancel_every: usize, seed: u64) {
+pub fn check(
+    plans: Vec<Client>,
+    lose_rtus: bool,
+    cancel_every: usize,
+    seed: u64,
+    options: EndpointOptions,
+) {
     let SimTransports {
         fabric,
         server,
@@ -170,8 +183,10 @@ pub fn check(plans: Vec<Client>, lose_rtus: bool, cancel_every: usize, seed: u64
         .build()
         .expect("a runtime");
     let (server, served, outcomes) = runtime.block_on(async {
-        let server = EndpointHandle::spawn_tokio(Endpoint::new(server)).expect("server");
-        let client = EndpointHandle::spawn_tokio(Endpoint::new(client)).expect("client");
+        let server =
+            EndpointHandle::spawn_tokio(Endpoint::with_options(server, options)).expect("server");
+        let client =
+            EndpointHandle::spawn_tokio(Endpoint::with_options(client, options)).expect("client");
         let listener = server
             .listen(addr, ListenOptions::default())
             .expect("listen");

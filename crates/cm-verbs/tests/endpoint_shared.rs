@@ -289,3 +289,59 @@ fn messages_larger_than_the_pool_fail_the_setup_with_a_typed_error() {
         "{client_closed:?}"
     );
 }
+
+/// Connects `n` clients to a server and exchanges one message each; the fabric's
+/// registered-byte figures at the end.
+fn registered_with(shared: bool, n: usize) -> cm_mock::sim::SimStats {
+    let SimTransports {
+        fabric,
+        server,
+        client,
+    } = SimTransports::new(SimConfig::default(), 15);
+    let options = if shared {
+        EndpointOptions::shared_queues(POOL)
+    } else {
+        EndpointOptions::default()
+    };
+    let mut server = Endpoint::with_options(server, options);
+    let mut client = Endpoint::with_options(client, options);
+    listen(&mut server, CAPS);
+    for _ in 0..n {
+        connect(&server, &mut client);
+    }
+    let mut echoed = 0;
+    run(
+        &fabric,
+        &mut server,
+        &mut client,
+        |server, event| {
+            if let Event::Received { conn, data } = event {
+                server.send(conn, &data).unwrap();
+            }
+        },
+        |client, event| match event {
+            Event::Established { conn, .. } => client.send(conn, b"hi").unwrap(),
+            Event::Received { .. } => echoed += 1,
+            _ => {}
+        },
+    );
+    assert_eq!(echoed, n);
+    fabric.stats()
+}
+
+/// Registered memory: per-connection buffers grow with every connection on both
+/// sides; with shared queues nothing is registered per connection, and the pools (one
+/// per side's device) are the same size for 20 connections as for 100.
+#[test]
+fn registered_memory_does_not_grow_with_connections_on_shared_queues() {
+    let area = CAPS.area_len().unwrap() as u64;
+    let own = registered_with(false, 100);
+    assert_eq!(own.registered_buffers_peak, 2 * 100 * area);
+    assert_eq!(own.registered_pools_peak, 0);
+    let pool = POOL.pool_len().unwrap() as u64;
+    for n in [20, 100] {
+        let shared = registered_with(true, n);
+        assert_eq!(shared.registered_buffers_peak, 0, "{n} connections");
+        assert_eq!(shared.registered_pools_peak, 2 * pool, "{n} connections");
+    }
+}

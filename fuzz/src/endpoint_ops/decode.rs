@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use cm_mock::sim::{FaultAction, MsgKind, SimConfig};
-use cm_verbs::QueueCaps;
+use cm_verbs::{QueueCaps, SharedCaps};
 
 use super::{DeviceOp, Op, Setup, Who, BUFFER};
 use crate::input::Input;
@@ -55,6 +55,14 @@ impl Setup {
             establish_timeout: deadline_ms(flags >> 5)
                 .map(|ms| Duration::from_millis(u64::from(ms))),
             busy_poll: (depths & 16 != 0).then_some(Duration::from_micros(50)),
+            // Half the runs on a small shared pool: few receives, so that messages wait
+            // for one and the limit event comes.
+            shared_queues: (seed_hi & 0x80 != 0).then_some(SharedCaps {
+                recv_slots: 8,
+                send_slots: 4,
+                buffer_size: BUFFER,
+                limit: 2,
+            }),
         }
     }
 }

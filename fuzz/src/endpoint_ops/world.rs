@@ -9,8 +9,8 @@ use std::time::Duration;
 use cm_mock::sim::{FaultRule, SimFabric, SimTransports};
 use cm_verbs::core::EventElement;
 use cm_verbs::{
-    AsyncEvent, AsyncEventType, ConnError, ConnectionId, Endpoint, ListenOptions, ListenerId,
-    QueueCaps, Role,
+    AsyncEvent, AsyncEventType, ConnError, ConnectionId, Endpoint, EndpointOptions, ListenOptions,
+    ListenerId, QueueCaps, Role,
 };
 
 use super::work::WorkLog;
@@ -65,6 +65,14 @@ fn drive(other: &Weak<Mutex<SimEndpoint>>) {
         .expect("process never fails on the simulated fabric");
 }
 
+/// The endpoints' options: shared queues when the set-up says so.
+fn shared_options(setup: &Setup) -> EndpointOptions {
+    match setup.shared_queues {
+        Some(caps) => EndpointOptions::shared_queues(caps),
+        None => EndpointOptions::default(),
+    }
+}
+
 impl World {
     pub(super) fn new(setup: &Setup) -> Self {
         let SimTransports {
@@ -78,13 +86,14 @@ impl World {
         let client_ep = Arc::new_cyclic(|client_weak: &Weak<Mutex<SimEndpoint>>| {
             let client_weak = client_weak.clone();
             server.on_step(move || drive(&client_weak));
-            let mut server = Endpoint::new(server);
+            let options = shared_options(setup);
+            let mut server = Endpoint::with_options(server, options);
             server.set_busy_poll(setup.busy_poll);
             let server = Arc::new(Mutex::new(server));
             let server_weak = Arc::downgrade(&server);
             client.on_step(move || drive(&server_weak));
             server_ep = Some(server);
-            Mutex::new(Endpoint::new(client))
+            Mutex::new(Endpoint::with_options(client, shared_options(setup)))
         });
         let server_ep = server_ep.expect("made with the client");
         let side = |who, role, endpoint| Side {

@@ -163,6 +163,9 @@ impl<T: Transport> Endpoint<T> {
     /// The device whose shared queues `conn` uses (a connection with a QP and no
     /// buffers of its own), if any.
     pub(super) fn shared_key_of(&self, conn: ConnectionId) -> Option<T::DeviceKey> {
+        if self.shared.sets.is_empty() {
+            return None; // the common case without shared queues: no lookup
+        }
         let entry = self.live(conn)?;
         let key = entry.device?;
         let shared = entry.qp.get().is_some() && entry.buffers.is_none();
