@@ -18,6 +18,7 @@ use std::time::Duration;
 pub(crate) use rdma_sys::{
     ibv_access_flags, ibv_qp_type, ibv_send_flags, ibv_wr_opcode, rdma_port_space,
 };
+// Shared receive queues and their protection domain (`crate::shared`).
 pub(crate) use rdma_sys::{
     ibv_ack_async_event, ibv_ack_cq_events, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_create_comp_channel, ibv_create_cq, ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq,
@@ -29,6 +30,11 @@ pub(crate) use rdma_sys::{
     rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp, rdma_disconnect,
     rdma_event_channel, rdma_event_str, rdma_free_devices, rdma_get_cm_event, rdma_get_devices,
     rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr, rdma_resolve_route,
+};
+pub(crate) use rdma_sys::{
+    ibv_alloc_pd, ibv_create_srq, ibv_dealloc_pd, ibv_destroy_srq, ibv_device_attr, ibv_modify_srq,
+    ibv_pd, ibv_post_srq_recv, ibv_query_device, ibv_srq_attr, ibv_srq_attr_mask,
+    ibv_srq_init_attr,
 };
 
 /// `union` member of [`RawAsyncEvent`]: `element` of `struct ibv_async_event`.

@@ -19,6 +19,10 @@
 //!   [`CmId::create_qp_on`] puts a QP's CQs on it with a token, [`CmId::arm_cq`] and
 //!   [`CmId::poll_cq`] complete the wait → re-arm → poll pattern; [`DeviceKey`] tells
 //!   devices apart.
+//! - [`SharedQueues`]: queues every connection on a device context may share (a PD of
+//!   their own, an SRQ, one registered buffer pool, a send and a receive CQ on a
+//!   completion channel); [`CmId::create_qp_shared`] puts an id's QP on them,
+//!   [`CmId::post_shared_send`] sends from the pool. Each such id keeps them alive.
 //! - Thread safety: reading a CM event (which makes librdmacm write into the event's
 //!   id) holds its channel's lock exclusively; every id call holds it shared;
 //!   [`CmId::notify`] takes no lock.
@@ -94,6 +98,7 @@ mod ffi;
 mod id;
 mod monitor;
 mod poll;
+mod shared;
 #[cfg(feature = "tokio")]
 mod tokio_fd;
 mod verbs;
@@ -107,6 +112,7 @@ pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams, QpAttributes, QpState};
 pub use monitor::DeviceMonitor;
 pub use poll::{poll_readable, ReadySet};
+pub use shared::SharedQueues;
 #[cfg(feature = "tokio")]
 pub use tokio_fd::{async_device_events, async_event_channel, async_owned_fd};
 pub use verbs::{Completion, MemoryRegion, QpCaps, RemoteMemory};
@@ -136,5 +142,6 @@ mod tests {
         assert_send::<CmEvent>();
         assert_send::<AsyncEvents>();
         assert_send_sync::<CompletionChannel>();
+        assert_send_sync::<SharedQueues>();
     }
 }

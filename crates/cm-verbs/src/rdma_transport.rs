@@ -30,13 +30,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    AsyncEvent, CmError, ConnectionParams, CqKind, QpNum, QueueCaps, Transport, WorkCompletion,
+    AsyncEvent, CmError, ConnectionParams, CqKind, QpNum, QueueCaps, SharedCaps, Transport,
+    WorkCompletion,
 };
 
 use crate::rdma::WakeReader;
 use cm_sys::{
     AsyncEvents, CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey,
-    DeviceMonitor, EventChannel, MemoryRegion, QpCaps,
+    DeviceMonitor, EventChannel, MemoryRegion, QpCaps, SharedQueues,
 };
 
 /// How soon a pending device removal is first retried; each retry then waits twice as
@@ -391,6 +392,27 @@ fn conn_params<'a>(private_data: &'a [u8], params: &ConnectionParams) -> ConnPar
     }
 }
 
+/// A completion as the connection layer reads it; `kind` is the queue polled.
+fn work_completion(c: &cm_sys::Completion, kind: CqKind) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: c.wr_id,
+        qp: c.qp_num,
+        kind,
+        status: c.status,
+        byte_len: c.byte_len,
+    }
+}
+
+/// Appends a message cm-sys copied out to `out`; into an empty one it moves: the copy
+/// cm-sys made is the message, no second allocation and copy.
+fn append_message(out: &mut Vec<u8>, message: Vec<u8>) {
+    if out.is_empty() {
+        *out = message;
+    } else {
+        out.extend_from_slice(&message);
+    }
+}
+
 fn sys_kind(kind: CqKind) -> cm_sys::CqKind {
     match kind {
         CqKind::Send => cm_sys::CqKind::Send,
@@ -416,7 +438,7 @@ impl Transport for RdmaTransport {
     type Device = RdmaDevice;
     type DeviceKey = DeviceKey;
     type Buffers = RdmaBuffers;
-    type Shared = ();
+    type Shared = SharedQueues;
 
     fn create_id(&mut self) -> Result<CmId, CmError> {
         self.channel.create_id()
@@ -627,12 +649,7 @@ impl Transport for RdmaTransport {
         check_slot("read_recv", slot, buffers.caps.recv_depth)?;
         let len = len.min(buffers.caps.buffer_size as usize);
         let message = id.read_memory(&buffers.region, buffers.recv_range(slot, len))?;
-        if out.is_empty() {
-            // The copy cm-sys made is the message: no second allocation and copy.
-            *out = message;
-        } else {
-            out.extend_from_slice(&message);
-        }
+        append_message(out, message);
         Ok(())
     }
 
@@ -649,14 +666,89 @@ impl Transport for RdmaTransport {
     ) -> Result<usize, CmError> {
         self.scratch.clear();
         let n = id.poll_cq(sys_kind(kind), &mut self.scratch, max)?;
-        out.extend(self.scratch.iter().map(|c| WorkCompletion {
-            wr_id: c.wr_id,
-            qp: c.qp_num,
-            kind,
-            status: c.status,
-            byte_len: c.byte_len,
-        }));
+        out.extend(self.scratch.iter().map(|c| work_completion(c, kind)));
         Ok(n)
+    }
+
+    fn create_shared(
+        &mut self,
+        id: &CmId,
+        device: &RdmaDevice,
+        token: u64,
+        caps: &SharedCaps,
+    ) -> Result<SharedQueues, CmError> {
+        SharedQueues::new(id, &device.completions, token, caps)
+    }
+
+    fn create_qp_shared(
+        &mut self,
+        id: &CmId,
+        shared: &SharedQueues,
+        caps: &QueueCaps,
+    ) -> Result<QpNum, CmError> {
+        caps.validate()?;
+        id.create_qp_shared(shared, caps.send_depth + caps.work_depth)
+    }
+
+    fn post_shared_recv(
+        &mut self,
+        shared: &SharedQueues,
+        slot: u32,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        shared.post_recv(slot, wr_id)
+    }
+
+    fn post_shared_send(
+        &mut self,
+        id: &CmId,
+        shared: &SharedQueues,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        id.post_shared_send(shared, slot, data, wr_id)
+    }
+
+    fn read_shared_recv(
+        &mut self,
+        shared: &SharedQueues,
+        slot: u32,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CmError> {
+        // As read_recv: a completion's length never exceeds the buffer, so clamping
+        // only guards a caller's mistake.
+        let len = len.min(shared.caps().buffer_size as usize);
+        append_message(out, shared.read_recv(slot, len)?);
+        Ok(())
+    }
+
+    fn arm_shared_cq(&mut self, shared: &SharedQueues, kind: CqKind) -> Result<(), CmError> {
+        shared.arm_cq(sys_kind(kind))
+    }
+
+    fn poll_shared_cq(
+        &mut self,
+        shared: &SharedQueues,
+        kind: CqKind,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, CmError> {
+        self.scratch.clear();
+        let n = shared.poll_cq(sys_kind(kind), &mut self.scratch, max)?;
+        // Each completion names its own connection's QP.
+        out.extend(self.scratch.iter().map(|c| work_completion(c, kind)));
+        Ok(n)
+    }
+
+    fn arm_shared_limit(&mut self, shared: &SharedQueues, limit: u32) -> Result<(), CmError> {
+        shared.arm_limit(limit)
+    }
+
+    fn release_shared(&mut self, shared: SharedQueues) {
+        // Only the handle: QPs still on the queues keep them until they are destroyed.
+        drop(shared);
     }
 
     fn now(&self) -> Duration {

@@ -8,7 +8,7 @@ use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLockReadGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLockReadGuard, Weak};
 use std::time::Duration;
 
 use cm_core::{
@@ -16,9 +16,10 @@ use cm_core::{
 };
 
 use crate::channel::{ChannelInner, EventChannel};
-use crate::cq::{CompletionChannel, DeviceKey, OwnedCq};
+use crate::cq::{CompletionChannel, CqKind, DeviceKey, OwnedCq};
 use crate::device::AsyncEvents;
 use crate::ffi;
+use crate::shared::{SharedCore, SharedQueues};
 use crate::verbs::{QpCaps, RegisteredMemory};
 
 pub use query::{QpAttributes, QpState};
@@ -105,6 +106,10 @@ pub(crate) struct IdInner {
     /// The completion queues of [`CmId::create_qp_on`] (send, receive); destroyed after
     /// the QP, before the memory.
     cqs: Mutex<Vec<OwnedCq>>,
+    /// The shared queues of [`CmId::create_qp_shared`], set once its QP exists. A field
+    /// with no part in `Drop::drop`: released after it, so after the QP and the id are
+    /// destroyed.
+    shared: OnceLock<Arc<SharedCore>>,
 }
 
 /// The id's `ops` lock and its channel, held by every id call that passes the id to
@@ -206,6 +211,7 @@ impl IdInner {
                 events_out: AtomicUsize::new(0),
                 regions: Mutex::new(Vec::new()),
                 cqs: Mutex::new(Vec::new()),
+                shared: OnceLock::new(),
             }
         })
     }
@@ -226,7 +232,8 @@ impl Drop for IdInner {
         let _fields = channel.fields_shared();
         // SAFETY: last owner: no other thread uses the id. Order matters: the QP first
         // (it references the memory regions and the CQs), then the regions (they
-        // reference the device's PD, which the id keeps), then the id.
+        // reference the device's PD, which the id keeps, or the shared queues' PD,
+        // which `shared` keeps until after this body), then the id.
         unsafe {
             if !(*raw).qp.is_null() {
                 ffi::rdma_destroy_qp(raw);
@@ -296,7 +303,7 @@ impl Eq for CmId {}
 
 /// The result of a verbs call that returns its errno (positive, or negative as some
 /// providers do) instead of setting `errno`.
-fn verbs_result(op: &'static str, ret: i32) -> Result<(), CmError> {
+pub(crate) fn verbs_result(op: &'static str, ret: i32) -> Result<(), CmError> {
     match ret {
         0 => Ok(()),
         errno if errno > 0 => Err(CmError::from_errno(op, errno)),
@@ -311,6 +318,26 @@ fn check(op: &'static str, ret: i32) -> Result<(), CmError> {
         Ok(())
     } else {
         Err(CmError::from_errno(op, ffi::last_errno()))
+    }
+}
+
+/// Where a new QP's queues are: NULL fields are librdmacm's defaults (CQs it creates,
+/// the id's PD, a receive queue of the QP's own).
+struct QpQueues {
+    send_cq: *mut ffi::ibv_cq,
+    recv_cq: *mut ffi::ibv_cq,
+    pd: *mut rdma_sys::ibv_pd,
+    srq: *mut ffi::ibv_srq,
+}
+
+impl Default for QpQueues {
+    fn default() -> Self {
+        QpQueues {
+            send_cq: ptr::null_mut(),
+            recv_cq: ptr::null_mut(),
+            pd: ptr::null_mut(),
+            srq: ptr::null_mut(),
+        }
     }
 }
 
@@ -558,7 +585,7 @@ impl CmId {
         let _fields = ops.fields();
         self.device_context_locked("rdma_create_qp")?;
         // SAFETY: NULL CQs: librdmacm creates them (and destroys them with the QP).
-        unsafe { self.create_qp_locked(caps, ptr::null_mut(), ptr::null_mut()) }
+        unsafe { self.create_qp_locked(caps, QpQueues::default()) }
     }
 
     /// `rdma_create_qp` with an RC QP on the device's default protection domain and two
@@ -602,9 +629,14 @@ impl CmId {
             let ret = unsafe { ffi::ibv_req_notify_cq(cq.as_ptr(), 0) };
             verbs_result("ibv_req_notify_cq", ret)?;
         }
+        let queues = QpQueues {
+            send_cq: send.as_ptr(),
+            recv_cq: recv.as_ptr(),
+            ..QpQueues::default()
+        };
         // SAFETY: both CQs are live and stay so as long as the QP (kept in `cqs` below,
         // destroyed after the QP).
-        let qp_num = unsafe { self.create_qp_locked(caps, send.as_ptr(), recv.as_ptr()) }?;
+        let qp_num = unsafe { self.create_qp_locked(caps, queues) }?;
         self.inner
             .cqs
             .lock()
@@ -613,24 +645,113 @@ impl CmId {
         Ok(qp_num)
     }
 
+    /// `rdma_create_qp` with an RC QP on `shared`: its PD, its SRQ (no receive queue of
+    /// its own: `max_recv_wr` 0) and its two completion queues; a send queue of
+    /// `max_send_wr`, every send signalled. The id then keeps the shared queues until
+    /// its QP is destroyed with it.
+    ///
+    /// librdmacm names the QP's PD as the id's from then on: memory the id registers
+    /// afterwards ([`CmId::register_memory`]) is on the shared PD (and usable by the
+    /// QP). The id's own CQ calls ([`CmId::poll_cq`], [`CmId::arm_cq`]) reach the shared
+    /// CQs, which every QP on them reports to: use [`SharedQueues`]' instead.
+    ///
+    /// [`CmError::InvalidArgument`] if the id is not bound to a device yet, already has
+    /// a QP, the queues are on another device, or `max_send_wr` is 0.
+    pub fn create_qp_shared(
+        &self,
+        shared: &SharedQueues,
+        max_send_wr: u32,
+    ) -> Result<QpNum, CmError> {
+        const OP: &str = "rdma_create_qp";
+        if max_send_wr == 0 {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "a send queue of 0 work requests",
+            });
+        }
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        let context = self.device_context_locked(OP)?;
+        let core = shared.core();
+        if DeviceKey::of(context) != core.device_key() {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "the shared queues are on another device",
+            });
+        }
+        self.no_qp_yet(OP)?;
+        let caps = QpCaps {
+            max_send_wr,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 0,
+            max_inline_data: 0,
+        };
+        let queues = QpQueues {
+            send_cq: core.cq(CqKind::Send),
+            recv_cq: core.cq(CqKind::Recv),
+            pd: core.pd(),
+            srq: core.srq(),
+        };
+        // SAFETY: the CQs, PD and SRQ are the core's, on the id's device (checked), and
+        // live as long as the core, which the id holds from here until after its QP
+        // is destroyed.
+        let qp_num = unsafe { self.create_qp_locked(&caps, queues) }?;
+        // Never set before: a QP exists only once, and only here sets it.
+        let _ = self.inner.shared.set(Arc::clone(core));
+        Ok(qp_num)
+    }
+
+    /// Copies `data` into send buffer `slot` (0..send_slots) of `shared` and posts one
+    /// signalled SEND of it on the id's QP, completing with `wr_id` on the shared send
+    /// CQ.
+    ///
+    /// [`CmError::InvalidArgument`] when the id's QP is not on `shared`
+    /// ([`CmId::create_qp_shared`]), the slot does not exist, or `data` is longer than a
+    /// buffer. Do not reuse a slot whose send has not completed: the bytes sent are then
+    /// unspecified (the call stays memory-safe).
+    pub fn post_shared_send(
+        &self,
+        shared: &SharedQueues,
+        slot: u32,
+        data: &[u8],
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        let on_shared = self
+            .inner
+            .shared
+            .get()
+            .is_some_and(|core| Arc::ptr_eq(core, shared.core()));
+        // SAFETY: live id; `qp` is written only by QP creation under the ops lock, held.
+        let qp = unsafe { (*self.inner.as_ptr()).qp };
+        if !on_shared || qp.is_null() {
+            return Err(CmError::InvalidArgument {
+                op: "ibv_post_send",
+                reason: "the id's QP is not on these shared queues",
+            });
+        }
+        // SAFETY: the id's live QP (destroyed only by the last owner), created on these
+        // shared queues (checked), which the id holds.
+        unsafe { shared.core().post_send(qp, slot, data, wr_id) }
+    }
+
     /// The QP creation itself; the caller holds the ops lock and checked the device.
     ///
     /// # Safety
-    /// `send_cq`/`recv_cq` are both NULL (librdmacm creates CQs) or live CQs of the id's
-    /// device that outlive the QP.
-    unsafe fn create_qp_locked(
-        &self,
-        caps: &QpCaps,
-        send_cq: *mut ffi::ibv_cq,
-        recv_cq: *mut ffi::ibv_cq,
-    ) -> Result<QpNum, CmError> {
+    /// `queues.send_cq`/`recv_cq` are both NULL (librdmacm creates CQs) or live CQs of
+    /// the id's device that outlive the QP; `queues.pd` and `queues.srq` are NULL or a
+    /// live PD and SRQ of the id's device that outlive the QP.
+    unsafe fn create_qp_locked(&self, caps: &QpCaps, queues: QpQueues) -> Result<QpNum, CmError> {
         self.no_qp_yet("rdma_create_qp")?;
         let id = self.inner.as_ptr();
         // SAFETY: ibv_qp_init_attr is integers and pointers; all zeroes is valid (NULL
-        // CQs/SRQ: librdmacm creates the CQs).
+        // CQs/SRQ: librdmacm creates the CQs, the QP has its own receive queue).
         let mut attr: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attr.send_cq = send_cq;
-        attr.recv_cq = recv_cq;
+        attr.send_cq = queues.send_cq;
+        attr.recv_cq = queues.recv_cq;
+        attr.srq = queues.srq;
         attr.cap.max_send_wr = caps.max_send_wr;
         attr.cap.max_recv_wr = caps.max_recv_wr;
         attr.cap.max_send_sge = caps.max_send_sge;
@@ -639,8 +760,9 @@ impl CmId {
         attr.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 1;
         // SAFETY: live id bound to a device; `attr` valid for the call; NULL PD means the
-        // id's (the device's default) PD; the CQs are as the caller guarantees.
-        let ret = unsafe { ffi::rdma_create_qp(id, ptr::null_mut(), &mut attr) };
+        // id's (the device's default) PD; the CQs, PD and SRQ are as the caller
+        // guarantees.
+        let ret = unsafe { ffi::rdma_create_qp(id, queues.pd, &mut attr) };
         check("rdma_create_qp", ret)?;
         // SAFETY: rdma_create_qp succeeded, so `id->qp` is the new live QP.
         let qp_num = unsafe { (*(*id).qp).qp_num };
