@@ -137,11 +137,13 @@ impl Sampler {
 pub enum Server {
     /// rdma-core's `cmtime` server (a QP per request, librdmacm's CQs, no memory).
     Cmtime,
-    /// `cmnotify --backend rdma -s` (the connection API with its notify path).
+    /// `cmnotify --backend rdma -s` (the connection API with its notify path; every
+    /// connection on one shared receive queue, one registered pool and one pair of
+    /// completion queues).
     Cmnotify,
-    /// The same with `--shared-queues`: every connection on one shared receive queue,
-    /// one registered pool and one pair of completion queues.
-    CmnotifyShared,
+    /// The same with `--own-queues`: each connection with queues, buffers and posted
+    /// receives of its own.
+    CmnotifyOwnQueues,
 }
 
 impl Server {
@@ -150,7 +152,7 @@ impl Server {
         match self {
             Server::Cmtime => "cmtime",
             Server::Cmnotify => "cmnotify",
-            Server::CmnotifyShared => "cmnotify-shared",
+            Server::CmnotifyOwnQueues => "cmnotify-own",
         }
     }
 
@@ -162,10 +164,10 @@ impl Server {
                 c.args(["-b", &addr, "-p", &port]);
                 c
             }
-            Server::Cmnotify | Server::CmnotifyShared => {
+            Server::Cmnotify | Server::CmnotifyOwnQueues => {
                 let mut c = Command::new("cmnotify");
-                if self == Server::CmnotifyShared {
-                    c.arg("--shared-queues");
+                if self == Server::CmnotifyOwnQueues {
+                    c.arg("--own-queues");
                 }
                 c.args([
                     "--backend",
@@ -303,8 +305,8 @@ pub fn run_server(
 }
 
 /// The figures of cmtime's server and of each of ours at `connections`, with the
-/// ratios ours / cmtime's (keys `…_ratio` for the per-connection queues,
-/// `…_ratio_shared` for the shared ones).
+/// ratios ours / cmtime's (keys `…_ratio` for the default shared queues, `…_ratio_own`
+/// for queues of each connection's own).
 pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun)]) -> Vec<Figure> {
     let n = f64::from(connections);
     let mut figures = Vec::new();
@@ -345,7 +347,7 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
     }
     for &(server, run) in ours {
         let (suffix, name) = match server {
-            Server::CmnotifyShared => ("_shared", server.name()),
+            Server::CmnotifyOwnQueues => ("_own", server.name()),
             _ => ("", server.name()),
         };
         for step in ["connect", "disconnect"] {
@@ -390,12 +392,15 @@ pub fn measure(points: &[u32]) -> Vec<Figure> {
         match (
             run(Server::Cmtime),
             run(Server::Cmnotify),
-            run(Server::CmnotifyShared),
+            run(Server::CmnotifyOwnQueues),
         ) {
-            (Ok(cmtime), Ok(own), Ok(shared)) => out.extend(figures(
+            (Ok(cmtime), Ok(shared), Ok(own)) => out.extend(figures(
                 n,
                 &cmtime,
-                &[(Server::Cmnotify, &own), (Server::CmnotifyShared, &shared)],
+                &[
+                    (Server::Cmnotify, &shared),
+                    (Server::CmnotifyOwnQueues, &own),
+                ],
             )),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 out.push(Figure::skipped(
@@ -470,11 +475,14 @@ destroy      :       2.00       0.10       1.00       2.00
                 pinned_kib: 0,
             },
         };
-        let (own, shared) = (run(750.0, 3000), run(400.0, 1500));
+        let (shared, own) = (run(750.0, 3000), run(400.0, 1500));
         let figures = figures(
             100,
             &run(500.0, 1000),
-            &[(Server::Cmnotify, &own), (Server::CmnotifyShared, &shared)],
+            &[
+                (Server::Cmnotify, &shared),
+                (Server::CmnotifyOwnQueues, &own),
+            ],
         );
         let value = |key: &str| {
             figures
@@ -487,9 +495,9 @@ destroy      :       2.00       0.10       1.00       2.00
         assert_eq!(value("rss_ratio"), Some(3.0));
         assert_eq!(value("rss_per_conn/cmtime"), Some(10240.0));
         assert_eq!(value("connect/cmnotify"), Some(750.0));
-        assert_eq!(value("connect_ratio_shared"), Some(0.8));
-        assert_eq!(value("rss_ratio_shared"), Some(1.5));
-        assert_eq!(value("connect/cmnotify-shared"), Some(400.0));
+        assert_eq!(value("connect_ratio_own"), Some(0.8));
+        assert_eq!(value("rss_ratio_own"), Some(1.5));
+        assert_eq!(value("connect/cmnotify-own"), Some(400.0));
     }
 
     fn row(us_per_conn: f64) -> StepRow {

@@ -268,7 +268,7 @@ pub struct Setup {
     /// The server's busy polling (its waiting calls spin on the receive queues of the
     /// connections not yet established, then on every source).
     pub busy_poll: Option<Duration>,
-    /// Both endpoints' shared queues, if they use them.
+    /// Both endpoints' shared queues; `None`: queues of each connection's own.
     pub shared_queues: Option<SharedCaps>,
 }
 

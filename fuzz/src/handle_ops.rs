@@ -17,7 +17,7 @@
 
 use cm_verbs::handle::{Connection, EndpointHandle, HandleStats, Listener};
 use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
-use cm_verbs::{ConnError, ConnectOptions, Endpoint, EndpointOptions, ListenOptions, SharedCaps};
+use cm_verbs::{ConnError, ConnectOptions, Endpoint, EndpointOptions, ListenOptions};
 
 use crate::input::Input;
 
@@ -59,7 +59,8 @@ pub fn run(data: &[u8]) {
     let setup = input.u8();
     let lose_rtus = setup & 1 == 1;
     let cancel_every = usize::from(setup >> 1) % 3;
-    // Half the runs with both endpoints on shared queues.
+    // Half the runs with both endpoints on (the default) shared queues, half with
+    // queues of each connection's own.
     let shared = setup & 0x80 != 0;
     let seed = u64::from(input.u32()) << 32 | u64::from(input.u32());
     let mut plans = Vec::new();
@@ -76,9 +77,9 @@ pub fn run(data: &[u8]) {
         });
     }
     let options = if shared {
-        EndpointOptions::shared_queues(SharedCaps::default())
-    } else {
         EndpointOptions::default()
+    } else {
+        EndpointOptions::own_queues()
     };
     check(plans, lose_rtus, cancel_every, seed, options);
 }

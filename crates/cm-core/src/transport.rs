@@ -118,7 +118,9 @@ impl QueueCaps {
 /// send buffers of 4 KiB), under the 8 MiB `RLIMIT_MEMLOCK` many systems give users.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SharedCaps {
-    /// Receives kept posted on the shared receive queue (each one buffer).
+    /// Receive buffers of the pool (each one buffer): the most receives the shared
+    /// receive queue holds. The connection layer posts them as connections join, each
+    /// bringing its receive depth, so the queue grows with the load up to this.
     pub recv_slots: u32,
     /// Send buffers shared by every connection's messages in flight.
     pub send_slots: u32,

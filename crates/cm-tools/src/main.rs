@@ -99,11 +99,11 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     timeline: Option<std::path::PathBuf>,
 
-    /// Put every connection of a device on shared queues: one shared receive queue, one
-    /// registered pool and one pair of completion queues per device, nothing
-    /// registered per connection.
+    /// Give each connection queues, buffers and posted receives of its own, instead of
+    /// its device's shared receive queue, registered pool and completion queues (the
+    /// default).
     #[arg(long)]
-    shared_queues: bool,
+    own_queues: bool,
 
     /// Print one JSON document instead of the human summary.
     #[arg(long)]
@@ -323,7 +323,7 @@ fn run_sim(cli: &Cli) -> ExitCode {
         soft_roce: cli.soft_roce,
         seed,
         trace_conn: cli.trace,
-        shared_queues: cli.shared_queues,
+        own_queues: cli.own_queues,
         ..SimRun::default()
     };
     let bar = (cli.connections >= 10_000 && std::io::stderr().is_terminal()).then(|| {
@@ -391,7 +391,7 @@ fn run_rdma(cli: &Cli) -> ExitCode {
         messages: cli.messages,
         message_size: usize::from(cli.size.unwrap_or(DEFAULT_SIZE)),
         timeline: cli.timeline.clone(),
-        shared_queues: cli.shared_queues,
+        own_queues: cli.own_queues,
     })
 }
 

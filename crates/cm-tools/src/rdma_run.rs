@@ -62,8 +62,9 @@ pub struct RealRun {
     /// Where to write the first connection's endpoint timeline on CLOCK_MONOTONIC
     /// (`--timeline`, for [`crate::ladder::kernel`]).
     pub timeline: Option<std::path::PathBuf>,
-    /// Every connection on its device's shared queues (`--shared-queues`).
-    pub shared_queues: bool,
+    /// Each connection with queues and buffers of its own (`--own-queues`) instead of
+    /// its device's shared queues.
+    pub own_queues: bool,
 }
 
 impl Default for RealRun {
@@ -80,7 +81,7 @@ impl Default for RealRun {
             messages: None,
             message_size: DEFAULT_MESSAGE_SIZE,
             timeline: None,
-            shared_queues: false,
+            own_queues: false,
         }
     }
 }

@@ -63,8 +63,8 @@ pub struct SimRun {
     /// Deterministic faults (drop, delay, duplicate the nth REQ, REP, RTU, …), applied
     /// in addition to the random ones.
     pub rules: Vec<FaultRule>,
-    /// Both sides' connections on shared queues (`--shared-queues`).
-    pub shared_queues: bool,
+    /// Both sides' connections with queues of their own (`--own-queues`).
+    pub own_queues: bool,
 }
 
 impl Default for SimRun {
@@ -81,7 +81,7 @@ impl Default for SimRun {
             odds: Vec::new(),
             teardown: true,
             rules: Vec::new(),
-            shared_queues: false,
+            own_queues: false,
         }
     }
 }
@@ -268,7 +268,7 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     }
 
     let addr = server.addr(PORT);
-    let options = endpoint_options(config.shared_queues, PAYLOAD);
+    let options = endpoint_options(config.own_queues, PAYLOAD);
     let mut world = World {
         server_inputs: inputs.0,
         client_inputs: inputs.1,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cm_mock::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
 use cm_verbs::{
-    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
-    ListenOptions, QueueCaps, CLOSED_BACKLOG,
+    CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EndpointOptions,
+    EstablishedVia, Event, ListenOptions, QueueCaps, CLOSED_BACKLOG,
 };
 
 const PORT: u16 = 7471;
@@ -41,6 +41,23 @@ fn drive(peer: &Mutex<SimEndpoint>, behaviour: &Mutex<Behaviour>) {
 /// `main` on the server node (listening on [`PORT`]) when `main_serves`, else on the
 /// client node with the server driven.
 fn sim(config: SimConfig, seed: u64, main_serves: bool, behaviour: Behaviour) -> Sim {
+    sim_with(
+        config,
+        seed,
+        main_serves,
+        behaviour,
+        EndpointOptions::default(),
+    )
+}
+
+/// [`sim`] with `main` made with `options`.
+fn sim_with(
+    config: SimConfig,
+    seed: u64,
+    main_serves: bool,
+    behaviour: Behaviour,
+    options: EndpointOptions,
+) -> Sim {
     let SimTransports {
         fabric,
         server,
@@ -55,7 +72,7 @@ fn sim(config: SimConfig, seed: u64, main_serves: bool, behaviour: Behaviour) ->
     let behaviour = Arc::new(Mutex::new(behaviour));
     let (driven, acting) = (Arc::clone(&peer), Arc::clone(&behaviour));
     transport.on_step(move || drive(&driven, &acting));
-    let mut main = Endpoint::new(transport);
+    let mut main = Endpoint::with_options(transport, options);
     if main_serves {
         listen(&mut main);
     } else {
@@ -282,13 +299,12 @@ fn streamer(total: u32) -> Behaviour {
     })
 }
 
-#[test]
-fn a_peer_streaming_before_established_meets_backpressure_and_loses_nothing() {
-    const TOTAL: u32 = 10_000;
-    let depth = QueueCaps::default().recv_depth as usize;
-    let mut sim = sim(soft_roce(), 4, true, streamer(TOTAL));
-    // notify off and the RTU late: the peer streams for the whole delay while the
-    // server cannot report the connection yet.
+/// A peer streaming `total` messages into a server (made with `options`) whose notify
+/// is off and whose RTU is late: the peer streams for the whole delay while the server
+/// cannot report the connection yet. The server's first event, and the most messages
+/// it held meanwhile.
+fn streaming_with_the_rtu_late(total: u32, options: EndpointOptions) -> (Sim, Event, usize) {
+    let mut sim = sim_with(soft_roce(), 4, true, streamer(total), options);
     sim.main.set_notify(false);
     sim.fabric.add_fault(FaultRule::new(
         MsgKind::Rtu,
@@ -296,6 +312,17 @@ fn a_peer_streaming_before_established_meets_backpressure_and_loses_nothing() {
     ));
     sim.peer_connects(1);
     let (event, max_held) = sim.first_event_watching_held(Duration::from_millis(1));
+    (sim, event, max_held)
+}
+
+/// With queues of its own, a connection's receives are posted again only as the
+/// application takes its messages: the peer meets RNR and waits.
+#[test]
+fn a_peer_streaming_before_established_meets_backpressure_and_loses_nothing() {
+    const TOTAL: u32 = 10_000;
+    let depth = QueueCaps::default().recv_depth as usize;
+    let (mut sim, event, max_held) =
+        streaming_with_the_rtu_late(TOTAL, EndpointOptions::own_queues());
     let Event::Established { conn, .. } = event else {
         panic!("{event:?}");
     };
@@ -312,7 +339,8 @@ fn a_peer_streaming_before_established_meets_backpressure_and_loses_nothing() {
 #[test]
 fn a_peer_streaming_into_a_connection_that_never_establishes_is_bounded_and_closed() {
     let depth = QueueCaps::default().recv_depth as usize;
-    let mut sim = sim(soft_roce(), 5, true, streamer(10_000));
+    let own = EndpointOptions::own_queues();
+    let mut sim = sim_with(soft_roce(), 5, true, streamer(10_000), own);
     sim.main.set_notify(false);
     sim.fabric
         .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
@@ -328,6 +356,25 @@ fn a_peer_streaming_into_a_connection_that_never_establishes_is_bounded_and_clos
     );
     assert!(max_held <= depth && max_held > 0, "held {max_held}");
     assert_eq!(server.stats().queued(), 0);
+}
+
+/// On shared queues (the default) nothing holds one peer back: a peer streaming into a
+/// connection not yet established is closed once it passes the receive depth, which
+/// is all the connection ever held; the shared pool stays whole for the others.
+#[test]
+fn on_shared_queues_a_peer_streaming_before_established_is_closed_past_its_depth() {
+    let depth = QueueCaps::default().recv_depth;
+    let (mut sim, event, max_held) =
+        streaming_with_the_rtu_late(10_000, EndpointOptions::default());
+    let Event::Closed { reason, .. } = event else {
+        panic!("{event:?}");
+    };
+    assert_eq!(reason, CloseReason::ReceiveOverrun { depth });
+    assert!(max_held <= depth as usize, "held {max_held}");
+    let server = &mut sim.main;
+    assert_eq!(server.stats().queued(), 0);
+    assert_eq!(server.stats().held_messages, 0);
+    assert_eq!(server.stats().shared_queue_devices, 1);
 }
 
 #[test]

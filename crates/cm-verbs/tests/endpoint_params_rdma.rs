@@ -118,17 +118,34 @@ fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
     );
 }
 
-/// A reader that stops taking messages: its receives are not posted again, so the
-/// peer's SENDs meet RNR NAKs. With the listener's RNR retry count at 1 (what bounds the
-/// client's sends), the client's connection ends with a typed completion error after a
-/// retry, instead of its sends stalling forever as with the default (7).
+/// A client endpoint with one connection to `listen` from `src`, established.
+fn established_client(
+    listen: SocketAddr,
+    src: std::net::IpAddr,
+) -> (
+    cm_verbs::Endpoint<cm_verbs::rdma::RdmaTransport>,
+    cm_verbs::ConnectionId,
+) {
+    let mut client = common::endpoint();
+    let conn = client.connect(listen, common::from(src)).expect("connect");
+    client
+        .established(conn, common::WAIT)
+        .expect("client established");
+    (client, conn)
+}
+
+/// A reader with queues of its own that stops taking messages: its receives are not
+/// posted again, so the peer's SENDs meet RNR NAKs. With the listener's RNR retry count
+/// at 1 (what bounds the client's sends), the client's connection ends with a typed
+/// completion error after a retry, instead of its sends stalling forever as with the
+/// default (7).
 #[test]
 fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
     const TEST: &str = "a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries";
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let mut server = common::endpoint();
+    let mut server = common::endpoint_own_queues();
     let listen = SocketAddr::new(addrs.addr_a, 7522);
     let options = ListenOptions {
         params: ConnectionParams {
@@ -144,11 +161,7 @@ fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
     server.listen(listen, options).expect("listen");
     let src = addrs.addr_b;
     let client = std::thread::spawn(move || -> (usize, CloseReason) {
-        let mut client = common::endpoint();
-        let conn = client.connect(listen, common::from(src)).expect("connect");
-        client
-            .established(conn, common::WAIT)
-            .expect("client established");
+        let (mut client, conn) = established_client(listen, src);
         let mut sent = 0;
         for _ in 0..10_000 {
             match client.send(conn, &[7; 64]) {
@@ -179,4 +192,73 @@ fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
     );
     assert!(sent > 2, "more sends than the reader's receives: {sent}");
     server.disconnect(conn).expect("the server's side");
+}
+
+/// The same reader on shared queues (the default): nothing holds one peer back on a
+/// shared receive queue, so the server ends the connection once the peer sends past
+/// the receive depth (`ReceiveOverrun`), and the client sees it disconnected; nothing
+/// stalls and the shared pool stays whole.
+#[test]
+fn a_reader_that_stops_on_shared_queues_ends_the_connection_past_its_depth() {
+    const TEST: &str = "a_reader_that_stops_on_shared_queues_ends_the_connection_past_its_depth";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let mut server = common::endpoint();
+    let listen = SocketAddr::new(addrs.addr_a, 7523);
+    let depth = 2;
+    let options = ListenOptions {
+        caps: QueueCaps {
+            recv_depth: depth,
+            ..QueueCaps::default()
+        },
+        ..ListenOptions::default()
+    };
+    server.listen(listen, options).expect("listen");
+    let src = addrs.addr_b;
+    let client = std::thread::spawn(move || -> (usize, CloseReason) {
+        let (mut client, conn) = established_client(listen, src);
+        let mut sent = 0;
+        loop {
+            match client.send(conn, &[7; 64]) {
+                Ok(()) => sent += 1,
+                Err(ConnError::SendQueueFull(_)) => {}
+                Err(ConnError::Closed { reason, .. }) => return (sent, reason),
+                Err(error) => panic!("client send, after {sent}: {error}"),
+            }
+            match client.next_event(Some(std::time::Duration::from_millis(10))) {
+                Ok(Event::Closed { reason, .. }) => return (sent, reason),
+                Ok(_) | Err(ConnError::Timeout) => {}
+                Err(error) => panic!("client, after {sent} sends: {error}"),
+            }
+        }
+    });
+    // Accepted, then only processed, no message taken: they wait, and past the depth
+    // the connection ends.
+    let conn = server.accept(common::WAIT).expect("accept");
+    let until = std::time::Instant::now() + common::WAIT.expect("a bound");
+    while server.stats().closed_unreported == 0 {
+        assert!(std::time::Instant::now() < until, "never closed");
+        server.process().expect("process");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // What it held within the depth is delivered, then the close.
+    let mut held = 0;
+    let reason = loop {
+        match server.poll().expect("poll") {
+            Some(Event::Received { conn: from, .. }) if from == conn => held += 1,
+            Some(Event::Closed { conn: from, reason }) if from == conn => break reason,
+            Some(_) => {}
+            None => panic!("the close was counted but not reported"),
+        }
+    };
+    assert_eq!(held, depth as usize);
+    let (sent, client_reason) = client.join().expect("the client thread");
+    report(&format!(
+        "{TEST}: the server closed the connection ({reason:?}) after the client sent {sent}; the client's close: {client_reason:?}"
+    ));
+    assert_eq!(reason, CloseReason::ReceiveOverrun { depth });
+    assert_eq!(client_reason, CloseReason::Disconnected);
+    assert!(sent > depth as usize, "more sends than the depth: {sent}");
+    assert_eq!(server.stats().shared_queue_devices, 1);
 }

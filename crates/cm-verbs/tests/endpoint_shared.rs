@@ -3,7 +3,8 @@
 //! (`EndpointOptions::shared_queues`). Messages reach the connection their QP names,
 //! the notify path still rescues a lost RTU from the shared receive queue, a peer that
 //! sends past its receive depth is closed without touching the others, the send pool
-//! is bounded, and messages larger than the pool's buffers are refused at setup.
+//! is bounded, and a connection whose messages are larger than the pool's buffers
+//! keeps queues of its own.
 
 use std::collections::HashMap;
 
@@ -244,50 +245,47 @@ fn the_send_pool_is_bounded_and_completions_give_buffers_back() {
     server.send(conn, b"again").unwrap();
 }
 
-/// A listener whose connections' messages are larger than the pool's buffers cannot
-/// accept on it: each request is rejected and reported, with a typed error.
+/// A listener whose connections' messages are larger than the pool's buffers gives
+/// them queues of their own: they are accepted and carry such messages, beside the
+/// connections on the shared queues.
 #[test]
-fn messages_larger_than_the_pool_fail_the_setup_with_a_typed_error() {
+fn messages_larger_than_the_pool_get_queues_of_their_own() {
     let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 14);
     let large = QueueCaps {
         buffer_size: POOL.buffer_size * 2,
         ..CAPS
     };
     listen(&mut server, large);
-    connect(&server, &mut client);
-    let mut failed = Vec::new();
-    let mut client_closed = Vec::new();
+    let addr = server.transport().addr(PORT);
+    let options = ConnectOptions {
+        caps: large,
+        ..ConnectOptions::default()
+    };
+    client.connect(addr, options).unwrap();
+    let big = vec![7u8; large.buffer_size as usize];
+    let mut received = Vec::new();
     run(
         &fabric,
         &mut server,
         &mut client,
-        |_, event| {
-            if let Event::AcceptFailed { error, .. } = event {
-                failed.push(error);
+        |_, event| match event {
+            Event::Received { data, .. } => received.push(data),
+            Event::Closed { reason, .. } | Event::ListenerClosed { reason, .. } => {
+                panic!("{reason:?}")
+            }
+            Event::AcceptFailed { error, .. } => panic!("{error}"),
+            _ => {}
+        },
+        |client, event| {
+            if let Event::Established { conn, .. } = event {
+                client.send(conn, &big).unwrap();
             }
         },
-        |_, event| {
-            if let Event::Closed { reason, .. } = event {
-                client_closed.push(reason);
-            }
-        },
     );
-    assert_eq!(failed.len(), 1, "{failed:?}");
-    assert!(
-        matches!(
-            failed[0],
-            cm_verbs::CmError::InvalidArgument {
-                op: "create_qp_shared",
-                ..
-            }
-        ),
-        "{:?}",
-        failed[0]
-    );
-    assert!(
-        matches!(client_closed[..], [CloseReason::Rejected { .. }]),
-        "{client_closed:?}"
-    );
+    assert_eq!(received, vec![big.clone()]);
+    // Neither side made shared queues for it.
+    assert_eq!(server.stats().shared_queue_devices, 0);
+    assert_eq!(client.stats().shared_queue_devices, 0);
 }
 
 /// Connects `n` clients to a server and exchanges one message each; the fabric's
@@ -301,7 +299,7 @@ fn registered_with(shared: bool, n: usize) -> cm_mock::sim::SimStats {
     let options = if shared {
         EndpointOptions::shared_queues(POOL)
     } else {
-        EndpointOptions::default()
+        EndpointOptions::own_queues()
     };
     let mut server = Endpoint::with_options(server, options);
     let mut client = Endpoint::with_options(client, options);

@@ -12,7 +12,9 @@ use poll_once::poll_once_and_drop;
 
 use cm_verbs::handle::{Connection, EndpointHandle, Listener};
 use cm_verbs::sim::{FaultAction, FaultRule, MsgKind, SimConfig, SimTransport, SimTransports};
-use cm_verbs::{ConnError, ConnectOptions, Endpoint, EstablishedVia, ListenOptions, QueueCaps};
+use cm_verbs::{
+    ConnError, ConnectOptions, Endpoint, EndpointOptions, EstablishedVia, ListenOptions, QueueCaps,
+};
 
 #[allow(dead_code)]
 #[path = "../examples/tokio_server.rs"]
@@ -53,12 +55,27 @@ fn listening(
     EndpointHandle<SimTransport>,
     Listener<SimTransport>,
 ) {
-    let spawn = |transport| match driver {
-        Driver::Tokio => EndpointHandle::spawn_tokio(Endpoint::new(transport)),
-        Driver::Thread => EndpointHandle::spawn_thread(Endpoint::new(transport)),
+    listening_with(server, client, addr, driver, EndpointOptions::default())
+}
+
+/// [`listening`] with the server's endpoint made with `server_options`.
+fn listening_with(
+    server: SimTransport,
+    client: SimTransport,
+    addr: <SimTransport as cm_verbs::Transport>::Addr,
+    driver: Driver,
+    server_options: EndpointOptions,
+) -> (
+    EndpointHandle<SimTransport>,
+    EndpointHandle<SimTransport>,
+    Listener<SimTransport>,
+) {
+    let spawn = |transport, options| match driver {
+        Driver::Tokio => EndpointHandle::spawn_tokio(Endpoint::with_options(transport, options)),
+        Driver::Thread => EndpointHandle::spawn_thread(Endpoint::with_options(transport, options)),
     };
-    let server = spawn(server).expect("server");
-    let client = spawn(client).expect("client");
+    let server = spawn(server, server_options).expect("server");
+    let client = spawn(client, EndpointOptions::default()).expect("client");
     let listener = server
         .listen(addr, ListenOptions::default())
         .expect("listen");
@@ -197,6 +214,9 @@ fn a_receive_dropped_before_its_message_loses_nothing() {
     });
 }
 
+/// The reader has queues of its own: its receives are posted again only as it reads,
+/// so the stream is held back end to end (on shared queues a reader this far behind
+/// would end the connection past its receive depth instead).
 #[test]
 fn send_waits_for_a_free_buffer_and_keeps_the_order() {
     const MESSAGES: usize = 200;
@@ -207,7 +227,8 @@ fn send_waits_for_a_free_buffer_and_keeps_the_order() {
         ..QueueCaps::default()
     };
     runtime().block_on(async {
-        let (_server, client, listener) = listening(server, client, addr, Driver::Tokio);
+        let own = EndpointOptions::own_queues();
+        let (_server, client, listener) = listening_with(server, client, addr, Driver::Tokio, own);
         let options = ConnectOptions {
             caps,
             ..ConnectOptions::default()

@@ -65,11 +65,12 @@ fn drive(other: &Weak<Mutex<SimEndpoint>>) {
         .expect("process never fails on the simulated fabric");
 }
 
-/// The endpoints' options: shared queues when the set-up says so.
+/// The endpoints' options: shared queues when the set-up says so, else queues of each
+/// connection's own.
 fn shared_options(setup: &Setup) -> EndpointOptions {
     match setup.shared_queues {
         Some(caps) => EndpointOptions::shared_queues(caps),
-        None => EndpointOptions::default(),
+        None => EndpointOptions::own_queues(),
     }
 }
 

@@ -29,7 +29,7 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
             reason: "the client needs the server's address (-a)",
         });
     }
-    let options = endpoint_options(config.shared_queues, config.message_size);
+    let options = endpoint_options(config.own_queues, config.message_size);
     let endpoint = Endpoint::with_options(RdmaTransport::new()?, options);
     let mut session = Session::new(endpoint, plan(config));
     session.start()?;

@@ -63,12 +63,12 @@ pub fn queue_caps(message_size: usize) -> QueueCaps {
     }
 }
 
-/// The endpoint options of a run: every connection of a device on shared queues
-/// (`--shared-queues`), their buffers as large as the run's messages, or each
-/// connection with its own.
-pub fn endpoint_options(shared_queues: bool, message_size: usize) -> cm_verbs::EndpointOptions {
-    if !shared_queues {
-        return cm_verbs::EndpointOptions::default();
+/// The endpoint options of a run: every connection of a device on shared queues (the
+/// default), their buffers as large as the run's messages, or each connection with its
+/// own (`--own-queues`).
+pub fn endpoint_options(own_queues: bool, message_size: usize) -> cm_verbs::EndpointOptions {
+    if own_queues {
+        return cm_verbs::EndpointOptions::own_queues();
     }
     cm_verbs::EndpointOptions::shared_queues(cm_verbs::SharedCaps {
         buffer_size: queue_caps(message_size).buffer_size,

@@ -539,7 +539,7 @@ impl<T: Transport> Endpoint<T> {
         }
         self.device_use(key);
         let caps = self.live(conn).expect("live connection").caps;
-        let shared = self.shared_for_setup(&id, device_index);
+        let shared = self.shared_for_setup(&id, device_index, &caps);
         let called = self.transport.now();
         let qp = match shared {
             Some(set) => self.create_qp_on_shared(&id, set, &caps)?,

@@ -1,8 +1,10 @@
 //! Queues a device context's connections share ([`EndpointOptions::shared_queues`]):
 //! one shared receive queue with one registered pool of receive buffers, one pool of
 //! send buffers, and one send and one receive completion queue, made when the first
-//! connection on the device is set up. A connection on them has only its QP: nothing
-//! is registered, no completion queue created and no receive posted on its accept path.
+//! connection on the device is set up and given back with its last (the device's
+//! reader closes then). A connection on them has only its QP: nothing is registered and
+//! no completion queue created on its accept path; the receive queue grows by the
+//! connection's receive depth until the pool is all posted.
 //!
 //! Receives: a receive completion names its QP, and the QP table its connection. The
 //! message is copied out and the receive posted again at once, so one connection never
@@ -46,6 +48,11 @@ struct SharedSet<T: Transport> {
     caps: SharedCaps,
     /// Send buffers not in flight.
     free_sends: Vec<u32>,
+    /// Receive buffers handed to the receive queue so far (slots `0..posted`; each is
+    /// posted again as soon as its message is copied out).
+    posted: u32,
+    /// Whether the limit event was armed once (it is once `posted` passes it).
+    limit_armed: bool,
     /// The SRQ limit event came and is not armed again yet (armed again once the
     /// receive completions are read).
     limit_fired: bool,
@@ -88,76 +95,99 @@ impl<T: Transport> SharedQueues<T> {
 }
 
 impl<T: Transport> Endpoint<T> {
-    /// The shared queues a connection being set up on `device_index` uses: made on the
-    /// first use (every receive posted), `None` when the endpoint keeps per-connection
-    /// queues or the device could not make them (its connections then keep their own;
-    /// the reason is logged once).
-    pub(super) fn shared_for_setup(&mut self, id: &T::Id, device_index: usize) -> Option<usize> {
+    /// The shared queues a connection of `conn_caps` being set up on `device_index`
+    /// uses: made on the first use (every receive posted), `None` when the endpoint
+    /// keeps per-connection queues, the connection's messages are larger than the
+    /// pool's buffers, or the device could not make them (its connections then keep
+    /// their own; the reason is logged once).
+    pub(super) fn shared_for_setup(
+        &mut self,
+        id: &T::Id,
+        device_index: usize,
+        conn_caps: &cm_core::QueueCaps,
+    ) -> Option<usize> {
         let caps = self.options.shared_queues?;
-        let key = self.device_keys[device_index];
-        if let Some(index) = self.shared.index(key) {
-            return Some(index);
-        }
-        if self.shared.refused.contains(&key) {
+        if conn_caps.buffer_size > caps.buffer_size {
             return None;
         }
-        let device = &self.devices[device_index];
-        let made = self
-            .transport
-            .create_shared(id, device, SHARED_TOKEN, &caps)
-            .and_then(|queues| {
-                let posted = (0..caps.recv_slots)
-                    .try_for_each(|slot| {
-                        self.transport
-                            .post_shared_recv(&queues, slot, u64::from(slot))
-                    })
-                    .and_then(|()| self.transport.arm_shared_limit(&queues, caps.limit));
-                match posted {
-                    Ok(()) => Ok(queues),
+        let key = self.device_keys[device_index];
+        let index = match self.shared.index(key) {
+            Some(index) => index,
+            None if self.shared.refused.contains(&key) => return None,
+            None => {
+                let device = &self.devices[device_index];
+                match self
+                    .transport
+                    .create_shared(id, device, SHARED_TOKEN, &caps)
+                {
+                    Ok(queues) => {
+                        self.shared.sets.push(SharedSet {
+                            key,
+                            queues,
+                            caps,
+                            // Popped from the end: buffer 0 first.
+                            free_sends: (0..caps.send_slots).rev().collect(),
+                            posted: 0,
+                            limit_armed: false,
+                            limit_fired: false,
+                        });
+                        self.shared.sets.len() - 1
+                    }
                     Err(error) => {
-                        self.transport.release_shared(queues);
-                        Err(error)
+                        log::warn!(
+                            "device {key:?}: no shared queues ({error}), each connection keeps its own"
+                        );
+                        self.shared.refused.push(key);
+                        return None;
                     }
                 }
-            });
-        match made {
-            Ok(queues) => {
-                self.shared.sets.push(SharedSet {
-                    key,
-                    queues,
-                    caps,
-                    // Popped from the end: buffer 0 first.
-                    free_sends: (0..caps.send_slots).rev().collect(),
-                    limit_fired: false,
-                });
-                Some(self.shared.sets.len() - 1)
             }
-            Err(error) => {
+        };
+        self.grow_receives(index, conn_caps.recv_depth);
+        Some(index)
+    }
+
+    /// Posts up to `by` more receives on set `index`'s queue (a connection joins it),
+    /// up to the pool's size: the queue grows with the connections, each bringing its
+    /// receive depth, so a device's first connection costs no more than one with its
+    /// own queues, and a busy device holds the whole pool posted. Receives are never
+    /// taken back (a connection gone leaves them to the others). The limit event is
+    /// armed once more receives than it are posted.
+    fn grow_receives(&mut self, index: usize, by: u32) {
+        let set = &mut self.shared.sets[index];
+        let target = set.posted.saturating_add(by).min(set.caps.recv_slots);
+        while set.posted < target {
+            let slot = set.posted;
+            if let Err(error) = self
+                .transport
+                .post_shared_recv(&set.queues, slot, u64::from(slot))
+            {
+                // The queue stays smaller; what is posted still serves every connection.
                 log::warn!(
-                    "device {key:?}: no shared queues ({error}), each connection keeps its own"
+                    "device {:?}: posting shared receive {slot}: {error}",
+                    set.key
                 );
-                self.shared.refused.push(key);
-                None
+                return;
+            }
+            set.posted += 1;
+        }
+        if !set.limit_armed && set.caps.limit > 0 && set.posted > set.caps.limit {
+            set.limit_armed = true;
+            if let Err(error) = self.transport.arm_shared_limit(&set.queues, set.caps.limit) {
+                log::debug!("device {:?}: arming the SRQ limit: {error}", set.key);
             }
         }
     }
 
-    /// The id's QP on the shared queues `set`, for a connection whose messages fit
-    /// their buffers.
+    /// The id's QP on the shared queues `set`.
     pub(super) fn create_qp_on_shared(
         &mut self,
         id: &T::Id,
         set: usize,
         caps: &cm_core::QueueCaps,
     ) -> Result<cm_core::QpNum, cm_core::CmError> {
-        let shared = &self.shared.sets[set];
-        if caps.buffer_size > shared.caps.buffer_size {
-            return Err(cm_core::CmError::InvalidArgument {
-                op: "create_qp_shared",
-                reason: "the connection's messages are larger than the shared buffers",
-            });
-        }
-        self.transport.create_qp_shared(id, &shared.queues, caps)
+        self.transport
+            .create_qp_shared(id, &self.shared.sets[set].queues, caps)
     }
 
     /// The device whose shared queues `conn` uses (a connection with a QP and no

@@ -635,8 +635,8 @@ pub enum ConnError {
     },
 }
 
-/// How an [`Endpoint`](crate::Endpoint) waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How an [`Endpoint`](crate::Endpoint) waits, and where its connections' queues live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EndpointOptions {
     /// Busy polling: a waiting call spins on its sources (non-blocking reads) for up
@@ -658,15 +658,44 @@ pub struct EndpointOptions {
     /// connection then has only its QP: its accept path registers nothing and creates
     /// no completion queue, and registered memory does not grow with connections (the
     /// default sizes register 5 MiB per device, under an 8 MiB `RLIMIT_MEMLOCK`).
-    /// Messages are bounded by the pool's `buffer_size` (a connection asking for larger
-    /// ones fails its setup); what a connection holds stays bounded by its receive
-    /// depth ([`CloseReason::ReceiveOverrun`] past it). A device that cannot make them
-    /// (no SRQ) keeps per-connection queues, logged once. `None` (the default): each
-    /// connection has its own queues and buffers.
+    /// A connection whose messages are larger than the pool's `buffer_size` keeps
+    /// queues of its own; what a connection holds stays bounded by its receive depth
+    /// ([`CloseReason::ReceiveOverrun`] past it: nothing on a shared queue holds one
+    /// peer back, where its own queue would make it meet RNR). A device that cannot
+    /// make them (no SRQ) keeps per-connection queues, logged once. The default:
+    /// [`SharedCaps::default`](crate::SharedCaps::default). `None`
+    /// ([`EndpointOptions::own_queues`]): each connection has its own queues, buffers
+    /// and posted receives, and a slow reader holds its peer back with RNR.
     pub shared_queues: Option<cm_core::SharedCaps>,
 }
 
+impl Default for EndpointOptions {
+    /// Sleep at once (no busy polling); connections on shared queues of the default
+    /// sizes.
+    fn default() -> Self {
+        EndpointOptions {
+            busy_poll: None,
+            shared_queues: Some(cm_core::SharedCaps::default()),
+        }
+    }
+}
+
 impl EndpointOptions {
+    /// The defaults, with each connection on queues and buffers of its own
+    /// ([`EndpointOptions::shared_queues`] `None`).
+    pub fn own_queues() -> Self {
+        EndpointOptions {
+            shared_queues: None,
+            ..EndpointOptions::default()
+        }
+    }
+
+    /// These options with each connection on queues and buffers of its own.
+    pub fn with_own_queues(mut self) -> Self {
+        self.shared_queues = None;
+        self
+    }
+
     /// The defaults, with busy polling for up to `budget` per wait.
     pub fn busy_poll(budget: Duration) -> Self {
         EndpointOptions {

@@ -18,6 +18,12 @@ pub(crate) fn endpoint() -> Endpoint<RdmaTransport> {
     Endpoint::new(RdmaTransport::new().expect("an RDMA transport"))
 }
 
+/// An endpoint on the real backend whose connections have queues of their own.
+pub(crate) fn endpoint_own_queues() -> Endpoint<RdmaTransport> {
+    let transport = RdmaTransport::new().expect("an RDMA transport");
+    Endpoint::with_options(transport, cm_verbs::EndpointOptions::own_queues())
+}
+
 /// Connect options resolving from `src` (any port).
 pub(crate) fn from(src: IpAddr) -> ConnectOptions<SocketAddr> {
     ConnectOptions {
