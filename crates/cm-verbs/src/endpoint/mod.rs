@@ -140,10 +140,12 @@ struct Conn<T: Transport> {
     /// established) how it was established: one field for both, as the second follows
     /// the first.
     via: Option<EstablishedVia>,
-    /// Messages received and not yet taken, with the receive slot each one used. A
-    /// slot's receive is posted again only when its message is taken, so this never
-    /// holds more than the receive depth: a peer that sends faster than the
-    /// application reads (or before the connection is established) meets RNR.
+    /// Messages received and not yet taken, with the receive slot each one used (of
+    /// its own queues; `shared::NO_SLOT` from the shared pool). An own slot's receive
+    /// is posted again only when its message is taken, so this never holds more than
+    /// the receive depth: a peer that sends faster than the application reads (or
+    /// before the connection is established) meets RNR. On shared queues the depth is
+    /// enforced by closing ([`CloseReason::ReceiveOverrun`]).
     inbox: Inbox,
     /// What it has to report.
     pending: Pending,
@@ -260,8 +262,9 @@ enum Owner {
 /// [`Endpoint::recv`], [`Endpoint::established`]), which block in the transport until
 /// something is ready or their timeout passes. Events no call was waiting for stay
 /// queued for [`Endpoint::next_event`], within bounds: a connection holds at most its
-/// receive depth of messages (a receive is posted again only when its message is
-/// taken, so a faster peer meets RNR), at most one [`Event::Sent`] and one
+/// receive depth of messages (with queues of its own a receive is posted again only
+/// when its message is taken, so a faster peer meets RNR; on shared queues a peer that
+/// sends past it ends the connection, [`CloseReason::ReceiveOverrun`]), at most one [`Event::Sent`] and one
 /// [`Event::NotifyFailed`] (the latest), and its close; closes not yet reported are
 /// kept up to [`CLOSED_BACKLOG`] and endpoint-wide events up to
 /// [`ENDPOINT_EVENT_BACKLOG`], what passes a bound being counted
