@@ -228,6 +228,7 @@ fn plan(config: &SimRun, server: bool, addr: SimAddr) -> Plan<SimAddr> {
         // and a DREQ at ESTABLISHED would end a server still waiting for a lost RTU
         // before its retries run out; those connections wait for the teardown.
         disconnect_when_done: config.teardown && config.send_data,
+        connect_window: None,
     }
 }
 

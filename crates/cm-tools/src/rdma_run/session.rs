@@ -9,7 +9,7 @@ use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::{CloseReason, Endpoint, EstablishedVia, Trigger};
 
 use super::report::RealReport;
-use super::{RealRun, ESTABLISH_TIMEOUT, RESOLVE_ATTEMPTS, RESOLVE_TIMEOUT};
+use super::{RealRun, CONNECT_WINDOW, ESTABLISH_TIMEOUT, RESOLVE_ATTEMPTS, RESOLVE_TIMEOUT};
 use crate::session::{cm_error, endpoint_options, queue_caps, Plan, Session};
 use crate::steps::{Span, Step};
 
@@ -145,6 +145,7 @@ fn plan(config: &RealRun) -> Plan<SocketAddr> {
         resolve_attempts: RESOLVE_ATTEMPTS,
         establish_timeout: Some(ESTABLISH_TIMEOUT),
         disconnect_when_done: true,
+        connect_window: Some(CONNECT_WINDOW),
     }
 }
 

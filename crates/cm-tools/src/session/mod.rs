@@ -107,6 +107,10 @@ pub struct Plan<A> {
     /// Whether the side that initiates the end disconnects as soon as its exchange is
     /// done; if not, connections stay up until [`Session::close_all`].
     pub disconnect_when_done: bool,
+    /// Client: the most connections in setup at once (each next one starts as one is
+    /// established or ends), so that a connection's establish deadline runs from its
+    /// own start, not from the run's; `None`: all at once.
+    pub connect_window: Option<usize>,
 }
 
 /// One side of a run: the endpoint and what the application knows of its connections.
@@ -186,10 +190,19 @@ impl<T: Transport> Session<T> {
         if self.plan.server {
             self.listen()
         } else {
-            for index in 0..self.wanted() {
-                self.connect(index, 1);
-            }
+            self.connect_more();
             Ok(())
+        }
+    }
+
+    /// Client: starts connections while fewer than the plan's window are in setup.
+    fn connect_more(&mut self) {
+        if self.plan.server {
+            return;
+        }
+        let window = self.plan.connect_window.unwrap_or(usize::MAX);
+        while self.conns.len() < self.wanted() && self.conns.len() - self.settled < window {
+            self.connect(self.conns.len(), 1);
         }
     }
 
@@ -337,6 +350,7 @@ impl<T: Transport> Session<T> {
                 Ok(event) => {
                     self.last_event = self.now();
                     self.on_event(event);
+                    self.connect_more();
                 }
                 Err(ConnError::Timeout) => self.expire(),
                 Err(error) => return Err(error),
@@ -358,6 +372,7 @@ impl<T: Transport> Session<T> {
         while let Some(event) = self.endpoint.poll()? {
             let tagged = inspect(&self.endpoint, &event).zip(event.conn());
             self.on_event(event);
+            self.connect_more();
             if let Some((tag, index)) =
                 tagged.and_then(|(tag, conn)| Some((tag, self.index(conn)?)))
             {
@@ -492,6 +507,7 @@ mod tests {
             resolve_attempts: 1,
             establish_timeout: Some(IDLE_TIMEOUT),
             disconnect_when_done: true,
+            connect_window: None,
         };
         let mut server = Session::new(Endpoint::new(server), plan(true));
         let mut client = Session::new(Endpoint::new(client), plan(false));

@@ -243,6 +243,7 @@ impl<T: Transport> Endpoint<T> {
                     entry.sends_in_flight = entry.sends_in_flight.saturating_sub(1);
                     entry.pending.sent = entry.pending.sent.saturating_add(1);
                     self.mark_ready(conn);
+                    self.send_completed(conn);
                 }
             }
             CqKind::Recv => self.on_received(conn, completion, reading),

@@ -11,6 +11,7 @@
 //! its own (time comes from the transport) and waits only in [`Transport::wait`].
 
 mod compact;
+mod drain;
 mod driving;
 mod inputs;
 mod queue;
@@ -670,6 +671,13 @@ impl<T: Transport> Endpoint<T> {
     /// then; [`Event::Sent`] says a buffer came free). O(1).
     pub fn send(&mut self, conn: ConnectionId, data: &[u8]) -> Result<(), ConnError> {
         self.conn(conn)?;
+        if self.is_closing(conn) {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "send",
+                needs: "not closing",
+            });
+        }
         let shared = self.shared_key_of(conn);
         let (transport, entry) = self.split(conn).ok_or(ConnError::UnknownConnection(conn))?;
         if entry.state != ConnState::Established {

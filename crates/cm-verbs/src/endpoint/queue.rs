@@ -46,6 +46,9 @@ pub(super) struct Pending {
     /// Someone holds it (a connection handle): its close is kept whatever
     /// [`CLOSED_BACKLOG`] says, since a holder will ask for it.
     pub(super) held: bool,
+    /// Closing ([`Endpoint::close_gracefully`](super::Endpoint::close_gracefully)): disconnected once its
+    /// sends in flight have completed.
+    pub(super) closing: bool,
 }
 
 /// A connection that ended but whose end the application has not heard of yet: its

@@ -659,11 +659,20 @@ impl<T: Transport> Core<T> {
     pub(super) fn release(&mut self, conn: ConnectionId) {
         self.wake_conn(conn);
         if self.unhold(conn) {
-            let _ = self.endpoint.disconnect(conn);
+            // What it sent is still delivered, then the DREQ.
+            let _ = self.endpoint.close_gracefully(conn);
         }
     }
 
-    /// `Connection::close`: disconnects now; the other clones' calls are told.
+    /// `Connection::close`: disconnects once its sends completed; the other clones'
+    /// calls are told.
+    pub(super) fn close(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
+        self.unhold(conn);
+        self.wake_conn(conn);
+        self.endpoint.close_gracefully(conn)
+    }
+
+    /// `Connection::abort`: disconnects now; the other clones' calls are told.
     pub(super) fn disconnect(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
         self.unhold(conn);
         self.wake_conn(conn);

@@ -672,9 +672,19 @@ impl<T: Transport> Connection<T> {
             })
     }
 
-    /// Disconnects it now (the other clones then answer
-    /// [`ConnError::UnknownConnection`]).
+    /// Closes it gracefully: what was sent is delivered first, then the DREQ
+    /// ([`Endpoint::close_gracefully`](crate::Endpoint::close_gracefully)); its sends
+    /// are refused from now on, and the other clones answer
+    /// [`ConnError::UnknownConnection`] once it is gone. Dropping the last clone closes
+    /// it so too.
     pub fn close(self) -> Result<(), ConnError> {
+        let id = self.inner.id;
+        self.shared().with(|core| core.close(id))
+    }
+
+    /// Disconnects it now, the forced close: sends still in flight are lost (the other
+    /// clones then answer [`ConnError::UnknownConnection`]).
+    pub fn abort(self) -> Result<(), ConnError> {
         let id = self.inner.id;
         self.shared().with(|core| core.disconnect(id))
     }
