@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use cm_mock::sim::{SimAddr, SimConfig, SimFabric, SimTransport, SimTransports};
-use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
+use cm_verbs::{ConnError, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions};
 
 /// Figure key: the soak's resident memory at its end over its middle.
 pub const SOAK_RSS_END_OVER_MIDDLE: &str = "soak/rss_end_over_middle";
@@ -196,22 +196,35 @@ pub fn soak(connections: usize, messages: u64) -> [SoakSample; 3] {
     let start = sample(&fixture, 0);
     let mut middle = start;
     let (mut sent, mut echoed) = (0u64, 0u64);
+    // Echoes the server's send pool had no buffer for yet, sent as buffers come free.
+    let mut unsent: std::collections::VecDeque<(ConnectionId, Vec<u8>)> = Default::default();
     while echoed < messages {
         // Every connection sends one message; the server echoes what it gets; the
-        // client takes the echoes.
+        // client takes the echoes. A send the shared send pool refuses waits for the
+        // next round.
         for &conn in &conns {
             if sent < messages {
                 // One payload throughout: the simulated wire stores each distinct
                 // payload once, for the length of the run.
-                fixture.client.send(conn, b"soak").expect("send");
-                sent += 1;
+                match fixture.client.send(conn, b"soak") {
+                    Ok(()) => sent += 1,
+                    Err(ConnError::SendQueueFull(_)) => break,
+                    Err(error) => panic!("send: {error}"),
+                }
             }
         }
         while echoed < sent {
             fixture.fabric.step();
             while let Some(event) = fixture.server.poll().expect("server") {
                 if let Event::Received { conn, data } = event {
-                    fixture.server.send(conn, &data).expect("echo");
+                    unsent.push_back((conn, data));
+                }
+            }
+            while let Some((conn, data)) = unsent.front() {
+                match fixture.server.send(*conn, data) {
+                    Ok(()) => drop(unsent.pop_front()),
+                    Err(ConnError::SendQueueFull(_)) => break,
+                    Err(error) => panic!("echo: {error}"),
                 }
             }
             while let Some(event) = fixture.client.poll().expect("client") {
@@ -258,6 +271,15 @@ mod tests {
             (start.messages, middle.messages, end.messages),
             (0, 1_000, 2_000)
         );
+        assert!(end.queued <= 64 && end.held == 0, "{end:?}");
+    }
+
+    /// More connections than the shared send pool has buffers (256), each sending at
+    /// once: refused sends wait for a buffer, and every message is still echoed.
+    #[test]
+    fn a_soak_wider_than_the_send_pool_echoes_everything() {
+        let [_, _, end] = soak(400, 2_000);
+        assert_eq!(end.messages, 2_000);
         assert!(end.queued <= 64 && end.held == 0, "{end:?}");
     }
 }

@@ -343,3 +343,52 @@ fn registered_memory_does_not_grow_with_connections_on_shared_queues() {
         assert_eq!(shared.registered_pools_peak, 2 * pool, "{n} connections");
     }
 }
+
+/// A connection refused a send because the others hold the whole send pool is told
+/// when a buffer comes free (an `Event::Sent` of 0 of its own completions), then sends:
+/// nobody waits on a completion of its own that will never come.
+#[test]
+fn a_connection_refused_for_want_of_a_pool_buffer_is_told_when_one_frees() {
+    let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 16);
+    let wide = QueueCaps {
+        send_depth: 16,
+        ..CAPS
+    };
+    listen(&mut server, wide);
+    connect(&server, &mut client);
+    connect(&server, &mut client);
+    let mut accepted = Vec::new();
+    while fabric.step() {
+        while let Some(event) = server.poll().unwrap() {
+            if let Event::Established { conn, .. } = event {
+                accepted.push(conn);
+            }
+        }
+        while client.poll().unwrap().is_some() {}
+    }
+    let [busy, refused] = accepted[..] else {
+        panic!("{accepted:?}");
+    };
+    for n in 0..POOL.send_slots {
+        server.send(busy, &[n as u8]).unwrap();
+    }
+    assert!(matches!(
+        server.send(refused, b"mine"),
+        Err(ConnError::SendQueueFull(c)) if c == refused
+    ));
+    // Refused again while waiting: still one place in the queue.
+    assert!(server.send(refused, b"mine").is_err());
+    let mut told = None;
+    while told.is_none() && fabric.step() {
+        while let Some(event) = server.poll().unwrap() {
+            if let Event::Sent { conn, completed } = event {
+                if conn == refused {
+                    told = Some(completed);
+                }
+            }
+        }
+        while client.poll().unwrap().is_some() {}
+    }
+    assert_eq!(told, Some(0), "told, with none of its own completed");
+    server.send(refused, b"mine").unwrap();
+}

@@ -151,17 +151,27 @@ impl<T: Transport> Session<T> {
                 self.first[Step::Exchange.index()].begin(now);
             }
             let size = self.plan.message_size;
+            // Once one is refused for want of a buffer (the device's shared send pool
+            // all in flight), the rest wait behind it, sent in order as buffers free.
+            let mut waiting = false;
             for seq in 0..messages {
                 let mut payload =
                     format!("cmnotify connection {index} message {seq}\0").into_bytes();
                 payload.resize(size, 0);
+                if waiting {
+                    self.conns[index].queue_echo(payload);
+                    continue;
+                }
                 match self.endpoint.send(handle, &payload) {
-                    Ok(()) => {}
+                    Ok(()) => self.conns[index].sends_posted += 1,
+                    Err(ConnError::SendQueueFull(_)) => {
+                        waiting = true;
+                        self.conns[index].queue_echo(payload);
+                    }
                     // Closed meanwhile: its Closed follows (an incomplete exchange).
                     Err(ConnError::UnknownConnection(_)) => return,
                     Err(error) => return self.give_up(index, format!("send {seq}: {error}")),
                 }
-                self.conns[index].sends_posted += 1;
             }
         }
         self.progress(index);

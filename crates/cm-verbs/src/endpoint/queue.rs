@@ -49,6 +49,12 @@ pub(super) struct Pending {
     /// Closing ([`Endpoint::close_gracefully`](super::Endpoint::close_gracefully)): disconnected once its
     /// sends in flight have completed.
     pub(super) closing: bool,
+    /// On shared queues: a send was refused because the device's send pool was empty,
+    /// and it waits in the pool's queue for a buffer to come free.
+    pub(super) pool_waiting: bool,
+    /// A pool buffer came free for it since: reported as an [`Event::Sent`] (of 0
+    /// completions if none of its own completed) so that it tries again.
+    pub(super) pool_freed: bool,
 }
 
 /// A connection that ended but whose end the application has not heard of yet: its
@@ -282,7 +288,8 @@ impl<T: Transport> Endpoint<T> {
             entry.rare.set_notify_failed(None);
             return Some(Event::NotifyFailed { conn, qp, error });
         }
-        if entry.pending.sent > 0 {
+        if entry.pending.sent > 0 || entry.pending.pool_freed {
+            entry.pending.pool_freed = false;
             let completed = std::mem::take(&mut entry.pending.sent);
             return Some(Event::Sent { conn, completed });
         }
@@ -297,6 +304,7 @@ impl<T: Transport> Endpoint<T> {
                 || p.established
                 || entry.rare.notify_failed().is_some()
                 || p.sent > 0
+                || p.pool_freed
                 || (entry.state == ConnState::Established && !entry.inbox.is_empty());
         }
         self.closed(conn).is_some()

@@ -53,6 +53,11 @@ struct SharedSet<T: Transport> {
     posted: u32,
     /// Whether the limit event was armed once (it is once `posted` passes it).
     limit_armed: bool,
+    /// Connections whose send was refused for want of a free send buffer, in turn:
+    /// each buffer freed answers the first still waiting. A live connection is here
+    /// at most once (its `pool_waiting` flag); entries of connections gone are
+    /// skipped as met and dropped in bulk when they outnumber the connections.
+    waiters: std::collections::VecDeque<ConnectionId>,
     /// The SRQ limit event came and is not armed again yet (armed again once the
     /// receive completions are read).
     limit_fired: bool,
@@ -129,6 +134,7 @@ impl<T: Transport> Endpoint<T> {
                             free_sends: (0..caps.send_slots).rev().collect(),
                             posted: 0,
                             limit_armed: false,
+                            waiters: std::collections::VecDeque::new(),
                             limit_fired: false,
                         });
                         self.shared.sets.len() - 1
@@ -240,6 +246,16 @@ impl<T: Transport> Endpoint<T> {
             return Err(ConnError::SendQueueFull(conn));
         }
         let Some(slot) = set.free_sends.pop() else {
+            // Answered in turn when a buffer comes free (an Event::Sent).
+            if !std::mem::replace(&mut entry.pending.pool_waiting, true) {
+                set.waiters.push_back(conn);
+                if set.waiters.len() > 2 * self.live_conns + 64 {
+                    let slots = &self.slots;
+                    set.waiters.retain(|&c| {
+                        super::table::live_in(slots, c).is_some_and(|c| c.pending.pool_waiting)
+                    });
+                }
+            }
             return Err(ConnError::SendQueueFull(conn));
         };
         let wr_id = u64::from(slot) | (u64::from(conn.generation()) << SLOT_BITS);
@@ -329,6 +345,7 @@ impl<T: Transport> Endpoint<T> {
                     let generation = (completion.wr_id >> SLOT_BITS) as u32;
                     if let Some(index) = self.shared.index(key) {
                         self.shared.sets[index].free_sends.push(slot);
+                        self.answer_pool_waiter(index);
                     }
                     // A completion of a QP gone, its number now another connection's.
                     conn = conn.filter(|c| c.generation() == generation);
@@ -349,6 +366,22 @@ impl<T: Transport> Endpoint<T> {
         match data {
             Some(data) => self.hold_shared_message(conn, completion, reading, data),
             None => self.on_completion(conn, completion, reading),
+        }
+    }
+
+    /// A send buffer of set `index` came free: the first connection still waiting for
+    /// one is told (an [`Event::Sent`](crate::Event::Sent), and its waiting calls
+    /// woken).
+    fn answer_pool_waiter(&mut self, index: usize) {
+        while let Some(conn) = self.shared.sets[index].waiters.pop_front() {
+            let Some(entry) = self.live_mut(conn) else {
+                continue;
+            };
+            if std::mem::take(&mut entry.pending.pool_waiting) {
+                entry.pending.pool_freed = true;
+                self.mark_ready(conn);
+                return;
+            }
         }
     }
 

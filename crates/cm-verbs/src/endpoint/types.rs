@@ -468,7 +468,11 @@ pub enum Event {
     },
     /// Messages sent with [`Endpoint::send`](crate::Endpoint::send) completed: the
     /// peer's queue pair acknowledged them and their send buffers are free again. One
-    /// event stands for every completion since the last one was taken.
+    /// event stands for every completion since the last one was taken. On shared
+    /// queues `completed` may be 0: a send of this connection was refused because the
+    /// device's send pool was all in flight ([`ConnError::SendQueueFull`]), and a
+    /// buffer has come free for it (the refused connections are answered in turn, one
+    /// per buffer freed), so it can send again.
     Sent {
         /// The connection.
         conn: ConnectionId,
