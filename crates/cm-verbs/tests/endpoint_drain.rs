@@ -3,6 +3,7 @@
 //! in flight it disconnects at once. On shared queues and on queues of each
 //! connection's own. The handles' `Connection::close` (and dropping the last clone) is
 //! the same close.
+#![cfg(all(feature = "tokio", feature = "sim"))]
 
 use cm_mock::sim::{SimConfig, SimFabric, SimTransport, SimTransports};
 use cm_verbs::handle::EndpointHandle;
