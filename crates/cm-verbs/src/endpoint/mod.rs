@@ -15,6 +15,7 @@ mod drain;
 mod driving;
 mod inputs;
 mod queue;
+mod sending;
 mod shared;
 mod slots;
 mod table;
@@ -664,54 +665,6 @@ impl<T: Transport> Endpoint<T> {
         let result = self.transport.reject(&id, private_data.as_bytes());
         self.forget(conn);
         result.map_err(Into::into)
-    }
-
-    /// Sends one message (a SEND of `data`) on an established connection. The buffer
-    /// is free again once its completion is read ([`ConnError::SendQueueFull`] until
-    /// then; [`Event::Sent`] says a buffer came free). O(1).
-    pub fn send(&mut self, conn: ConnectionId, data: &[u8]) -> Result<(), ConnError> {
-        self.conn(conn)?;
-        if self.is_closing(conn) {
-            return Err(ConnError::WrongState {
-                conn,
-                what: "send",
-                needs: "not closing",
-            });
-        }
-        let shared = self.shared_key_of(conn);
-        let (transport, entry) = self.split(conn).ok_or(ConnError::UnknownConnection(conn))?;
-        if entry.state != ConnState::Established {
-            return Err(ConnError::WrongState {
-                conn,
-                what: "send",
-                needs: "established",
-            });
-        }
-        let max = entry.caps.buffer_size as usize;
-        if data.len() > max {
-            return Err(ConnError::MessageTooLarge {
-                len: data.len(),
-                max,
-            });
-        }
-        let Some(buffers) = entry.buffers.as_ref() else {
-            if let Some(key) = shared {
-                return self.send_shared(conn, key, data);
-            }
-            return Err(ConnError::WrongState {
-                conn,
-                what: "send",
-                needs: "buffers",
-            });
-        };
-        if entry.sends_in_flight >= entry.caps.send_depth {
-            return Err(ConnError::SendQueueFull(conn));
-        }
-        let slot = entry.send_next;
-        transport.post_send(&entry.id, buffers, slot, data, u64::from(slot))?;
-        entry.send_next = (slot + 1) % entry.caps.send_depth;
-        entry.sends_in_flight += 1;
-        Ok(())
     }
 
     /// Disconnects (DREQ) and forgets the connection: the application closed it, so
