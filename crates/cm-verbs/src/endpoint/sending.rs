@@ -8,7 +8,7 @@ use super::{ConnError, ConnState, ConnectionId, Endpoint};
 impl<T: Transport> Endpoint<T> {
     /// Sends one message (a SEND of `data`) on an established connection. The buffer
     /// is free again once its completion is read ([`ConnError::SendQueueFull`] until
-    /// then; [`Event::Sent`] says a buffer came free). O(1).
+    /// then; [`Event::Sent`](crate::Event::Sent) says a buffer came free). O(1).
     pub fn send(&mut self, conn: ConnectionId, data: &[u8]) -> Result<(), ConnError> {
         self.conn(conn)?;
         if self.is_closing(conn) {
