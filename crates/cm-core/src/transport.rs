@@ -11,7 +11,7 @@ use core::fmt::Debug;
 use core::hash::Hash;
 use core::time::Duration;
 
-use crate::{AsyncEvent, CmError, CmEvent, CmId, ConnectionParams, QpNum, WcStatus};
+use crate::{AsyncEvent, CmError, CmEvent, CmId, ConnectionParams, IdOption, QpNum, WcStatus};
 
 /// Which of a connection's two completion queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -235,6 +235,15 @@ pub trait Transport {
     fn bind(&mut self, id: &Self::Id, addr: Self::Addr) -> Result<(), CmError>;
     /// `rdma_listen`.
     fn listen(&mut self, id: &Self::Id, backlog: u16) -> Result<(), CmError>;
+    /// `rdma_set_option(id, RDMA_OPTION_ID, ..)`. A transport without options refuses
+    /// every one (the default); callers make the call only for an option a user set.
+    fn set_option(&mut self, id: &Self::Id, option: IdOption) -> Result<(), CmError> {
+        let _ = (id, option);
+        Err(CmError::InvalidArgument {
+            op: "rdma_set_option",
+            reason: "this transport takes no id options",
+        })
+    }
     /// `rdma_resolve_addr` (ADDR_RESOLVED or ADDR_ERROR follows).
     fn resolve_addr(
         &mut self,

@@ -30,6 +30,7 @@ pub(crate) use rdma_sys::{
     rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp, rdma_disconnect,
     rdma_event_channel, rdma_event_str, rdma_free_devices, rdma_get_cm_event, rdma_get_devices,
     rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr, rdma_resolve_route,
+    rdma_set_option,
 };
 pub(crate) use rdma_sys::{
     ibv_alloc_pd, ibv_create_srq, ibv_dealloc_pd, ibv_destroy_srq, ibv_device_attr, ibv_modify_srq,

@@ -105,6 +105,17 @@ struct Cli {
     #[arg(long)]
     own_queues: bool,
 
+    /// (rdma) Type of service of every connection (`rdma_set_option` TOS; on RoCE the
+    /// IP traffic class: DSCP << 2 | ECN). The client's goes into its requests; a
+    /// server's connections take each request's.
+    #[arg(long, value_name = "TOS")]
+    tos: Option<u8>,
+
+    /// (rdma) Local ACK timeout of every connection's QP, 0 to 31 (4.096 µs × 2^N;
+    /// `rdma_set_option` ACK_TIMEOUT) [default: the CM's, from the path].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=31))]
+    ack_timeout: Option<u8>,
+
     /// Print one JSON document instead of the human summary.
     #[arg(long)]
     json: bool,
@@ -392,6 +403,11 @@ fn run_rdma(cli: &Cli) -> ExitCode {
         message_size: usize::from(cli.size.unwrap_or(DEFAULT_SIZE)),
         timeline: cli.timeline.clone(),
         own_queues: cli.own_queues,
+        id_options: cm_verbs::core::IdOptions {
+            type_of_service: cli.tos,
+            ack_timeout: cli.ack_timeout,
+            ..Default::default()
+        },
     })
 }
 

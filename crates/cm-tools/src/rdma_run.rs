@@ -65,6 +65,8 @@ pub struct RealRun {
     /// Each connection with queues and buffers of its own (`--own-queues`) instead of
     /// its device's shared queues.
     pub own_queues: bool,
+    /// `rdma_set_option` choices (`--tos`, `--ack-timeout`).
+    pub id_options: cm_verbs::core::IdOptions,
 }
 
 impl Default for RealRun {
@@ -82,6 +84,7 @@ impl Default for RealRun {
             message_size: DEFAULT_MESSAGE_SIZE,
             timeline: None,
             own_queues: false,
+            id_options: cm_verbs::core::IdOptions::default(),
         }
     }
 }

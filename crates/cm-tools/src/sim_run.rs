@@ -229,6 +229,7 @@ fn plan(config: &SimRun, server: bool, addr: SimAddr) -> Plan<SimAddr> {
         // before its retries run out; those connections wait for the teardown.
         disconnect_when_done: config.teardown && config.send_data,
         connect_window: None,
+        id_options: cm_verbs::core::IdOptions::default(),
     }
 }
 

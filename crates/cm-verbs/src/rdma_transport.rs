@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    AsyncEvent, CmError, ConnectionParams, CqKind, QpNum, QueueCaps, SharedCaps, Transport,
-    WorkCompletion,
+    AsyncEvent, CmError, ConnectionParams, CqKind, IdOption, QpNum, QueueCaps, SharedCaps,
+    Transport, WorkCompletion,
 };
 
 use crate::rdma::WakeReader;
@@ -469,6 +469,10 @@ impl Transport for RdmaTransport {
 
     fn listen(&mut self, id: &CmId, backlog: u16) -> Result<(), CmError> {
         id.listen(i32::from(backlog))
+    }
+
+    fn set_option(&mut self, id: &CmId, option: IdOption) -> Result<(), CmError> {
+        id.set_option(option)
     }
 
     fn resolve_addr(

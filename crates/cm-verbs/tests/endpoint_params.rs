@@ -1,9 +1,10 @@
 //! Connection parameters (simulated fabric): what `ConnectOptions::params` and
 //! `ListenOptions::params` say reaches the CM's connect and accept, on both accept
 //! paths, and an out-of-range value is refused with a typed error before anything is
-//! created.
+//! created. The same for the id options (`rdma_set_option`).
 
 use cm_mock::sim::{SimFabric, SimTransport, SimTransports};
+use cm_verbs::core::{IdOption, IdOptions, Transport};
 use cm_verbs::{
     CmError, ConnError, ConnectOptions, ConnectionId, ConnectionParams, Endpoint, Event,
     ListenOptions, PrivateData,
@@ -155,4 +156,107 @@ fn out_of_range_retry_counts_are_refused_and_create_nothing() {
     server.listen(addr, ListenOptions::default()).unwrap();
     client.connect(addr, ConnectOptions::default()).unwrap();
     assert_eq!(run(&fabric, &mut server, &mut client).len(), 1);
+}
+
+/// `ConnectOptions::id_options` reach the connection's id and `ListenOptions::id_options`
+/// the listening id's address options; each accepted id gets the listener's ACK
+/// timeout (the kernel does not copy it from the listening id), and nothing else.
+#[test]
+fn id_options_reach_the_ids_they_are_for() {
+    let (fabric, mut server, mut client) = endpoints(93);
+    let addr = server.transport().addr(PORT);
+    let listen_options = IdOptions {
+        ack_timeout: Some(16),
+        reuse_addr: true,
+        ipv6_only: Some(false),
+        type_of_service: Some(0x20),
+    };
+    let options = ListenOptions {
+        id_options: listen_options,
+        ..ListenOptions::default()
+    };
+    server.listen(addr, options).unwrap();
+    let connect_options = IdOptions {
+        type_of_service: Some(0x68),
+        ack_timeout: Some(18),
+        reuse_addr: true,
+        ipv6_only: None,
+    };
+    let options = ConnectOptions {
+        id_options: connect_options,
+        ..ConnectOptions::default()
+    };
+    let out = client.connect(addr, options).unwrap();
+    let accepted = run(&fabric, &mut server, &mut client);
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(
+        client.cm_id(out).unwrap().id_options(),
+        Some(connect_options)
+    );
+    assert_eq!(
+        server.cm_id(accepted[0]).unwrap().id_options(),
+        Some(IdOptions {
+            ack_timeout: Some(16),
+            ..IdOptions::default()
+        }),
+        "the accepted id: the listener's ACK timeout only"
+    );
+}
+
+/// An ACK timeout above 31 is refused by `connect` and `listen` with a typed error
+/// before any id is made; the simulated CM refuses an address option on a bound id
+/// (EINVAL), as the kernel does, which is why the endpoint sets them first.
+#[test]
+fn out_of_range_or_late_id_options_are_refused() {
+    let SimTransports {
+        fabric,
+        mut server,
+        client,
+    } = SimTransports::new(Default::default(), 94);
+    let addr = server.addr(PORT);
+    let id = server.create_id().unwrap();
+    server
+        .set_option(&id, IdOption::TypeOfService(0x68))
+        .unwrap();
+    server.bind(&id, addr).unwrap();
+    for late in [IdOption::ReuseAddr(true), IdOption::Ipv6Only(true)] {
+        let refused = server.set_option(&id, late);
+        assert_eq!(refused.map_err(|e| e.errno()), Err(22), "{late:?}");
+    }
+    // The ACK timeout and the type of service are taken at any time.
+    server.set_option(&id, IdOption::AckTimeout(31)).unwrap();
+    server.release_id(id);
+
+    let (mut server, mut client) = (Endpoint::new(server), Endpoint::new(client));
+    let too_long = IdOptions {
+        ack_timeout: Some(32),
+        ..IdOptions::default()
+    };
+    let refused = server.listen(
+        addr,
+        ListenOptions {
+            id_options: too_long,
+            ..ListenOptions::default()
+        },
+    );
+    assert!(
+        matches!(refused, Err(ConnError::Cm(CmError::InvalidArgument { .. }))),
+        "{refused:?}"
+    );
+    let refused = client.connect(
+        addr,
+        ConnectOptions {
+            id_options: too_long,
+            ..ConnectOptions::default()
+        },
+    );
+    assert!(
+        matches!(refused, Err(ConnError::Cm(CmError::InvalidArgument { .. }))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        (server.listener_count(), client.stats().connections),
+        (0, 0)
+    );
+    assert_eq!(fabric.stats().sent, [0; 8], "nothing reached the fabric");
 }

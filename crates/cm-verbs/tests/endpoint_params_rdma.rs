@@ -8,6 +8,11 @@
 //! the depths only with the accepting side's explicit values): the read depths of both
 //! QPs come from the REP (crossed over on the active side), the transport retry count
 //! from the REQ, and each side's RNR retry count from the other side's message.
+//!
+//! The id options (`rdma_set_option`, `cma.c`: `rdma_set_service_type`,
+//! `rdma_set_ack_timeout`, applied in `cma_resolve_iboe_route` and
+//! `rdma_init_qp_attr`): the active side's type of service travels in the REQ's path and
+//! becomes both QPs' traffic class; each side's ACK timeout is its own QP's.
 #![cfg(feature = "rdma")]
 
 mod common;
@@ -15,6 +20,7 @@ mod common;
 use std::net::SocketAddr;
 
 use cm_testkit::{addresses, report};
+use cm_verbs::core::IdOptions;
 use cm_verbs::sys::{QpAttributes, QpState};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionParams, Event, ListenOptions, QpErrorDetail,
@@ -39,27 +45,19 @@ const PASSIVE: ConnectionParams = ConnectionParams {
     rnr_retry_count: 6,
 };
 
-#[test]
-fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
-    const TEST: &str = "each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters";
-    let Some(addrs) = addresses(TEST) else {
-        return;
-    };
+/// Listens on `listen` with `listen_options`, connects to it with `connect_options`,
+/// reads both QPs once established (the connection stays up until both are read: the
+/// server reads its QP before it echoes), and answers (active QP, passive QP).
+fn both_qps(
+    listen: SocketAddr,
+    listen_options: ListenOptions,
+    connect_options: ConnectOptions<SocketAddr>,
+) -> (QpAttributes, QpAttributes) {
     let mut server = common::endpoint();
-    let listen = SocketAddr::new(addrs.addr_a, 7521);
-    let options = ListenOptions {
-        params: PASSIVE,
-        ..ListenOptions::default()
-    };
-    server.listen(listen, options).expect("listen");
-    let src = addrs.addr_b;
+    server.listen(listen, listen_options).expect("listen");
     let client = std::thread::spawn(move || -> QpAttributes {
         let mut client = common::endpoint();
-        let options = ConnectOptions {
-            params: ACTIVE,
-            ..common::from(src)
-        };
-        let conn = client.connect(listen, options).expect("connect");
+        let conn = client.connect(listen, connect_options).expect("connect");
         client
             .established(conn, common::WAIT)
             .expect("client established");
@@ -68,7 +66,6 @@ fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
             .expect("the connection's id")
             .query_qp()
             .expect("ibv_query_qp, active side");
-        // The server reads its QP before it echoes: the connection stays up meanwhile.
         client.send(conn, b"read").expect("send");
         client.recv(conn, common::WAIT).expect("echo");
         client.disconnect(conn).expect("disconnect");
@@ -82,7 +79,24 @@ fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
         .expect("ibv_query_qp, passive side");
     let message = server.recv(conn, common::WAIT).expect("message");
     server.send(conn, &message).expect("echo");
-    let active = client.join().expect("client thread");
+    (client.join().expect("client thread"), passive)
+}
+
+#[test]
+fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
+    const TEST: &str = "each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let listen = ListenOptions {
+        params: PASSIVE,
+        ..ListenOptions::default()
+    };
+    let connect = ConnectOptions {
+        params: ACTIVE,
+        ..common::from(addrs.addr_b)
+    };
+    let (active, passive) = both_qps(SocketAddr::new(addrs.addr_a, 7521), listen, connect);
     report(&format!(
         "params: active QP {active:?}, passive QP {passive:?}"
     ));
@@ -261,4 +275,100 @@ fn a_reader_that_stops_on_shared_queues_ends_the_connection_past_its_depth() {
     assert_eq!(client_reason, CloseReason::Disconnected);
     assert!(sent > depth as usize, "more sends than the depth: {sent}");
     assert_eq!(server.stats().shared_queue_devices, 1);
+}
+
+/// `IdOptions` on the real kernel: the active side's type of service becomes both QPs'
+/// traffic class (it travels in the REQ's path; the listener's own is not used), and
+/// each side's ACK timeout is its own QP's. Without options, the timeouts the CM
+/// derives are reported beside them.
+#[test]
+fn id_options_reach_each_qp() {
+    const TEST: &str = "id_options_reach_each_qp";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    const TOS: u8 = 0x68; // DSCP 26 (AF31), ECN 0
+    let run = |port: u16, listen_ids: IdOptions, connect_ids: IdOptions| {
+        let listen = ListenOptions {
+            id_options: listen_ids,
+            ..ListenOptions::default()
+        };
+        let connect = ConnectOptions {
+            id_options: connect_ids,
+            ..common::from(addrs.addr_b)
+        };
+        both_qps(SocketAddr::new(addrs.addr_a, port), listen, connect)
+    };
+    let (active, passive) = run(7522, IdOptions::default(), IdOptions::default());
+    report(&format!(
+        "id options: none: active timeout {} tc {} sl {}, passive timeout {} tc {} sl {}",
+        active.timeout,
+        active.traffic_class,
+        active.service_level,
+        passive.timeout,
+        passive.traffic_class,
+        passive.service_level
+    ));
+    let (default_active, default_passive) = (active, passive);
+    let listen_ids = IdOptions {
+        ack_timeout: Some(14),
+        type_of_service: Some(0x20),
+        ..IdOptions::default()
+    };
+    let connect_ids = IdOptions {
+        ack_timeout: Some(20),
+        type_of_service: Some(TOS),
+        ..IdOptions::default()
+    };
+    let (active, passive) = run(7523, listen_ids, connect_ids);
+    report(&format!(
+        "id options: set: active {active:?}, passive {passive:?}"
+    ));
+    assert_eq!(active.timeout, 20, "the active QP: its own ACK timeout");
+    assert_eq!(
+        passive.timeout, 14,
+        "the passive QP: its listener's ACK timeout"
+    );
+    assert_eq!(
+        active.traffic_class, TOS,
+        "the active QP: its type of service"
+    );
+    assert_eq!(
+        passive.traffic_class, TOS,
+        "the passive QP: the request's traffic class, not its listener's"
+    );
+    assert_ne!(
+        (default_active.timeout, default_active.traffic_class),
+        (active.timeout, active.traffic_class),
+        "the options changed what the defaults give"
+    );
+    assert_ne!(default_passive.timeout, passive.timeout);
+}
+
+/// The address options on IPv4 ids (`ipv6_only` on the listener, `reuse_addr` on both
+/// sides) are taken by the kernel before bind, and the connection is made as without
+/// them.
+#[test]
+fn address_options_on_ipv4_ids_are_taken_and_connect_as_before() {
+    const TEST: &str = "address_options_on_ipv4_ids_are_taken_and_connect_as_before";
+    let Some(v4) = addresses(TEST) else {
+        return;
+    };
+    let listen = ListenOptions {
+        id_options: IdOptions {
+            ipv6_only: Some(false),
+            reuse_addr: true,
+            ..IdOptions::default()
+        },
+        ..ListenOptions::default()
+    };
+    let connect = ConnectOptions {
+        id_options: IdOptions {
+            reuse_addr: true,
+            ..IdOptions::default()
+        },
+        ..common::from(v4.addr_b)
+    };
+    let (active, passive) = both_qps(SocketAddr::new(v4.addr_a, 7534), listen, connect);
+    assert_eq!((active.state, passive.state), (QpState::Rts, QpState::Rts));
 }

@@ -1,7 +1,8 @@
-//! Connection parameters on a simulated id: given to connect and accept, and kept, so
-//! that a test can check what a connection layer passed down.
+//! Connection parameters and id options on a simulated id: given to connect, accept
+//! and `rdma_set_option`, and kept, so that a test can check what a connection layer
+//! passed down.
 
-use cm_core::{CmError, ConnectionParams};
+use cm_core::{CmError, ConnectionParams, IdOption, IdOptions};
 
 use super::{ConnId, SimCmId};
 
@@ -33,5 +34,16 @@ impl SimCmId {
     /// id is destroyed.
     pub fn conn_params(&self) -> Option<ConnectionParams> {
         self.with(|f| f.conn_params(self.key))
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, ..)`: checked as the kernel does (an address
+    /// option after bind is EINVAL) and recorded ([`SimCmId::id_options`]).
+    pub fn set_option(&self, option: IdOption) -> Result<(), CmError> {
+        self.with(|f| f.set_option(self.key, option))
+    }
+
+    /// What `rdma_set_option` set on this id; `None` once the id is destroyed.
+    pub fn id_options(&self) -> Option<IdOptions> {
+        self.with(|f| f.id_options(self.key))
     }
 }

@@ -1,6 +1,7 @@
 //! `CmId`: one `rdma_cm_id`, shared by cheap clones and destroyed with the last one.
 
 mod data;
+mod options;
 mod query;
 
 use std::ffi::c_void;

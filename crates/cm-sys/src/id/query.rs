@@ -65,6 +65,13 @@ pub struct QpAttributes {
     pub min_rnr_timer: u8,
     /// The local ACK timeout (4.096 µs × 2^timeout; 0: infinite).
     pub timeout: u8,
+    /// The path's traffic class (on RoCE the IP header's, from the active side's type
+    /// of service).
+    pub traffic_class: u8,
+    /// The path's service level.
+    pub service_level: u8,
+    /// The local GID table index the path uses.
+    pub sgid_index: u8,
 }
 
 /// `enum ibv_mtu` (1: 256 bytes … 5: 4096) in bytes.
@@ -73,8 +80,8 @@ fn mtu_bytes(raw: u32) -> Option<u32> {
 }
 
 impl CmId {
-    /// `ibv_query_qp` on the id's QP: its state, read depths, retry counts, path MTU and
-    /// timers, as the device holds them (after ESTABLISHED: what the CM applied from
+    /// `ibv_query_qp` on the id's QP: its state, read depths, retry counts, path MTU,
+    /// timers and path (traffic class, service level, GID index), as the device holds them (after ESTABLISHED: what the CM applied from
     /// both sides' connection parameters).
     ///
     /// [`CmError::InvalidArgument`] if the id has no QP yet; the device's errno if the
@@ -104,7 +111,8 @@ impl CmId {
             | ffi::ibv_qp_attr_mask::IBV_QP_RNR_RETRY
             | ffi::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
             | ffi::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
-            | ffi::ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC;
+            | ffi::ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ffi::ibv_qp_attr_mask::IBV_QP_AV;
         // The mask is a few low bits: it fits a C int.
         let mask = i32::try_from(mask.0).unwrap_or(i32::MAX);
         // SAFETY: `qp` is the id's live QP (destroyed only with the id, which `self`
@@ -121,6 +129,9 @@ impl CmId {
             path_mtu: mtu_bytes(attr.path_mtu),
             min_rnr_timer: attr.min_rnr_timer,
             timeout: attr.timeout,
+            traffic_class: attr.ah_attr.grh.traffic_class,
+            service_level: attr.ah_attr.sl,
+            sgid_index: attr.ah_attr.grh.sgid_index,
         })
     }
 }

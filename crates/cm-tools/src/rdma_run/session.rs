@@ -146,6 +146,7 @@ fn plan(config: &RealRun) -> Plan<SocketAddr> {
         establish_timeout: Some(ESTABLISH_TIMEOUT),
         disconnect_when_done: true,
         connect_window: Some(CONNECT_WINDOW),
+        id_options: config.id_options,
     }
 }
 

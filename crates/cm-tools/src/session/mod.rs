@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use cm_core::{CmError, ConnectionParams, QueueCaps, Transport};
+use cm_core::{CmError, ConnectionParams, IdOptions, QueueCaps, Transport};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions,
     PrivateData,
@@ -111,6 +111,9 @@ pub struct Plan<A> {
     /// established or ends), so that a connection's establish deadline runs from its
     /// own start, not from the run's; `None`: all at once.
     pub connect_window: Option<usize>,
+    /// `rdma_set_option` choices of every connection (client) or of the listener and
+    /// the connections it accepts (server).
+    pub id_options: IdOptions,
 }
 
 /// One side of a run: the endpoint and what the application knows of its connections.
@@ -287,6 +290,7 @@ impl<T: Transport> Session<T> {
             // them together, as cmtime does); a real server keeps the default bound.
             max_in_setup: self.plan.connections.max(1),
             params: ConnectionParams::default(),
+            id_options: self.plan.id_options,
         };
         let listener = self
             .endpoint
@@ -305,6 +309,7 @@ impl<T: Transport> Session<T> {
             resolve_timeout: self.plan.resolve_timeout,
             timeout: self.plan.establish_timeout,
             params: ConnectionParams::default(),
+            id_options: self.plan.id_options,
         };
         let conn = match self.endpoint.connect(self.plan.addr, options) {
             Ok(handle) => {
@@ -508,6 +513,7 @@ mod tests {
             establish_timeout: Some(IDLE_TIMEOUT),
             disconnect_when_done: true,
             connect_window: None,
+            id_options: IdOptions::default(),
         };
         let mut server = Session::new(Endpoint::new(server), plan(true));
         let mut client = Session::new(Endpoint::new(client), plan(false));

@@ -501,6 +501,12 @@ impl<T: Transport> Endpoint<T> {
         // The listener's parameters (checked by `listen`); one closed meanwhile leaves
         // none to answer with, and its requests are rejected, not accepted.
         let params = listener.map(|l| l.options.params).unwrap_or_default();
+        let ack_timeout = listener.and_then(|l| l.options.id_options.ack_timeout);
+        // The ACK timeout is per id, not inherited from the listening one.
+        if let Some(timeout) = ack_timeout {
+            self.transport
+                .set_option(&id, cm_core::IdOption::AckTimeout(timeout))?;
+        }
         let called = self.transport.now();
         self.transport.accept(&id, private_data, &params)?;
         let now = self.transport.now();

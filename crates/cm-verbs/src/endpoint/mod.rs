@@ -14,6 +14,7 @@ mod compact;
 mod drain;
 mod driving;
 mod inputs;
+mod options;
 mod queue;
 mod sending;
 mod shared;
@@ -34,11 +35,12 @@ use cm_core::{CmEventType, QpNum, QueueCaps, RejectReason, Transport, WorkComple
 use crate::{NotifyPump, PumpCounters, Role};
 
 use compact::{Inbox, Micros, Nanos, QpSlot, Rare, SlotIndex, Step, Times};
+pub use options::{ConnectOptions, ListenOptions, PrivateData};
 use queue::{ClosedConn, Pending, Ready};
 pub use queue::{CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG};
 pub use types::{
-    CloseReason, ConnError, ConnTimes, ConnectOptions, ConnectionId, EndpointOptions,
-    EndpointStats, EstablishedVia, Event, ListenOptions, ListenerId, PrivateData, QpErrorDetail,
+    CloseReason, ConnError, ConnTimes, ConnectionId, EndpointOptions, EndpointStats,
+    EstablishedVia, Event, ListenerId, QpErrorDetail,
 };
 
 /// On a transport in virtual time, turns given to the other parties (the runtime's
@@ -541,7 +543,8 @@ impl<T: Transport> Endpoint<T> {
         options.caps.validate()?;
         options.params.validate()?;
         options.private_data.check("REP", PrivateData::MAX_REP)?;
-        let id = self.transport.create_id()?;
+        options.id_options.validate()?;
+        let id = self.create_id_with(&options.id_options)?;
         self.transport.bind(&id, addr)?;
         self.transport.listen(&id, options.backlog)?;
         // A listener bound to a device's address knows its device now: open its reader
@@ -603,7 +606,8 @@ impl<T: Transport> Endpoint<T> {
         options.caps.validate()?;
         options.params.validate()?;
         options.private_data.check("REQ", PrivateData::MAX_REQ)?;
-        let id = self.transport.create_id()?;
+        options.id_options.validate()?;
+        let id = self.create_id_with(&options.id_options)?;
         self.transport
             .resolve_addr(&id, options.source, dst, options.resolve_timeout)?;
         let now = self.transport.now();

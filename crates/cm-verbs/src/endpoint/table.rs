@@ -1,7 +1,7 @@
 //! The endpoint's tables: device readers, connection slots (generation-checked
 //! handles), the id and QP indexes, and teardown.
 
-use cm_core::{QpNum, Transport};
+use cm_core::{CmError, IdOptions, QpNum, Transport};
 
 use std::collections::VecDeque;
 
@@ -14,6 +14,19 @@ use super::{
 use crate::Role;
 
 impl<T: Transport> Endpoint<T> {
+    /// A new id with `options` set (`rdma_set_option`, only for what is set); an id
+    /// whose options the transport refuses is released, not leaked.
+    pub(super) fn create_id_with(&mut self, options: &IdOptions) -> Result<T::Id, CmError> {
+        let id = self.transport.create_id()?;
+        for option in options.calls() {
+            if let Err(error) = self.transport.set_option(&id, option) {
+                self.transport.release_id(id);
+                return Err(error);
+            }
+        }
+        Ok(id)
+    }
+
     // ----- bookkeeping -----------------------------------------------------------
 
     /// The reader of `id`'s device context, opened on first use.

@@ -3,7 +3,9 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use cm_core::{AsyncEvent, CmError, ConnectionParams, NotifyError, QpNum, QueueCaps, RejectReason};
+use cm_core::{AsyncEvent, CmError, NotifyError, QpNum, RejectReason};
+
+use super::PrivateData;
 
 use crate::{Role, Trigger};
 
@@ -120,191 +122,6 @@ impl std::fmt::Debug for ListenerId {
 impl std::fmt::Display for ListenerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "listener {}.{}", self.index(), self.generation())
-    }
-}
-
-/// Private data carried by a CM message, checked against the size the message allows
-/// (IB CM: REQ 56 bytes, REP 196, REJ 148).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct PrivateData(Vec<u8>);
-
-impl PrivateData {
-    /// Room in a REQ (`rdma_connect`).
-    pub const MAX_REQ: usize = 56;
-    /// Room in a REP (`rdma_accept`).
-    pub const MAX_REP: usize = 196;
-    /// Room in a REJ (`rdma_reject`).
-    pub const MAX_REJ: usize = 148;
-
-    /// No private data.
-    pub const fn empty() -> Self {
-        PrivateData(Vec::new())
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    /// How many bytes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there is none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Checks the data fits a message with room for `max` bytes.
-    pub(crate) fn check(&self, message: &'static str, max: usize) -> Result<(), ConnError> {
-        if self.0.len() > max {
-            Err(ConnError::PrivateDataTooLong {
-                message,
-                len: self.0.len(),
-                max,
-            })
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl From<&[u8]> for PrivateData {
-    fn from(bytes: &[u8]) -> Self {
-        PrivateData(bytes.to_vec())
-    }
-}
-
-impl From<Vec<u8>> for PrivateData {
-    fn from(bytes: Vec<u8>) -> Self {
-        PrivateData(bytes)
-    }
-}
-
-impl<const N: usize> From<&[u8; N]> for PrivateData {
-    fn from(bytes: &[u8; N]) -> Self {
-        PrivateData(bytes.to_vec())
-    }
-}
-
-/// How a listener treats connection requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenOptions {
-    /// `rdma_listen` backlog: how many connection requests the kernel holds for this
-    /// listener before the endpoint has read them. Past it the kernel drops a REQ
-    /// without any reply, and the peer resends it only after its CM response timeout
-    /// (about 4 s), so this is not a bound on connections in setup
-    /// ([`ListenOptions::max_in_setup`] is, refusing with a REJ). The endpoint reads
-    /// the CM channel ahead of its setup work, so requests wait in its own queue rather
-    /// than the kernel's. Linux caps it at the sysctl `net.rdma_ucm.max_backlog`
-    /// (1024 by default); 0 means that cap.
-    pub backlog: u16,
-    /// Queue sizes of every accepted connection.
-    pub caps: QueueCaps,
-    /// `true`: every request is accepted by the endpoint with
-    /// [`ListenOptions::private_data`], in the order they came (at most
-    /// [`PASS_BATCH`](crate::PASS_BATCH) setups a pass, the CM channel read after each);
-    /// `false`: each one is reported as [`Event::Request`] for
-    /// [`Endpoint::accept_request`](crate::Endpoint::accept_request) or
-    /// [`Endpoint::reject_request`](crate::Endpoint::reject_request).
-    pub auto_accept: bool,
-    /// Private data sent in every automatic REP.
-    pub private_data: PrivateData,
-    /// How long an accepted connection may take to become established before it is
-    /// closed with [`CloseReason::TimedOut`] (`None`: the CM's own REP retries decide,
-    /// ~69 s to UNREACHABLE).
-    pub establish_timeout: Option<Duration>,
-    /// Manual accept: how long a reported [`Event::Request`] may wait for the
-    /// application's answer before it is rejected (REJ) and closed with
-    /// [`CloseReason::TimedOut`] (`None`: until the application answers).
-    pub request_timeout: Option<Duration>,
-    /// Connections of this listener being set up at most: requests reported and not
-    /// answered, and accepted connections not yet established. A request past it is
-    /// rejected at once and counted in
-    /// [`EndpointStats::requests_refused`](crate::EndpointStats::requests_refused),
-    /// so a flood of requests holds at most this many connections' queues and
-    /// buffers, however long the peers keep retrying.
-    pub max_in_setup: u32,
-    /// The connection parameters of every accept (sent in the REP), checked by
-    /// [`Endpoint::listen`](crate::Endpoint::listen) ([`ConnectionParams::validate`]:
-    /// retry counts 0 to 7). The kernel's IB CM builds *both* QPs' read depths from the
-    /// REP: `initiator_depth` becomes this side's outstanding RDMA READs (`max_rd_atomic`)
-    /// and the peer's served ones, `responder_resources` this side's served reads
-    /// (`max_dest_rd_atomic`) and the peer's outstanding ones. Nothing caps them by
-    /// what the peer's request asked for, and a depth the peer's device cannot take
-    /// fails the peer's QP setup: keep them within what peers ask for. `rnr_retry_count` bounds the *peer's* sends into this side's
-    /// receive queue: 7 (the default) retries forever, so a slow reader here stalls the
-    /// peer with no error; below 7 the peer's send completes with
-    /// [`WcStatus::RnrRetryExcErr`](crate::WcStatus::RnrRetryExcErr) and the
-    /// connection closes. `retry_count` is the peer's (the REQ's) to choose: unused
-    /// here. librdmacm refuses (EINVAL, the accept fails) a depth above the device's
-    /// `max_qp_rd_atom` / `max_qp_init_rd_atom`, except
-    /// [`ConnectionParams::DEVICE_MAX`].
-    pub params: ConnectionParams,
-}
-
-impl Default for ListenOptions {
-    /// Backlog 1024 (Linux's default cap), default queues, automatic accept, no
-    /// private data, no establish deadline, requests answered within 10 s, at most 1024
-    /// connections in setup, default connection parameters (one outstanding read each
-    /// way, RNR retries forever).
-    fn default() -> Self {
-        ListenOptions {
-            backlog: 1024,
-            caps: QueueCaps::default(),
-            auto_accept: true,
-            private_data: PrivateData::empty(),
-            establish_timeout: None,
-            request_timeout: Some(Duration::from_secs(10)),
-            max_in_setup: 1024,
-            params: ConnectionParams::default(),
-        }
-    }
-}
-
-/// How [`Endpoint::connect`](crate::Endpoint::connect) connects.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectOptions<A> {
-    /// The local address to resolve from (`None`: the routing table decides).
-    pub source: Option<A>,
-    /// Queue sizes of the connection.
-    pub caps: QueueCaps,
-    /// Private data sent in the REQ (at most [`PrivateData::MAX_REQ`] bytes).
-    pub private_data: PrivateData,
-    /// Address and route resolution timeout, each.
-    pub resolve_timeout: Duration,
-    /// How long the whole connect may take before it is closed with
-    /// [`CloseReason::TimedOut`] (`None`: the CM's own timeouts decide).
-    pub timeout: Option<Duration>,
-    /// The connection parameters of the REQ, checked by
-    /// [`Endpoint::connect`](crate::Endpoint::connect) ([`ConnectionParams::validate`]:
-    /// retry counts 0 to 7; nothing is created when they fail). `retry_count` is used by
-    /// both QPs (transport retries before
-    /// [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr)); `rnr_retry_count`
-    /// bounds the *peer's* sends into this side's receive queue (7, the default:
-    /// forever, a slow reader here stalls the peer with no error; below 7 the peer's
-    /// send fails with [`WcStatus::RnrRetryExcErr`](crate::WcStatus::RnrRetryExcErr)).
-    /// The read depths are only a request: the kernel's IB CM sets both QPs' depths
-    /// from the accepting side's REP ([`ListenOptions::params`]), so this side's
-    /// outstanding RDMA READs are the peer's `responder_resources`. librdmacm refuses
-    /// (EINVAL) a depth above the device's `max_qp_rd_atom` / `max_qp_init_rd_atom`,
-    /// except [`ConnectionParams::DEVICE_MAX`].
-    pub params: ConnectionParams,
-}
-
-impl<A> Default for ConnectOptions<A> {
-    /// No source address, default queues, no private data, 2 s resolution, no deadline,
-    /// default connection parameters.
-    fn default() -> Self {
-        ConnectOptions {
-            source: None,
-            caps: QueueCaps::default(),
-            private_data: PrivateData::empty(),
-            resolve_timeout: Duration::from_secs(2),
-            timeout: None,
-            params: ConnectionParams::default(),
-        }
     }
 }
 
@@ -754,7 +571,7 @@ pub struct EndpointStats {
     pub awaiting_entries: usize,
     /// Requests read from the CM channel and waiting for their setup, stale ones
     /// included (at most each auto-accepting listener's
-    /// [`ListenOptions::max_in_setup`], plus the stale).
+    /// [`ListenOptions::max_in_setup`](crate::ListenOptions::max_in_setup), plus the stale).
     pub setup_entries: usize,
     /// Ids of ended connections not yet destroyed: those that ended while the CM
     /// channel was read wait for the end of the pass, or for a pass that leaves no
@@ -765,7 +582,7 @@ pub struct EndpointStats {
     /// Events dropped because a bound was reached.
     pub dropped_events: u64,
     /// Connection requests rejected at once because their listener had
-    /// [`ListenOptions::max_in_setup`] connections in setup.
+    /// [`ListenOptions::max_in_setup`](crate::ListenOptions::max_in_setup) connections in setup.
     pub requests_refused: u64,
     /// Device contexts whose connections share queues
     /// ([`EndpointOptions::shared_queues`]).

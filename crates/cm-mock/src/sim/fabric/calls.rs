@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use cm_core::kernel_model::{ib_cm_notify, notify_delivers_established, LapState};
 use cm_core::{
     errno, AsyncEvent, AsyncEventType, CmError, CmEventType, CmIdState, ConnectionParams,
-    IbCmState, NotifyError, NotifyOutcome, QpNum,
+    IbCmState, IdOption, NotifyError, NotifyOutcome, QpNum,
 };
 
 use super::{
@@ -163,6 +163,29 @@ impl Fabric {
         id.state.set_cm(CmIdState::AddrBound);
         id.state.set(IdState::DEVICE, true);
         id.set_port(port);
+        Ok(())
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, ..)` as ucma checks it: an ACK timeout above 31
+    /// is refused, an address option (reuse, IPv6 only) once the id is bound is EINVAL.
+    /// The value is recorded ([`SimCmId::id_options`](crate::sim::SimCmId::id_options));
+    /// the simulated wire does not depend on it.
+    pub(crate) fn set_option(&mut self, key: SimIdKey, option: IdOption) -> Result<(), CmError> {
+        const OP: &str = "rdma_set_option";
+        option.validate()?;
+        let id = self.live(key, OP)?;
+        if option.before_bind_only() && id.state.cm() != CmIdState::Idle {
+            return Err(os(OP, errno::EINVAL));
+        }
+        self.update_extras(key.index, |extras| {
+            let options = &mut extras.options;
+            match option {
+                IdOption::TypeOfService(tos) => options.type_of_service = Some(tos),
+                IdOption::AckTimeout(timeout) => options.ack_timeout = Some(timeout),
+                IdOption::ReuseAddr(on) => options.reuse_addr = on,
+                IdOption::Ipv6Only(on) => options.ipv6_only = Some(on),
+            }
+        });
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 use std::num::NonZeroU32;
 
 use cm_core::kernel_model::LapState;
-use cm_core::{CmIdState, ConnectionParams, IbCmState};
+use cm_core::{CmIdState, ConnectionParams, IbCmState, IdOptions};
 
 use super::{MaybeConn, MaybeQp, Private};
 use crate::sim::types::{MsgKind, NodeId, SimIdKey};
@@ -229,6 +229,8 @@ pub(super) struct IdExtras {
     /// The parameters of the id's connect or accept, when not the default (which most
     /// ids use: they take no entry).
     pub(super) params: Option<ConnectionParams>,
+    /// What `rdma_set_option` set on the id.
+    pub(super) options: IdOptions,
 }
 
 impl IdExtras {

@@ -3,7 +3,7 @@
 
 use super::{gone, Fabric, IdData, IdExtras, IdSlot, Place};
 use crate::sim::types::{NodeId, SimIdKey};
-use cm_core::{CmError, ConnectionParams};
+use cm_core::{CmError, ConnectionParams, IdOptions};
 
 impl Fabric {
     pub(super) fn id(&self, key: SimIdKey) -> Option<&IdData> {
@@ -33,6 +33,12 @@ impl Fabric {
     pub(crate) fn conn_params(&self, key: SimIdKey) -> Option<ConnectionParams> {
         self.id(key)?;
         Some(self.extras(key.index).params.unwrap_or_default())
+    }
+
+    /// What `rdma_set_option` set on the id; `None` once destroyed.
+    pub(crate) fn id_options(&self, key: SimIdKey) -> Option<IdOptions> {
+        self.id(key)?;
+        Some(self.extras(key.index).options)
     }
 
     pub(crate) fn is_alive(&self, key: SimIdKey) -> bool {

@@ -6,8 +6,8 @@ use std::num::NonZeroU16;
 use std::time::Duration;
 
 use cm_core::{
-    AsyncEvent, AsyncEventSource, CmError, CmEventSource, ConnectionParams, CqKind, QpNum,
-    QueueCaps, SharedCaps, Transport, WorkCompletion,
+    AsyncEvent, AsyncEventSource, CmError, CmEventSource, ConnectionParams, CqKind, IdOption,
+    QpNum, QueueCaps, SharedCaps, Transport, WorkCompletion,
 };
 
 use super::queues::Queues;
@@ -64,6 +64,10 @@ impl Transport for SimTransport {
 
     fn listen(&mut self, id: &SimCmId, backlog: u16) -> Result<(), CmError> {
         id.listen_with_backlog(u32::from(backlog))
+    }
+
+    fn set_option(&mut self, id: &SimCmId, option: IdOption) -> Result<(), CmError> {
+        id.set_option(option)
     }
 
     /// Destroys the id on the fabric, as the real backend's last handle does: a
