@@ -260,3 +260,60 @@ fn out_of_range_or_late_id_options_are_refused() {
     );
     assert_eq!(fabric.stats().sent, [0; 8], "nothing reached the fabric");
 }
+
+/// ADDR_CHANGE (a bond failing over, on the simulated fabric
+/// `SimNode::change_address`): each connection on the device hears of it once however
+/// many came before it looked (`ConnectionInfo::address_changes` counts them all), a
+/// listener bound to the device as an endpoint-wide event; the connection stays up and
+/// carries messages as before.
+#[test]
+fn an_address_change_is_reported_once_and_the_connection_carries_on() {
+    let (fabric, mut server, mut client) = endpoints(95);
+    let addr = server.transport().addr(PORT);
+    let listener = server.listen(addr, ListenOptions::default()).unwrap();
+    let out = client.connect(addr, ConnectOptions::default()).unwrap();
+    let accepted = run(&fabric, &mut server, &mut client);
+    assert_eq!(accepted.len(), 1);
+    let conn = accepted[0];
+    // Two changes before the server looks: the listener and the connection hear each.
+    assert_eq!(server.transport().node().change_address(), 2);
+    assert_eq!(server.transport().node().change_address(), 2);
+    let mut events = Vec::new();
+    while fabric.step() {}
+    while let Some(event) = server.poll().unwrap() {
+        events.push(event);
+    }
+    let about_conn: Vec<_> = events.iter().filter(|e| e.conn() == Some(conn)).collect();
+    assert_eq!(about_conn, [&Event::AddressChanged { conn }], "{events:?}");
+    let about_listener = events
+        .iter()
+        .filter(|e| **e == Event::ListenerAddressChanged { listener })
+        .count();
+    assert_eq!(about_listener, 2, "{events:?}");
+    assert_eq!(server.info(conn).unwrap().address_changes, 2);
+    assert_eq!(
+        client.info(out).unwrap().address_changes,
+        0,
+        "the other node's"
+    );
+    // Still up: a message each way.
+    client.send(out, b"after").unwrap();
+    let mut echoed = false;
+    for _ in 0..1000 {
+        fabric.step();
+        while let Some(event) = server.poll().unwrap() {
+            if let Event::Received { conn: from, data } = event {
+                assert_eq!(from, conn);
+                server.send(conn, &data).unwrap();
+            }
+        }
+        while let Some(event) = client.poll().unwrap() {
+            assert!(!matches!(event, Event::Closed { .. }), "{event:?}");
+            echoed |= matches!(event, Event::Received { conn: from, .. } if from == out);
+        }
+        if echoed {
+            break;
+        }
+    }
+    assert!(echoed, "the echo came back after the address change");
+}

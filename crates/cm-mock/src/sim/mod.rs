@@ -63,6 +63,7 @@
 //! ```
 
 mod conn_params;
+mod device_faults;
 mod fabric;
 mod pair;
 mod rng;
@@ -405,25 +406,6 @@ impl SimNode {
             node: self.id,
             async_empty_at: EmptyAt::new(),
         }
-    }
-
-    /// Removes the node's device, as `rdma link delete` does: every id bound to it gets
-    /// a DEVICE_REMOVAL event, and notify answers ENODEV from now on. Returns how many
-    /// ids were told.
-    pub fn remove_device(&self) -> Result<usize, CmError> {
-        self.fabric.lock().remove_device(self.id)
-    }
-
-    /// Lets the node create at most `budget` more QPs (`None`: no limit); past it
-    /// `rdma_create_qp` answers ENOMEM, as the kernel does once the pinned memory of a
-    /// process passes RLIMIT_MEMLOCK.
-    pub fn set_qp_budget(&self, budget: Option<u32>) -> Result<(), CmError> {
-        self.fabric.lock().set_qp_budget(self.id, budget)
-    }
-
-    /// Marks the device as going away (notify(COMM_EST) then answers ENODEV) or back.
-    pub fn set_going_down(&self, going_down: bool) -> Result<(), CmError> {
-        self.fabric.lock().set_going_down(self.id, going_down)
     }
 }
 

@@ -156,6 +156,8 @@ struct RareParts {
     private: PrivateData,
     params: Option<ConnectionParams>,
     notify_failed: Option<cm_core::NotifyError>,
+    /// ADDR_CHANGE events the CM reported for the connection.
+    address_changes: u32,
 }
 
 impl Rare {
@@ -227,12 +229,24 @@ impl Rare {
         }
     }
 
+    /// ADDR_CHANGE events the CM reported for the connection.
+    pub(super) fn address_changes(&self) -> u32 {
+        self.0.as_deref().map_or(0, |parts| parts.address_changes)
+    }
+
+    /// Counts one more ADDR_CHANGE.
+    pub(super) fn count_address_change(&mut self) {
+        let parts = self.0.get_or_insert_default();
+        parts.address_changes = parts.address_changes.saturating_add(1);
+    }
+
     /// The box goes once it holds nothing.
     pub(super) fn shrink(&mut self) {
         if self.0.as_deref().is_some_and(|parts| {
             parts.private.as_bytes().is_empty()
                 && parts.params.is_none()
                 && parts.notify_failed.is_none()
+                && parts.address_changes == 0
         }) {
             self.0 = None;
         }

@@ -381,8 +381,12 @@ impl<T: Transport> Endpoint<T> {
     }
 
     pub(super) fn on_listener_event(&mut self, listener: ListenerId, kind: CmEventType) {
-        if kind != CmEventType::DeviceRemoval {
-            return;
+        match kind {
+            CmEventType::DeviceRemoval => {}
+            CmEventType::AddrChange => {
+                return self.push_endpoint_event(Event::ListenerAddressChanged { listener });
+            }
+            _ => return,
         }
         let Some(key) = self
             .listener_entry(listener)
@@ -648,6 +652,16 @@ impl<T: Transport> Endpoint<T> {
                     // reader given back as lost.
                     Some(key) => self.device_removed(key),
                     None => self.close(conn, CloseReason::DeviceRemoved, false),
+                }
+                Ok(())
+            }
+            CmEventType::AddrChange => {
+                // The connection carries on; the application decides (a bond that failed
+                // over keeps it working, an address that moved away may not).
+                if let Some(entry) = self.live_mut(conn) {
+                    entry.rare.count_address_change();
+                    entry.pending.address_changed = true;
+                    self.mark_ready(conn);
                 }
                 Ok(())
             }

@@ -110,6 +110,8 @@ pub struct ConnectionInfo<A> {
     /// Messages sent and not yet completed (their buffers are in flight): completed
     /// sends are reported as one coalesced [`Event::Sent`], this says how many remain.
     pub sends_in_flight: u32,
+    /// ADDR_CHANGE events the CM reported for it ([`Event::AddressChanged`]).
+    pub address_changes: u32,
 }
 
 struct Listener<T: Transport> {
@@ -697,6 +699,7 @@ impl<T: Transport> Endpoint<T> {
             peer_addr: self.transport.peer_addr(&entry.id),
             times: entry.times.public(),
             sends_in_flight: entry.sends_in_flight,
+            address_changes: entry.rare.address_changes(),
         })
     }
 

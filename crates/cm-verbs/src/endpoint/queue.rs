@@ -55,6 +55,9 @@ pub(super) struct Pending {
     /// A pool buffer came free for it since: reported as an [`Event::Sent`] (of 0
     /// completions if none of its own completed) so that it tries again.
     pub(super) pool_freed: bool,
+    /// [`Event::AddressChanged`] not yet taken (several ADDR_CHANGEs before it is taken
+    /// are one event).
+    pub(super) address_changed: bool,
 }
 
 /// A connection that ended but whose end the application has not heard of yet: its
@@ -288,6 +291,9 @@ impl<T: Transport> Endpoint<T> {
             entry.rare.set_notify_failed(None);
             return Some(Event::NotifyFailed { conn, qp, error });
         }
+        if std::mem::take(&mut entry.pending.address_changed) {
+            return Some(Event::AddressChanged { conn });
+        }
         if entry.pending.sent > 0 || entry.pending.pool_freed {
             entry.pending.pool_freed = false;
             let completed = std::mem::take(&mut entry.pending.sent);
@@ -303,6 +309,7 @@ impl<T: Transport> Endpoint<T> {
             return p.request
                 || p.established
                 || entry.rare.notify_failed().is_some()
+                || p.address_changed
                 || p.sent > 0
                 || p.pool_freed
                 || (entry.state == ConnState::Established && !entry.inbox.is_empty());

@@ -348,6 +348,20 @@ pub enum Event {
         /// The kernel's answer.
         error: NotifyError,
     },
+    /// The CM reported ADDR_CHANGE on the connection: the network device under its
+    /// address changed its hardware address, as when a bond fails over to another
+    /// port. The connection stays as it is (the kernel does not end it); an
+    /// application that wants the new path reconnects. Several changes before this is
+    /// taken are one event; [`ConnectionInfo::address_changes`](crate::ConnectionInfo::address_changes) counts them all.
+    AddressChanged {
+        /// The connection.
+        conn: ConnectionId,
+    },
+    /// The same on a listener (an endpoint-wide event): it keeps listening.
+    ListenerAddressChanged {
+        /// The listener.
+        listener: ListenerId,
+    },
 }
 
 impl Event {
@@ -359,7 +373,8 @@ impl Event {
             | Event::Sent { conn, .. }
             | Event::Received { conn, .. }
             | Event::Closed { conn, .. }
-            | Event::NotifyFailed { conn, .. } => Some(*conn),
+            | Event::NotifyFailed { conn, .. }
+            | Event::AddressChanged { conn } => Some(*conn),
             _ => None,
         }
     }

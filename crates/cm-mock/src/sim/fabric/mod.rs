@@ -448,6 +448,11 @@ impl Fabric {
     /// destroyed), and COMM_EST notifies answer ENODEV from now on.
     pub(crate) fn remove_device(&mut self, node: NodeId) -> Result<usize, CmError> {
         self.set_going_down(node, true)?;
+        Ok(self.tell_device_ids(node, CmEventType::DeviceRemoval))
+    }
+
+    /// Queues `event` to every id bound to `node`'s device; returns how many.
+    pub(crate) fn tell_device_ids(&mut self, node: NodeId, event: CmEventType) -> usize {
         let keys: Vec<SimIdKey> = self
             .ids
             .iter()
@@ -462,10 +467,9 @@ impl Fabric {
             })
             .collect();
         for &key in &keys {
-            let event = QueuedKind::Event(CmEventType::DeviceRemoval);
-            self.push_event(key, None, event, 0, Private::default());
+            self.push_event(key, None, QueuedKind::Event(event), 0, Private::default());
         }
-        Ok(keys.len())
+        keys.len()
     }
 
     pub(crate) fn add_channel(&mut self, node: NodeId) -> usize {
