@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use cm_mock::sim::{
     FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
 };
+use cm_verbs::core::{AsyncEvent, AsyncEventType, EventElement};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EndpointOptions,
-    EstablishedVia, Event, ListenOptions, QueueCaps, SharedCaps, Trigger,
+    EstablishedVia, Event, ListenOptions, QpErrorDetail, QueueCaps, SharedCaps, Trigger,
 };
 
 const PORT: u16 = 7495;
@@ -391,4 +392,84 @@ fn a_connection_refused_for_want_of_a_pool_buffer_is_told_when_one_frees() {
     }
     assert_eq!(told, Some(0), "told, with none of its own completed");
     server.send(refused, b"mine").unwrap();
+}
+
+/// `IBV_EVENT_SRQ_ERR` on the server's device: every connection on its shared queues
+/// ends with the event as cause (the client hears a disconnect), the queues are given
+/// back, and the device's next connection gets queues of its own and works.
+#[test]
+fn a_shared_receive_queue_error_ends_its_connections_and_the_next_get_their_own() {
+    let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 16);
+    listen(&mut server, CAPS);
+    for _ in 0..3 {
+        connect(&server, &mut client);
+    }
+    let mut established = 0;
+    run(
+        &fabric,
+        &mut server,
+        &mut client,
+        |_, event| established += usize::from(matches!(event, Event::Established { .. })),
+        |_, event| assert!(!matches!(event, Event::Closed { .. }), "{event:?}"),
+    );
+    assert_eq!((established, server.stats().shared_queue_devices), (3, 1));
+    let error = AsyncEvent {
+        event_type: AsyncEventType::SrqErr,
+        element: EventElement::Srq(1),
+    };
+    server.transport().node().device().raise(error);
+    let (mut server_closed, mut client_closed) = (Vec::new(), 0);
+    run(
+        &fabric,
+        &mut server,
+        &mut client,
+        |_, event| {
+            if let Event::Closed { reason, .. } = event {
+                server_closed.push(reason);
+            }
+        },
+        |_, event| client_closed += usize::from(matches!(event, Event::Closed { .. })),
+    );
+    assert_eq!(server_closed.len(), 3, "{server_closed:?}");
+    for reason in &server_closed {
+        assert!(
+            matches!(
+                reason,
+                CloseReason::QpError {
+                    detail: QpErrorDetail::AsyncEvent(AsyncEvent {
+                        event_type: AsyncEventType::SrqErr,
+                        ..
+                    })
+                }
+            ),
+            "{reason:?}"
+        );
+    }
+    assert_eq!(client_closed, 3, "each client told by the DREQ");
+    assert_eq!(
+        server.stats().shared_queue_devices,
+        0,
+        "the queues given back"
+    );
+    // The next connection works, on queues of its own.
+    let conn = connect(&server, &mut client);
+    let mut echoed = Vec::new();
+    run(
+        &fabric,
+        &mut server,
+        &mut client,
+        |server, event| {
+            if let Event::Received { conn, data } = event {
+                server.send(conn, &data).unwrap();
+            }
+        },
+        |client, event| match event {
+            Event::Established { conn, .. } => client.send(conn, b"again").unwrap(),
+            Event::Received { data, .. } => echoed.push(data),
+            Event::Closed { reason, .. } => panic!("{reason:?}"),
+            _ => {}
+        },
+    );
+    assert_eq!(echoed, vec![b"again".to_vec()], "{conn}");
+    assert_eq!(server.stats().shared_queue_devices, 0);
 }
