@@ -331,7 +331,7 @@ impl cm_core::AsyncEventSource for AsyncEvents {
 ///
 /// # Safety
 /// `context` is a live device context.
-unsafe fn context_device_name(context: *mut ffi::ibv_context) -> Option<String> {
+pub(crate) unsafe fn context_device_name(context: *mut ffi::ibv_context) -> Option<String> {
     // SAFETY: the context is live (caller); its `device` is set at open and lives as
     // long as the context; the name is a NUL-terminated string owned by the device.
     unsafe {

@@ -91,6 +91,7 @@
 
 mod channel;
 mod clock;
+mod counters;
 mod cq;
 mod device;
 mod event;
@@ -105,6 +106,7 @@ mod verbs;
 
 pub use channel::EventChannel;
 pub use clock::monotonic_now;
+pub use counters::PortCounters;
 pub use cq::{CompletionChannel, CqKind, DeviceKey};
 pub use device::{refresh_devices, AsyncEvents};
 pub use event::CmEvent;

@@ -194,7 +194,7 @@ impl WatchSet {
                 Ok(watched) => self.watched.push((index, watched)),
                 Err(error) => {
                     if whole {
-                        log::warn!("a descriptor is not watched, falling back to waking at an interval: {error}");
+                        tracing::warn!("a descriptor is not watched, falling back to waking at an interval: {error}");
                     }
                     whole = false;
                     // Not watched, so read on every pass until it is.

@@ -15,6 +15,20 @@
 #![cfg_attr(feature = "rdma", doc = include_str!("../examples/server.rs"))]
 #![cfg_attr(feature = "rdma", doc = "```")]
 //!
+//! # What a running service sees
+//!
+//! - Each connection counts what its messages carried ([`ConnectionInfo::traffic`],
+//!   [`Endpoint::traffic`]: messages and bytes each way, readable until its close is
+//!   reported). RNR NAKs and transport retries, which verbs report only once exhausted
+//!   (as the completion error that closes the connection), are counted per port by the
+//!   device: with the `rdma` feature, `sys::CmId::port_counters` on a connection's id
+//!   ([`Endpoint::cm_id`]).
+//! - The setup path and every close are `tracing` events at debug level inside a `conn`
+//!   span, each naming its connection; warnings (a queue that failed, a request refused
+//!   because its setup failed) at warn. With no tracing subscriber in the process they
+//!   reach a `log` logger (tracing's log bridge). Nothing is built for them unless a
+//!   subscriber or logger wants debug.
+//!
 //! # Lower level
 //!
 //! For code that owns its loop (the endpoint is built on the pump; in this project the
@@ -90,12 +104,13 @@ mod qp_table;
 pub mod rdma;
 #[cfg(feature = "rdma")]
 mod rdma_transport;
+mod tracing_gate;
 mod wake;
 
 pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
     Endpoint, EndpointOptions, EndpointStats, EndpointWaker, EstablishedVia, Event, ListenOptions,
-    ListenerId, PrivateData, QpErrorDetail, APPLICATION_WR_ID, CLOSED_BACKLOG,
+    ListenerId, PrivateData, QpErrorDetail, Traffic, APPLICATION_WR_ID, CLOSED_BACKLOG,
     DEFERRED_DESTROY_MAX, ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
 };
 pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};

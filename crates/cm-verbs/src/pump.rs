@@ -334,7 +334,9 @@ impl<I: CmId> NotifyPump<I> {
         };
         let replaced = self.entries.insert(qp, fresh).map(|stale| {
             self.counters.stale_replaced += 1;
-            log::debug!("{qp}: registered again; the stale entry is replaced");
+            debug_cold(format_args!(
+                "{qp}: registered again; the stale entry is replaced"
+            ));
             stale.id
         });
         let entry = self.entries.get_mut(qp).expect("inserted above");
@@ -352,7 +354,7 @@ impl<I: CmId> NotifyPump<I> {
             if trigger == Trigger::ReceiveCompletion {
                 self.counters.receive_triggers += 1;
             }
-            log::debug!("{qp}: replaying an early {trigger:?}");
+            debug_cold(format_args!("{qp}: replaying an early {trigger:?}"));
             Self::notify(
                 &mut self.counters,
                 entry,
@@ -379,7 +381,9 @@ impl<I: CmId> NotifyPump<I> {
         let stale = u64::from(self.early_comm_est.take(qp).is_some())
             + u64::from(self.early_receive.take(qp).is_some());
         if stale > 0 {
-            log::debug!("{qp}: {stale} early trigger(s) of a previous QP dropped");
+            debug_cold(format_args!(
+                "{qp}: {stale} early trigger(s) of a previous QP dropped"
+            ));
             self.counters.early_stale += stale;
         }
         self.register(id, role)
@@ -461,9 +465,11 @@ impl<I: CmId> NotifyPump<I> {
                     if self.early_comm_est.keep(qp, seq) {
                         self.counters.early_evicted += 1;
                     }
-                    log::debug!("{event}: no id registered for it yet; kept for replay");
+                    debug_cold(format_args!(
+                        "{event}: no id registered for it yet; kept for replay"
+                    ));
                 } else {
-                    log::debug!("{event}: no id registered for it");
+                    debug_cold(format_args!("{event}: no id registered for it"));
                 }
                 PumpEvent::Unrouted(event)
             }
@@ -544,7 +550,9 @@ impl<I: CmId> NotifyPump<I> {
     /// old id.
     fn drop_stale(&mut self, qp: QpNum) {
         self.counters.stale_dropped += 1;
-        log::debug!("{qp}: the registered id no longer owns this QP; entry dropped");
+        debug_cold(format_args!(
+            "{qp}: the registered id no longer owns this QP; entry dropped"
+        ));
         self.unregister(qp);
     }
 
@@ -568,7 +576,7 @@ impl<I: CmId> NotifyPump<I> {
             return match result {
                 Ok(_) => {
                     counters.path_migrated += 1;
-                    log::debug!("{qp}: notify({kind}) migrated the path");
+                    debug_cold(format_args!("{qp}: notify({kind}) migrated the path"));
                     PumpEvent::PathMigrated { qp }
                 }
                 Err(error) => {
@@ -576,7 +584,7 @@ impl<I: CmId> NotifyPump<I> {
                     if !notify_failure_is_final(&error) {
                         counters.notify_failed_retriable += 1;
                     }
-                    log::warn!("{qp}: notify({kind}) failed: {error}");
+                    warn_cold(format_args!("{qp}: notify({kind}) failed: {error}"));
                     PumpEvent::NotifyFailed { qp, trigger, error }
                 }
             };
@@ -585,7 +593,9 @@ impl<I: CmId> NotifyPump<I> {
             Ok(cm_core::NotifyOutcome::Established) => {
                 counters.forced += 1;
                 entry.progress = Progress::Established;
-                log::debug!("{qp}: notify({kind}) forced ESTABLISHED ({trigger:?})");
+                if crate::tracing_gate::debug_wanted() {
+                    trace_forced(qp, kind, trigger);
+                }
                 PumpEvent::Forced { qp, trigger }
             }
             Ok(cm_core::NotifyOutcome::AlreadyEstablished) => {
@@ -599,13 +609,41 @@ impl<I: CmId> NotifyPump<I> {
                     if entry.progress == Progress::Pending {
                         entry.progress = Progress::NotifyFailed;
                     }
-                    log::warn!("{qp}: notify({kind}) failed for good: {error}");
+                    warn_cold(format_args!(
+                        "{qp}: notify({kind}) failed for good: {error}"
+                    ));
                 } else {
                     counters.notify_failed_retriable += 1;
-                    log::warn!("{qp}: notify({kind}) failed, the next trigger retries: {error}");
+                    warn_cold(format_args!(
+                        "{qp}: notify({kind}) failed, the next trigger retries: {error}"
+                    ));
                 }
                 PumpEvent::NotifyFailed { qp, trigger, error }
             }
         }
     }
+}
+
+/// A debug line written out of line: a tracing callsite is inline code (level and
+/// interest checks, the log bridge's) that the event path would otherwise carry, and
+/// that keeps the compiler from inlining the path's small functions.
+#[cold]
+#[inline(never)]
+fn debug_cold(line: std::fmt::Arguments<'_>) {
+    tracing::debug!("{line}");
+}
+
+/// A notify that forced `qp` established: out of line and with its values as they are,
+/// as this is the path the pump exists for.
+#[cold]
+#[inline(never)]
+fn trace_forced(qp: QpNum, kind: AsyncEventType, trigger: Trigger) {
+    tracing::debug!("{qp}: notify({kind}) forced ESTABLISHED ({trigger:?})");
+}
+
+/// A warning written out of line (see [`debug_cold`]).
+#[cold]
+#[inline(never)]
+fn warn_cold(line: std::fmt::Arguments<'_>) {
+    tracing::warn!("{line}");
 }

@@ -87,7 +87,7 @@ impl std::task::Wake for WakeWriter {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if let Err(error) = self.request() {
-            log::warn!("waking the endpoint failed: {error}");
+            tracing::warn!("waking the endpoint failed: {error}");
         }
     }
 }

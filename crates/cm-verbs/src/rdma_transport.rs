@@ -225,7 +225,7 @@ impl RdmaTransport {
             monitor: match DeviceMonitor::new() {
                 Ok(monitor) => Some(monitor),
                 Err(e) => {
-                    log::warn!("device removals not watched: {e}");
+                    tracing::warn!("device removals not watched: {e}");
                     None
                 }
             },
@@ -266,7 +266,7 @@ impl RdmaTransport {
                 };
                 self.announced = Some((listed, RemovalRetry::for_at_most(ANNOUNCED_RETRY_FOR)));
             }
-            Err(e) => log::debug!("reading device announcements: {e}"),
+            Err(e) => tracing::debug!("reading device announcements: {e}"),
         }
     }
 
@@ -287,7 +287,7 @@ impl RdmaTransport {
             Ok(present) => self.removed.retain(|name| present.contains(name)),
             // No device left at all: the removed one is gone too.
             Err(e) if e.is_no_device() => self.removed.clear(),
-            Err(e) => log::debug!("refreshing the device list: {e}"),
+            Err(e) => tracing::debug!("refreshing the device list: {e}"),
         }
         // The resync that found a device gone closed its context (no id uses it).
         if self.removed.is_empty() {
@@ -297,7 +297,7 @@ impl RdmaTransport {
         if after.is_none() {
             // Failed, not removed: it stays in the device list, and a reader opened on
             // it again later is used as any other.
-            log::debug!("devices {:?} still listed: retries given up", self.removed);
+            tracing::debug!("devices {:?} still listed: retries given up", self.removed);
             self.removed.clear();
         }
         after
@@ -375,7 +375,7 @@ fn listed_devices() -> Vec<String> {
         Ok(names) => names,
         Err(e) => {
             if !e.is_no_device() {
-                log::debug!("refreshing the device list: {e}");
+                tracing::debug!("refreshing the device list: {e}");
             }
             Vec::new()
         }

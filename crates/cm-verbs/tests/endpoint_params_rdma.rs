@@ -18,10 +18,11 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use cm_testkit::{addresses, report};
 use cm_verbs::core::IdOptions;
-use cm_verbs::sys::{QpAttributes, QpState};
+use cm_verbs::sys::{PortCounters, QpAttributes, QpState};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionParams, Event, ListenOptions, QpErrorDetail,
     QueueCaps, WcStatus,
@@ -152,7 +153,9 @@ fn established_client(
 /// posted again, so the peer's SENDs meet RNR NAKs. With the listener's RNR retry count
 /// at 1 (what bounds the client's sends), the client's connection ends with a typed
 /// completion error after a retry, instead of its sends stalling forever as with the
-/// default (7).
+/// default (7). The ports' counters (`CmId::port_counters`) show what the verbs do not:
+/// the RNR NAKs the reader's device sent and the writer's device received and gave up
+/// on; the reader's connection counts the two messages it holds.
 #[test]
 fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
     const TEST: &str = "a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries";
@@ -174,28 +177,59 @@ fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
     };
     server.listen(listen, options).expect("listen");
     let src = addrs.addr_b;
-    let client = std::thread::spawn(move || -> (usize, CloseReason) {
+    let client = std::thread::spawn(move || {
         let (mut client, conn) = established_client(listen, src);
+        let id = client.cm_id(conn).expect("the client's id");
+        let (device, port) = id.device_port().expect("the client's device and port");
+        let before = id.port_counters().expect("the client port's counters");
         let mut sent = 0;
         for _ in 0..10_000 {
-            match client.send(conn, &[7; 64]) {
-                Ok(()) => sent += 1,
+            let reason = match client.send(conn, &[7; 64]) {
+                Ok(()) => {
+                    sent += 1;
+                    continue;
+                }
                 Err(ConnError::SendQueueFull(_)) => match client.next_event(common::WAIT) {
-                    Ok(Event::Closed { reason, .. }) => return (sent, reason),
-                    Ok(_) => {}
+                    Ok(Event::Closed { reason, .. }) => reason,
+                    Ok(_) => continue,
                     Err(error) => panic!("client, after {sent} sends: {error}"),
                 },
-                Err(ConnError::Closed { reason, .. }) => return (sent, reason),
+                Err(ConnError::Closed { reason, .. }) => reason,
                 Err(error) => panic!("client send, after {sent}: {error}"),
-            }
+            };
+            let after = PortCounters::read(&device, port).expect("the counters again");
+            return (sent, reason, after.since(&before));
         }
         panic!("10,000 sends to a reader that reads nothing all went through");
     });
     // Accepted, then nothing read: the two receives are used up and stay so.
     let conn = server.accept(common::WAIT).expect("accept");
-    let (sent, reason) = client.join().expect("the client thread");
+    let server_before = server
+        .cm_id(conn)
+        .and_then(|id| Ok(id.port_counters()?))
+        .expect("the server port's counters");
+    let (sent, reason, client_grew) = client.join().expect("the client thread");
+    let server_grew = server
+        .cm_id(conn)
+        .and_then(|id| Ok(id.port_counters()?))
+        .expect("the server port's counters")
+        .since(&server_before);
+    // Nothing taken still: `accept` runs the endpoint (the completions of the two
+    // messages are read, the messages held) and finds no one to accept.
+    assert!(matches!(
+        server.accept(Some(Duration::from_millis(200))),
+        Err(ConnError::Timeout)
+    ));
+    let traffic = server
+        .traffic(conn)
+        .expect("the server's side, live or closed");
     report(&format!(
-        "{TEST}: the client's connection ended after {sent} sends: {reason:?}"
+        "{TEST}: the client's connection ended after {sent} sends: {reason:?}; client port \
+         rcvd_rnr_err +{:?}, retry_rnr_exceeded_err +{:?}; server port send_rnr_err +{:?}; \
+         the server's connection: {traffic:?}",
+        client_grew.get("rcvd_rnr_err"),
+        client_grew.get("retry_rnr_exceeded_err"),
+        server_grew.get("send_rnr_err"),
     ));
     assert_eq!(
         reason,
@@ -205,6 +239,26 @@ fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
         "after {sent} sends"
     );
     assert!(sent > 2, "more sends than the reader's receives: {sent}");
+    assert!(
+        client_grew.get("rcvd_rnr_err").is_some_and(|&n| n >= 1),
+        "the writer's device counts the RNR NAKs it received: {client_grew:?}"
+    );
+    assert!(
+        client_grew
+            .get("retry_rnr_exceeded_err")
+            .is_some_and(|&n| n >= 1),
+        "and the retries it gave up: {client_grew:?}"
+    );
+    assert!(
+        server_grew.get("send_rnr_err").is_some_and(|&n| n >= 1),
+        "the reader's device counts the RNR NAKs it sent: {server_grew:?}"
+    );
+    assert_eq!(
+        (traffic.messages_received, traffic.bytes_received),
+        (2, 128),
+        "the reader holds the two messages its receives took"
+    );
+    assert_eq!(traffic.messages_sent, 0);
     server.disconnect(conn).expect("the server's side");
 }
 

@@ -1,10 +1,11 @@
 //! `ibv_query_qp` on the id's QP: the attributes the CM set from the connection
-//! parameters, to check what the kernel really applied.
+//! parameters, to check what the kernel really applied; and the counters of the port
+//! the id runs on.
 
 use cm_core::CmError;
 
 use super::{verbs_result, CmId};
-use crate::ffi;
+use crate::{ffi, PortCounters};
 
 /// The state of a QP (`enum ibv_qp_state`), decoded totally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -133,6 +134,31 @@ impl CmId {
             service_level: attr.ah_attr.sl,
             sgid_index: attr.ah_attr.grh.sgid_index,
         })
+    }
+
+    /// The device and port the id is bound to (`id->verbs`, `id->port_num`); `None`
+    /// before it is bound or resolved.
+    pub fn device_port(&self) -> Option<(String, u8)> {
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        let context = self.device_context_locked("device_port").ok()?;
+        // SAFETY: live id, read under the ops lock and the fields lock (shared): an
+        // event read does not rewrite `port_num` meanwhile.
+        let port = unsafe { (*self.inner.as_ptr()).port_num };
+        // SAFETY: the id holds its device context open while it is bound.
+        let name = unsafe { crate::device::context_device_name(context.as_ptr()) }?;
+        Some((name, port))
+    }
+
+    /// The counters of the port the id runs on ([`PortCounters::read`]): RNR NAKs and
+    /// transport retries, which the verbs report per QP only once exhausted, counted by
+    /// the device for the port. [`CmError::InvalidArgument`] before the id is bound.
+    pub fn port_counters(&self) -> Result<PortCounters, CmError> {
+        let (device, port) = self.device_port().ok_or(CmError::InvalidArgument {
+            op: "port_counters",
+            reason: "the id is not bound to a device yet",
+        })?;
+        PortCounters::read(&device, port)
     }
 }
 

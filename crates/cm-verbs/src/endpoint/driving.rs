@@ -181,7 +181,7 @@ impl<T: Transport> Endpoint<T> {
         }
         for (key, error) in failed {
             if self.device_keys.contains(&key) {
-                log::warn!("reading device {key:?} failed, it is taken as lost: {error}");
+                tracing::warn!("reading device {key:?} failed, it is taken as lost: {error}");
                 self.push_endpoint_event(Event::DeviceFailed {
                     error: error.clone(),
                 });
@@ -272,7 +272,7 @@ impl<T: Transport> Endpoint<T> {
         let mut first_error = None;
         self.read_cm_events(&mut first_error, &mut |_| false);
         if let Some(error) = first_error {
-            log::debug!("reading the CM channel after a setup: {error}");
+            tracing::debug!("reading the CM channel after a setup: {error}");
         }
     }
 
@@ -312,7 +312,7 @@ impl<T: Transport> Endpoint<T> {
                     // "More": the next pass reads again without waiting, as a
                     // reactor that already reported the channel readable will not
                     // report it again for the same event.
-                    log::warn!("reading the CM channel: {error}; retried next pass");
+                    tracing::warn!("reading the CM channel: {error}; retried next pass");
                     return true;
                 }
                 Err(error) => {

@@ -32,7 +32,7 @@ impl<T: Transport> Endpoint<T> {
         match self.pump.on_async_event(event) {
             PumpEvent::PassThrough(event) => self.on_device_event(device, event),
             PumpEvent::Unrouted(event) => {
-                log::debug!("{event}: no connection owns it");
+                tracing::debug!("{event}: no connection owns it");
             }
             pumped => self.on_pumped(None, pumped),
         }
@@ -75,6 +75,7 @@ impl<T: Transport> Endpoint<T> {
             }
             PumpEvent::NotifyFailed { qp, error, .. } => {
                 if let Some(conn) = owner.or_else(|| self.conn_of_qp(qp)) {
+                    super::trace::notify_failed(conn, qp, error);
                     if let Some(entry) = self.live_mut(conn) {
                         // The latest failure stands for the earlier ones (the
                         // counters count them all).
@@ -89,6 +90,7 @@ impl<T: Transport> Endpoint<T> {
             }
         };
         if let Some(conn) = owner.or_else(|| self.conn_of_qp(qp)) {
+            super::trace::notified(conn, qp, via);
             if let Some(entry) = self.live_mut(conn) {
                 // Before ESTABLISHED; once established, `via` says how and stays.
                 if entry.via.is_none() {
@@ -106,7 +108,7 @@ impl<T: Transport> Endpoint<T> {
         let mut unarmed = None;
         for kind in [CqKind::Recv, CqKind::Send] {
             if let Err(error) = transport.arm_cq(&entry.id, kind) {
-                log::warn!("{conn}: re-arming the {kind:?} queue failed, closing: {error}");
+                tracing::warn!("{conn}: re-arming the {kind:?} queue failed, closing: {error}");
                 unarmed.get_or_insert((kind, error));
             }
         }
@@ -185,7 +187,7 @@ impl<T: Transport> Endpoint<T> {
             let n = match polled {
                 Ok(n) => n,
                 Err(error) => {
-                    log::warn!("{conn}: polling the {kind:?} queue failed: {error}");
+                    tracing::warn!("{conn}: polling the {kind:?} queue failed: {error}");
                     0
                 }
             };
@@ -324,6 +326,7 @@ impl<T: Transport> Endpoint<T> {
             // one message at a time, and a server may hold a million connections.
             entry.inbox.reserve_exact(1);
         }
+        entry.traffic.count_received(data.len());
         entry.inbox.push_back((slot, data));
         let deliverable = entry.state == ConnState::Established;
         self.held_messages += 1;
@@ -376,7 +379,7 @@ impl<T: Transport> Endpoint<T> {
         match owner {
             Some(Owner::Listener(listener)) => self.on_listener_event(listener, kind),
             Some(Owner::Conn(conn)) => self.on_conn_event(conn, &event),
-            None => log::debug!("{kind} for an id no longer owned"),
+            None => tracing::debug!("{kind} for an id no longer owned"),
         }
     }
 
@@ -432,9 +435,9 @@ impl<T: Transport> Endpoint<T> {
             // A flood holds no more than the bound: refused before anything is set up.
             let bound = listening.options.max_in_setup;
             self.requests_refused += 1;
-            log::debug!("{listener}: a request was refused, {bound} connections in setup");
+            tracing::debug!("{listener}: a request was refused, {bound} connections in setup");
             if let Err(error) = self.transport.reject(&id, &[]) {
-                log::debug!("{listener}: reject: {error}");
+                tracing::debug!("{listener}: reject: {error}");
             }
             return;
         }
@@ -450,6 +453,7 @@ impl<T: Transport> Endpoint<T> {
             entry.deadline = Nanos::new(options.request_timeout.map(|t| now.saturating_add(t)));
         }
         let conn = self.insert(entry);
+        super::trace::requested(conn, listener);
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
         }
@@ -484,7 +488,7 @@ impl<T: Transport> Endpoint<T> {
             if let Some(id) = id {
                 let _ = self.transport.reject(&id, &[]);
             }
-            log::warn!("{listener}: a request was rejected, its setup failed: {error}");
+            tracing::warn!("{listener}: a request was rejected, its setup failed: {error}");
             self.close(conn, CloseReason::SetupFailed(error.clone()), false);
             self.push_endpoint_event(Event::AcceptFailed { listener, error });
         }
@@ -497,6 +501,7 @@ impl<T: Transport> Endpoint<T> {
         conn: ConnectionId,
         private_data: &[u8],
     ) -> Result<(), cm_core::CmError> {
+        let _span = super::trace::conn_span(conn).entered();
         self.setup_qp(conn, Role::Passive)?;
         let entry = self.live(conn).expect("set up above");
         let id = entry.id.clone();
@@ -513,6 +518,7 @@ impl<T: Transport> Endpoint<T> {
         }
         let called = self.transport.now();
         self.transport.accept(&id, private_data, &params)?;
+        super::trace::step(conn, "accepted");
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
             entry.times.mark(Step::ConnectCalled, called);
@@ -593,13 +599,15 @@ impl<T: Transport> Endpoint<T> {
                     self.on_pumped(Some(conn), pumped);
                 }
             }
-            Err(error) => log::warn!("{qp}: {error}"),
+            Err(error) => tracing::warn!("{qp}: {error}"),
         }
         Ok(())
     }
 
     pub(super) fn on_conn_event(&mut self, conn: ConnectionId, event: &T::Event) {
+        let _span = super::trace::conn_span(conn).entered();
         let status = event.status();
+        super::trace::cm_event(conn, event.event_type(), status);
         let result = match event.event_type() {
             CmEventType::AddrResolved => {
                 let now = self.transport.now();
@@ -666,7 +674,7 @@ impl<T: Transport> Endpoint<T> {
                 Ok(())
             }
             other => {
-                log::debug!("{conn}: {other} ignored");
+                tracing::debug!("{conn}: {other} ignored");
                 Ok(())
             }
         };
@@ -683,6 +691,7 @@ impl<T: Transport> Endpoint<T> {
         let id = entry.id.clone();
         let called = self.transport.now();
         self.transport.connect(&id, request.as_bytes(), &params)?;
+        super::trace::step(conn, "connecting");
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
             entry.times.mark(Step::ConnectCalled, called);
@@ -700,7 +709,9 @@ impl<T: Transport> Endpoint<T> {
         if entry.state == ConnState::Established {
             return; // exactly once, whatever the CM says twice
         }
-        entry.via = Some(entry.via.unwrap_or(EstablishedVia::Handshake));
+        let via = entry.via.unwrap_or(EstablishedVia::Handshake);
+        entry.via = Some(via);
+        super::trace::established(conn, via);
         entry.times.mark(Step::Established, now);
         entry.state = ConnState::Established;
         entry.deadline = Nanos::NONE;
@@ -758,7 +769,7 @@ impl<T: Transport> Endpoint<T> {
                     // A request the application did not answer in time: the peer hears
                     // a REJ now rather than retrying its REQ for a minute.
                     if let Err(error) = self.transport.reject(&id, &[]) {
-                        log::debug!("{conn}: reject: {error}");
+                        tracing::debug!("{conn}: reject: {error}");
                     }
                 }
                 self.close(conn, CloseReason::TimedOut, false);

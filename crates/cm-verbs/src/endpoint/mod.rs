@@ -20,6 +20,7 @@ mod sending;
 mod shared;
 mod slots;
 mod table;
+mod trace;
 mod types;
 
 use std::cmp::Reverse;
@@ -40,7 +41,7 @@ use queue::{ClosedConn, Pending, Ready};
 pub use queue::{CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG};
 pub use types::{
     CloseReason, ConnError, ConnTimes, ConnectionId, EndpointOptions, EndpointStats,
-    EstablishedVia, Event, ListenerId, QpErrorDetail,
+    EstablishedVia, Event, ListenerId, QpErrorDetail, Traffic,
 };
 
 /// On a transport in virtual time, turns given to the other parties (the runtime's
@@ -112,6 +113,8 @@ pub struct ConnectionInfo<A> {
     pub sends_in_flight: u32,
     /// ADDR_CHANGE events the CM reported for it ([`Event::AddressChanged`]).
     pub address_changes: u32,
+    /// Messages and bytes each way.
+    pub traffic: Traffic,
 }
 
 struct Listener<T: Transport> {
@@ -162,6 +165,7 @@ struct Conn<T: Transport> {
     /// ([`Event::NotifyFailed`], about its QP): seldom there, boxed together.
     rare: Rare,
     times: Times,
+    traffic: Traffic,
 }
 
 impl<T: Transport> Conn<T> {
@@ -191,6 +195,7 @@ impl<T: Transport> Conn<T> {
             pending: Pending::default(),
             resolve_timeout: Micros::new(Duration::ZERO),
             rare: Rare::default(),
+            traffic: Traffic::default(),
         }
     }
 }
@@ -619,6 +624,7 @@ impl<T: Transport> Endpoint<T> {
         entry.rare.set_params(options.params);
         entry.resolve_timeout = Micros::new(options.resolve_timeout);
         let conn = self.insert(entry);
+        trace::step(conn, "resolving the address");
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {
             self.deadlines.push(Reverse((deadline, conn)));
         }
@@ -700,7 +706,21 @@ impl<T: Transport> Endpoint<T> {
             times: entry.times.public(),
             sends_in_flight: entry.sends_in_flight,
             address_changes: entry.rare.address_changes(),
+            traffic: entry.traffic,
         })
+    }
+
+    /// What `conn` carried ([`ConnectionInfo::traffic`]), live or closed and not yet
+    /// reported (its final counts; once its close is reported the counts go with it,
+    /// and the endpoint's `closed` debug event has them). O(1).
+    pub fn traffic(&self, conn: ConnectionId) -> Result<Traffic, ConnError> {
+        match self.live(conn) {
+            Some(entry) => Ok(entry.traffic),
+            None => self
+                .closed(conn)
+                .map(|closed| closed.traffic)
+                .ok_or(ConnError::UnknownConnection(conn)),
+        }
     }
 
     /// One step of a wait in the transport ([`Transport::wait_step`]): whether anything

@@ -76,6 +76,8 @@ pub(super) struct ClosedConn {
     /// Messages that arrived while it was established and were not taken.
     pub(super) inbox: VecDeque<Vec<u8>>,
     pub(super) pending: Pending,
+    /// What it carried, to the end.
+    pub(super) traffic: super::Traffic,
 }
 
 /// An entry of the ready queue.

@@ -51,6 +51,7 @@ impl<T: Transport> Endpoint<T> {
         transport.post_send(&entry.id, buffers, slot, data, u64::from(slot))?;
         entry.send_next = (slot + 1) % entry.caps.send_depth;
         entry.sends_in_flight += 1;
+        entry.traffic.count_sent(data.len());
         Ok(())
     }
 }

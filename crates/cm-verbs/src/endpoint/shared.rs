@@ -140,7 +140,7 @@ impl<T: Transport> Endpoint<T> {
                         self.shared.sets.len() - 1
                     }
                     Err(error) => {
-                        log::warn!(
+                        tracing::warn!(
                             "device {key:?}: no shared queues ({error}), each connection keeps its own"
                         );
                         self.shared.refused.push(key);
@@ -169,7 +169,7 @@ impl<T: Transport> Endpoint<T> {
                 .post_shared_recv(&set.queues, slot, u64::from(slot))
             {
                 // The queue stays smaller; what is posted still serves every connection.
-                log::warn!(
+                tracing::warn!(
                     "device {:?}: posting shared receive {slot}: {error}",
                     set.key
                 );
@@ -180,7 +180,7 @@ impl<T: Transport> Endpoint<T> {
         if !set.limit_armed && set.caps.limit > 0 && set.posted > set.caps.limit {
             set.limit_armed = true;
             if let Err(error) = self.transport.arm_shared_limit(&set.queues, set.caps.limit) {
-                log::debug!("device {:?}: arming the SRQ limit: {error}", set.key);
+                tracing::debug!("device {:?}: arming the SRQ limit: {error}", set.key);
             }
         }
     }
@@ -267,6 +267,7 @@ impl<T: Transport> Endpoint<T> {
             return Err(error.into());
         }
         entry.sends_in_flight += 1;
+        entry.traffic.count_sent(data.len());
         Ok(())
     }
 
@@ -281,7 +282,9 @@ impl<T: Transport> Endpoint<T> {
             let set = &self.shared.sets[index];
             if let Err(error) = self.transport.arm_shared_cq(&set.queues, kind) {
                 // Nothing would be heard from the device's connections again.
-                log::warn!("device {key:?}: re-arming the shared {kind:?} queue failed: {error}");
+                tracing::warn!(
+                    "device {key:?}: re-arming the shared {kind:?} queue failed: {error}"
+                );
                 let errno = cm_core::Errno(error.errno());
                 self.shared_failed(key, QpErrorDetail::ArmFailed { kind, errno });
                 return;
@@ -313,7 +316,7 @@ impl<T: Transport> Endpoint<T> {
                 POLL_BATCH,
             );
             let n = polled.unwrap_or_else(|error| {
-                log::warn!("device {key:?}: polling the shared {kind:?} queue failed: {error}");
+                tracing::warn!("device {key:?}: polling the shared {kind:?} queue failed: {error}");
                 0
             });
             for completion in batch.iter().copied() {
@@ -407,13 +410,13 @@ impl<T: Transport> Endpoint<T> {
             .post_shared_recv(queues, slot, completion.wr_id)
         {
             // One receive fewer on the queue: the pool shrinks, nothing is lost.
-            log::warn!("device {key:?}: posting shared receive {slot} again failed: {error}");
+            tracing::warn!("device {key:?}: posting shared receive {slot} again failed: {error}");
         }
         match read {
             Ok(()) if completion.is_success() => Some(data),
             Ok(()) => None,
             Err(error) => {
-                log::warn!("device {key:?}: reading shared receive {slot} failed: {error}");
+                tracing::warn!("device {key:?}: reading shared receive {slot} failed: {error}");
                 None
             }
         }
@@ -458,7 +461,7 @@ impl<T: Transport> Endpoint<T> {
         };
         if std::mem::take(&mut set.limit_fired) {
             if let Err(error) = self.transport.arm_shared_limit(&set.queues, set.caps.limit) {
-                log::debug!("device {key:?}: arming the SRQ limit again: {error}");
+                tracing::debug!("device {key:?}: arming the SRQ limit again: {error}");
             }
         }
     }

@@ -165,9 +165,10 @@ impl<T: Transport> Endpoint<T> {
         let Some(entry) = self.remove_live(conn) else {
             return;
         };
+        super::trace::closed(conn, report.as_ref(), entry.traffic);
         if disconnect {
             if let Err(error) = self.transport.disconnect(&entry.id) {
-                log::debug!("{conn}: disconnect: {error}");
+                tracing::debug!("{conn}: disconnect: {error}");
             }
         }
         let Conn {
@@ -179,6 +180,7 @@ impl<T: Transport> Endpoint<T> {
             mut rare,
             inbox,
             pending,
+            traffic,
             ..
         } = entry;
         // The id goes now (its QP, queues and memory with it, whatever is kept below),
@@ -216,6 +218,7 @@ impl<T: Transport> Endpoint<T> {
             established: via.filter(|_| state == ConnState::Established),
             peer_private: rare.take_private(),
             inbox,
+            traffic,
             pending: Pending {
                 established: pending.established,
                 sent: pending.sent,

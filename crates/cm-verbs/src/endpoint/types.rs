@@ -171,6 +171,38 @@ pub struct ConnTimes {
     pub established: Option<Duration>,
 }
 
+/// What a connection's messages carried, counted by the endpoint ([`Endpoint::send`]
+/// and the receives it posts; the application's own work requests, posted with
+/// [`APPLICATION_WR_ID`](crate::APPLICATION_WR_ID), are the application's to count).
+/// Counted from the start, never reset: a service that logs rates takes differences.
+///
+/// [`Endpoint::send`]: crate::Endpoint::send
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Traffic {
+    /// Messages [`Endpoint::send`](crate::Endpoint::send) posted to the QP.
+    pub messages_sent: u64,
+    /// Their bytes.
+    pub bytes_sent: u64,
+    /// Messages that arrived, taken by the application or not.
+    pub messages_received: u64,
+    /// Their bytes.
+    pub bytes_received: u64,
+}
+
+impl Traffic {
+    /// Counts one message of `len` bytes sent.
+    pub(super) fn count_sent(&mut self, len: usize) {
+        self.messages_sent += 1;
+        self.bytes_sent += len as u64;
+    }
+
+    /// Counts one message of `len` bytes received.
+    pub(super) fn count_received(&mut self, len: usize) {
+        self.messages_received += 1;
+        self.bytes_received += len as u64;
+    }
+}
+
 /// Why a connection (or a listener) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

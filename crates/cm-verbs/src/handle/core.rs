@@ -329,7 +329,7 @@ impl<T: Transport> Core<T> {
                 return false;
             }
             Err(error) => {
-                log::warn!("endpoint pass: {error}");
+                tracing::warn!("endpoint pass: {error}");
                 false
             }
         };
@@ -340,7 +340,7 @@ impl<T: Transport> Core<T> {
 
     /// The endpoint cannot go on: every waiting call is told.
     pub(super) fn fail(&mut self, error: CmError) {
-        log::error!("the endpoint ended: {error}");
+        tracing::error!("the endpoint ended: {error}");
         self.failed = Some(error);
         self.wake_all();
     }
@@ -427,12 +427,12 @@ impl<T: Transport> Core<T> {
             .listener_of(conn)
             .and_then(|listener| self.listeners.get_mut(&listener));
         let Some(accepting) = accepting else {
-            log::debug!("{conn}: its listener is gone, disconnected");
+            tracing::debug!("{conn}: its listener is gone, disconnected");
             self.refuse(conn);
             return;
         };
         if accepting.queue.len() >= accepting.bound {
-            log::warn!("{conn}: its listener's accept queue is full, disconnected");
+            tracing::warn!("{conn}: its listener's accept queue is full, disconnected");
             self.refuse(conn);
             return;
         }

@@ -63,7 +63,7 @@ fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>) -> Turn {
             return Turn::Failed;
         }
         Err(error) => {
-            log::warn!("endpoint wait: {error}");
+            tracing::warn!("endpoint wait: {error}");
             false
         }
     };
@@ -86,7 +86,7 @@ fn step<T: Transport>(core: &mut Core<T>, left: Option<Duration>) -> Turn {
             Turn::Failed
         }
         Err(error) => {
-            log::warn!("endpoint wait: {error}");
+            tracing::warn!("endpoint wait: {error}");
             Turn::Still
         }
     }
@@ -146,7 +146,7 @@ pub(super) fn run_thread<T: Transport>(shared: &Shared<T>) {
                 core.fail(error);
                 return;
             }
-            Err(error) => log::warn!("endpoint wait: {error}"),
+            Err(error) => tracing::warn!("endpoint wait: {error}"),
         }
     }
 }

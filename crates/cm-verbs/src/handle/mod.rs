@@ -549,6 +549,12 @@ impl<T: Transport> Connection<T> {
         self.shared().lock().endpoint_mut().info(self.inner.id)
     }
 
+    /// What it carried (see [`Endpoint::traffic`]): while it lives, and once closed
+    /// until its close is taken.
+    pub fn traffic(&self) -> Result<crate::Traffic, ConnError> {
+        self.shared().lock().endpoint_mut().traffic(self.inner.id)
+    }
+
     /// How it became established, once it is (`None` before, or if it never was; for
     /// an accepted connection it always is). Established is a fact about the past: the
     /// answer stays after the connection closed.
