@@ -14,6 +14,7 @@
 //! hand-written loops), `pump` (cm-verbs' event loop and pump), `api` (the `Endpoint`).
 
 mod api;
+pub mod data;
 mod fixture;
 mod hand;
 mod pump;

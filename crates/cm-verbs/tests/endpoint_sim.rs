@@ -675,3 +675,36 @@ fn unless_timed_out(next: Result<Event, ConnError>) -> Option<Event> {
         Err(error) => panic!("{error}"),
     }
 }
+
+#[test]
+fn a_spin_leaves_the_shared_queues_armed_for_the_next_wait() {
+    // A busy-polling wait reads the device's shared completion queues itself and does
+    // not arm them again on their completion event meanwhile (no event per message);
+    // once it returns they are armed again, so a wait without busy polling still hears
+    // the next message.
+    let mut pair = pair(soft_roce(), 21, &[b"one", b"two", b"three"]);
+    pair.server.set_busy_poll(Some(Duration::from_millis(5)));
+    let (_, conn) = pair.one_accepted();
+    for expected in [&b"one"[..], b"two", b"three"] {
+        assert_eq!(pair.server.recv(conn, SECOND).unwrap(), expected);
+    }
+    pair.server.set_busy_poll(None);
+    let client_conn = pair
+        .client_events
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|event| match event {
+            Event::Established { conn, .. } => Some(*conn),
+            _ => None,
+        })
+        .expect("the client's connection");
+    for message in [&b"four"[..], b"five"] {
+        pair.client
+            .lock()
+            .unwrap()
+            .send(client_conn, message)
+            .unwrap();
+        assert_eq!(pair.server.recv(conn, SECOND).unwrap(), message);
+    }
+}

@@ -334,6 +334,11 @@ impl Figures {
                 "-",
             ),
             (
+                cm_testkit::figure_keys::REAL_DATA_PATH,
+                "data path: Endpoint / perftest",
+                "report",
+            ),
+            (
                 cm_testkit::figure_keys::REAL_SETUP_VS_CMTIME,
                 "cmtime client: cmnotify server against cmtime server",
                 "≤ 1.0",

@@ -19,6 +19,20 @@ impl<T: Transport> Endpoint<T> {
     pub(crate) fn wait_for<R>(
         &mut self,
         timeout: Option<Duration>,
+        take: impl FnMut(&mut Self) -> Option<Result<R, ConnError>>,
+    ) -> Result<R, ConnError> {
+        let answer = self.wait_or_spin(timeout, take);
+        self.spinning = false;
+        // What a spin left unarmed is armed before anything else waits on the
+        // endpoint's descriptors (a handle's driver, tokio, the application's own
+        // poll); what came meanwhile is read now and kept for the next call.
+        self.arm_shared_again();
+        answer
+    }
+
+    fn wait_or_spin<R>(
+        &mut self,
+        timeout: Option<Duration>,
         mut take: impl FnMut(&mut Self) -> Option<Result<R, ConnError>>,
     ) -> Result<R, ConnError> {
         // What is already there is answered without reading anything.
@@ -29,6 +43,7 @@ impl<T: Transport> Endpoint<T> {
         let deadline = timeout.map(|t| now.saturating_add(t));
         let mut spin = Spin::new(self.options.busy_poll, now);
         let mut spinning = self.options.busy_poll.is_some();
+        self.spinning = spinning;
         let mut round: u32 = 0;
         let mut more = false;
         loop {
@@ -50,6 +65,14 @@ impl<T: Transport> Endpoint<T> {
                     return Err(ConnError::Endpoint(error));
                 }
             }
+            // Spinning, the devices' shared completion queues too: a message (or a
+            // freed send buffer) is there without waiting for the completion event.
+            if spinning {
+                self.poll_shared_all();
+                if let Some(found) = take(self) {
+                    return found;
+                }
+            }
             let ready = if spinning {
                 // A look at every source (a zero-timeout wait: one poll(2) on a
                 // device) every few rounds says which to read, rather than a read of
@@ -63,6 +86,10 @@ impl<T: Transport> Endpoint<T> {
                         .map_err(ConnError::Endpoint)?
             } else if more {
                 // A source had more than its batch: read on without waiting.
+                true
+            } else if self.arm_shared_again() {
+                // The spin ended with shared queues unarmed: armed again, and what came
+                // meanwhile read; looked at before any wait.
                 true
             } else {
                 // The wait comes before the first read: it says which sources have
@@ -112,6 +139,7 @@ impl<T: Transport> Endpoint<T> {
                 return Err(ConnError::Timeout);
             }
             spinning = spin.keep_spinning(now);
+            self.spinning = spinning;
             if spinning {
                 // Kernel work this call waits for may need this CPU: soft-RoCE's
                 // packet processing and the CM's worker run in kernel threads, and a

@@ -344,6 +344,12 @@ pub struct Endpoint<T: Transport> {
     reading_cm: bool,
     /// Whether a flushed completion's cause is being looked for on the other queue.
     seeking_cause: bool,
+    /// Whether a waiting call is busy polling: the shared completion queues it polls
+    /// are not armed again on their completion event meanwhile (no event per message).
+    spinning: bool,
+    /// Whether a shared completion queue was left unarmed by a spin: armed again (and
+    /// polled once more) before anything waits.
+    shared_unarmed: bool,
     /// Whether the last CM read took a full batch (more are likely waiting).
     cm_batch_full: bool,
     /// Connect and establish deadlines; an entry whose connection moved on is stale
@@ -440,6 +446,8 @@ impl<T: Transport> Endpoint<T> {
             ended_ids: Vec::new(),
             reading_cm: false,
             seeking_cause: false,
+            spinning: false,
+            shared_unarmed: false,
             cm_batch_full: false,
             deadlines: BinaryHeap::new(),
             awaiting: VecDeque::new(),

@@ -514,8 +514,10 @@ pub struct EndpointOptions {
     /// (no list of them is kept with it off; at most
     /// [`PASS_BATCH`](crate::PASS_BATCH) of them, in turn): a receive there is
     /// forwarded with notify at once and the CM channel read for its ESTABLISHED,
-    /// without waiting for the completion event; every eighth round one zero-timeout
-    /// look at every source says which to read. Between rounds the thread yields its
+    /// without waiting for the completion event; then each device's shared completion
+    /// queues are polled (a message taken without the completion channel's reads; the
+    /// queues are left unarmed while spinning and armed again before the call returns);
+    /// every eighth round one zero-timeout look at every source says which to read. Between rounds the thread yields its
     /// CPU (`sched_yield`), so that kernel work the connection waits for (a software
     /// device's packets, the CM's worker) is not held off for a scheduler slice.
     /// `None` (the default): sleep at once.
