@@ -17,7 +17,7 @@
 //! SEND does; `ib_send_bw` posts 512 receives and lets RNR retries absorb the rest.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -381,66 +381,77 @@ pub fn record_figures(result: &Result<DataFigures, String>, machine: &str) -> Ve
     out
 }
 
-/// Runs perftest's `tool` as a server on A and a client from B, with `args` on both;
-/// returns the client's standard output.
+/// How long one perftest run may take before it is taken as hung and killed.
+const PERFTEST_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits for `child` at most `limit`; killed past it. Its exit status and output, or
+/// why it was killed with what it had printed.
+fn finish(mut child: Child, limit: Duration) -> Result<Output, String> {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            return Err(format!("killed after {limit:?}: {}", printed(&out)));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().map_err(|e| e.to_string())
+}
+
+/// What a process printed, both streams.
+fn printed(out: &Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.trim().to_owned()
+}
+
+/// Runs perftest's `tool` as a server on A and a client from B, with `args` on both,
+/// each bounded by [`PERFTEST_LIMIT`]; returns the client's standard output.
 fn perftest(setup: &Setup, tool: &str, port: u16, args: &[&str]) -> Result<String, String> {
     let port = port.to_string();
-    let mut server = Command::new(tool)
-        .args([
-            "-R",
-            "-p",
-            &port,
-            "--source_ip",
-            &setup.addrs.addr_a.to_string(),
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    let side = |addr: std::net::IpAddr| {
+        let mut command = Command::new(tool);
+        command
+            .args(["-R", "-p", &port, "--source_ip", &addr.to_string()])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    };
+    let mut server = side(setup.addrs.addr_a)
         .spawn()
         .map_err(|e| format!("{tool} not run ({e}): perftest is not on PATH"))?;
     // The server listens within a moment; the client retries its connect meanwhile.
     let mut last = String::new();
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
-        let out = Command::new(tool)
-            .args([
-                "-R",
-                "-p",
-                &port,
-                "--source_ip",
-                &setup.addrs.addr_b.to_string(),
-            ])
-            .args(args)
+        let client = side(setup.addrs.addr_b)
             .arg(setup.addrs.addr_a.to_string())
-            .output()
+            .spawn()
             .map_err(|e| format!("{tool}: {e}"))?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.success() {
-            // Its report is the client's; the server may still be printing.
-            let _ = server.wait_with_output();
-            return Ok(stdout);
+        match finish(client, PERFTEST_LIMIT) {
+            Ok(out) if out.status.success() => {
+                // Its report is the client's; the server ends on its own.
+                let _ = finish(server, PERFTEST_LIMIT);
+                return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+            }
+            Ok(out) => last = printed(&out),
+            Err(killed) => {
+                last = killed;
+                break;
+            }
         }
-        last = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
         if server.try_wait().ok().flatten().is_some() {
             break;
         }
     }
     let _ = server.kill();
-    let served = server
-        .wait_with_output()
-        .map(|out| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-        .unwrap_or_default();
-    Err(format!(
-        "{tool} failed: client: {}; server: {}",
-        last.trim(),
-        served.trim()
-    ))
+    let served = finish(server, PERFTEST_LIMIT).map_or_else(|e| e, |out| printed(&out));
+    Err(format!("{tool} failed: client: {last}; server: {served}"))
 }
 
 /// The numbers of the result line of a perftest table: the line whose first field is
@@ -471,7 +482,9 @@ fn perftest_round_trip(setup: &Setup, round_trips: usize, events: bool) -> Resul
         .ok_or_else(|| format!("no result line in ib_send_lat's output: {output}"))?;
     let typical = numbers
         .get(4)
-        .ok_or_else(|| format!("no t_typical in {numbers:?}"))?;
+        .copied()
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .ok_or_else(|| format!("no usable t_typical in {numbers:?}: {output}"))?;
     Ok(typical * 2.0 * 1e3)
 }
 
@@ -491,7 +504,8 @@ fn perftest_bandwidth(setup: &Setup, messages: usize) -> Result<f64, String> {
     numbers
         .get(3)
         .copied()
-        .ok_or_else(|| format!("no BW average in {numbers:?}"))
+        .filter(|bw| bw.is_finite() && *bw > 0.0)
+        .ok_or_else(|| format!("no usable BW average in {numbers:?}: {output}"))
 }
 
 #[cfg(test)]

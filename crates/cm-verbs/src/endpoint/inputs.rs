@@ -171,6 +171,9 @@ impl<T: Transport> Endpoint<T> {
     /// Polls one of `conn`'s queues dry (see [`Endpoint::poll_queues`]); stops once the
     /// connection is closed, by a completion handled or before.
     fn poll_queue(&mut self, conn: ConnectionId, kind: CqKind, reading: Reading) {
+        if self.live(conn).is_some_and(|c| c.application_qp) {
+            return; // the application's queues are the application's to read
+        }
         if let Some(key) = self.shared_key_of(conn) {
             self.poll_shared(key, kind, Some((conn, reading)));
             return;
@@ -543,6 +546,8 @@ impl<T: Transport> Endpoint<T> {
         role: Role,
     ) -> Result<(), cm_core::CmError> {
         let id = self.live(conn).expect("live connection").id.clone();
+        // A QP the application made on the id (passive side, before `accept_request`).
+        let application_qp = cm_core::CmId::qp_num(&id);
         let (device_index, key) =
             self.device_for(&id)?
                 .ok_or(cm_core::CmError::InvalidArgument {
@@ -555,6 +560,9 @@ impl<T: Transport> Endpoint<T> {
             entry.device = Some(key);
         }
         self.device_use(key);
+        if let Some(qp) = application_qp {
+            return self.adopt_application_qp(conn, id, qp, role);
+        }
         let caps = self.live(conn).expect("live connection").caps;
         let shared = self.shared_for_setup(&id, device_index, &caps);
         let called = self.transport.now();
@@ -588,10 +596,22 @@ impl<T: Transport> Endpoint<T> {
         entry.buffers = buffers;
         entry.send_next = 0;
         entry.sends_in_flight = 0;
-        // Registered before the REQ or REP leaves, so no trigger of this QP can come
-        // first: one kept for its number is a previous QP's, and is dropped.
+        self.register_with_pump(conn, id, qp, role);
+        Ok(())
+    }
+
+    /// Registers `conn`'s QP with the pump, before the REQ or REP leaves, so that no
+    /// trigger of this QP can come first: one kept for its number is a previous QP's,
+    /// and is dropped.
+    pub(super) fn register_with_pump(
+        &mut self,
+        conn: ConnectionId,
+        id: T::Id,
+        qp: cm_core::QpNum,
+        role: Role,
+    ) {
         if !self.notify {
-            return Ok(());
+            return;
         }
         match self.pump.register_before_handshake(id, role) {
             Ok(registration) => {
@@ -601,7 +621,6 @@ impl<T: Transport> Endpoint<T> {
             }
             Err(error) => tracing::warn!("{qp}: {error}"),
         }
-        Ok(())
     }
 
     pub(super) fn on_conn_event(&mut self, conn: ConnectionId, event: &T::Event) {

@@ -10,6 +10,7 @@
 //! an application's tests swap the backend and keep their code. It reads no clock of
 //! its own (time comes from the transport) and waits only in [`Transport::wait`].
 
+mod application;
 mod compact;
 mod drain;
 mod driving;
@@ -166,6 +167,10 @@ struct Conn<T: Transport> {
     rare: Rare,
     times: Times,
     traffic: Traffic,
+    /// Its QP is the application's (made on its id before `accept_request`): the
+    /// endpoint made no queue, buffer or receive for it and never reads its completion
+    /// queues; the application reports its receives ([`Endpoint::received`]).
+    application_qp: bool,
 }
 
 impl<T: Transport> Conn<T> {
@@ -196,6 +201,7 @@ impl<T: Transport> Conn<T> {
             resolve_timeout: Micros::new(Duration::ZERO),
             rare: Rare::default(),
             traffic: Traffic::default(),
+            application_qp: false,
         }
     }
 }

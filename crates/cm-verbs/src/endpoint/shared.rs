@@ -204,7 +204,7 @@ impl<T: Transport> Endpoint<T> {
         }
         let entry = self.live(conn)?;
         let key = entry.device?;
-        let shared = entry.qp.get().is_some() && entry.buffers.is_none();
+        let shared = entry.qp.get().is_some() && entry.buffers.is_none() && !entry.application_qp;
         (shared && self.shared.index(key).is_some()).then_some(key)
     }
 

@@ -1,0 +1,164 @@
+//! The application's own data path beside the endpoint's notify path, on the real
+//! kernel (soft-RoCE in the VM), every RTU to the server dropped: the server makes its
+//! own QP, completion queues and registered memory on the request's id, accepts, reads
+//! its own receive queue and tells the endpoint of the receive (`Endpoint::received`,
+//! its one line for the notify path), and is established by notify; it then RDMA-READs
+//! the client's memory, whose address came in that first message, and answers with a
+//! SEND of its own. The endpoint never reads the server's queues and refuses its own
+//! `send` there. Without a device (or nft) the test records a skip.
+#![cfg(feature = "rdma")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_verbs::sys::{Completion, QpCaps, RemoteMemory};
+use cm_verbs::{
+    AsyncEventType, ConnError, ConnectOptions, EstablishedVia, Event, ListenOptions, PrivateData,
+    Trigger,
+};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+/// What the client exposes for the server to read.
+const CLIENT_BYTES: &[u8] = b"the client's registered bytes, read by the server";
+/// The server's answer, a SEND from its own memory.
+const ANSWER: &[u8] = b"read";
+
+/// Polls `poll` until it yields a completion, for at most [`WAIT`].
+fn next_completion(
+    what: &str,
+    mut poll: impl FnMut() -> Result<Vec<Completion>, cm_verbs::CmError>,
+) -> Completion {
+    let deadline = Instant::now() + WAIT.unwrap();
+    loop {
+        if let Some(completion) = poll().expect(what).into_iter().next() {
+            assert!(completion.is_success(), "{what}: {completion:?}");
+            return completion;
+        }
+        assert!(Instant::now() < deadline, "no {what} completion");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
+    const TEST: &str = "a_server_on_its_own_qp_is_rescued_and_reads_its_client";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some(nft) = CmMadRule::nft_from_env() else {
+        return skip(TEST, "CMNOTIFY_NFT names no nft to drop RTUs with");
+    };
+    let _rtu_drop = CmMadRule::install(
+        &nft,
+        "application_qp",
+        addrs.addr_a,
+        RTU_ATTRIBUTE,
+        MadAction::Drop,
+    )
+    .expect("drop every RTU to the server");
+    let listen = SocketAddr::new(addrs.addr_a, 7531);
+    let mut server = common::endpoint();
+    let options = ListenOptions {
+        auto_accept: false,
+        ..ListenOptions::default()
+    };
+    server.listen(listen, options).expect("listen");
+
+    let src = SocketAddr::new(addrs.addr_b, 0);
+    let client = std::thread::spawn(move || -> Vec<u8> {
+        let mut client = common::endpoint();
+        let options = ConnectOptions {
+            source: Some(src),
+            ..ConnectOptions::default()
+        };
+        let conn = client.connect(listen, options).expect("connect");
+        client.established(conn, WAIT).expect("client established");
+        // Memory the server may read, and where it is, in the first message.
+        let id = client.cm_id(conn).expect("the client's id");
+        let region = id
+            .register_remote_memory(CLIENT_BYTES.len())
+            .expect("register");
+        id.write_memory(&region, 0, CLIENT_BYTES).expect("write");
+        let remote = id
+            .remote_memory(&region, 0..CLIENT_BYTES.len())
+            .expect("remote memory");
+        client.send(conn, &remote.to_bytes()).expect("send");
+        let answer = client.recv(conn, WAIT).expect("the server's answer");
+        client.disconnect(conn).expect("disconnect");
+        answer
+    });
+
+    let conn = match server.next_event(WAIT).expect("a request") {
+        Event::Request { conn, .. } => conn,
+        other => panic!("expected a request, got {other:?}"),
+    };
+    // The server's own QP (librdmacm's completion queues), memory and receive.
+    let id = server.cm_id(conn).expect("the request's id").clone();
+    id.create_qp(&QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        ..QpCaps::default()
+    })
+    .expect("the application's QP");
+    let memory = id.register_memory(256).expect("register");
+    id.post_recv(&memory, 0..64, 1).expect("post a receive");
+    server
+        .accept_request(conn, &PrivateData::empty())
+        .expect("accept with the application's QP");
+    assert!(server.has_application_qp(conn).unwrap());
+
+    // The client's first message lands in the server's receive queue; with the RTU
+    // lost only the notify path establishes the connection.
+    let received = next_completion("receive", || id.poll_recv_cq(4));
+    assert_eq!(received.wr_id, 1);
+    server.received(conn).expect("the receive, to the endpoint");
+    let accepted = server.accept(WAIT).expect("established");
+    assert_eq!(accepted, conn);
+    // On the stock device the receive is the trigger; on one that raises COMM_EST the
+    // QP's event may come first (the pump forwards it for any QP it knows).
+    let via = server.info(conn).unwrap().established;
+    assert!(
+        matches!(
+            via,
+            Some(EstablishedVia::Notify(
+                Trigger::ReceiveCompletion | Trigger::AsyncEvent(AsyncEventType::CommEst)
+            ))
+        ),
+        "rescued by notify, with no notify code in the application: {via:?}"
+    );
+    // The endpoint's own data path is not this connection's.
+    assert!(matches!(
+        server.send(conn, b"x"),
+        Err(ConnError::WrongState { .. })
+    ));
+
+    // RDMA READ of the client's memory, then the answer, both on the server's QP.
+    let message = id
+        .read_memory(&memory, 0..received.byte_len as usize)
+        .unwrap();
+    let remote = RemoteMemory::from_bytes(&message).expect("the client's memory");
+    let into = 64..64 + CLIENT_BYTES.len();
+    id.post_rdma_read(&memory, into.clone(), remote, 2)
+        .expect("RDMA READ");
+    assert_eq!(next_completion("RDMA READ", || id.poll_send_cq(4)).wr_id, 2);
+    let read = id.read_memory(&memory, into).unwrap();
+    assert_eq!(read, CLIENT_BYTES);
+    id.write_memory(&memory, 128, ANSWER).unwrap();
+    id.post_send(&memory, 128..128 + ANSWER.len(), 3)
+        .expect("SEND the answer");
+    assert_eq!(next_completion("SEND", || id.poll_send_cq(4)).wr_id, 3);
+
+    assert_eq!(client.join().expect("the client thread"), ANSWER);
+    match server.next_event(WAIT).expect("the close") {
+        Event::Closed { conn: closed, .. } => assert_eq!(closed, conn),
+        other => panic!("expected the close, got {other:?}"),
+    }
+    report(&format!(
+        "{TEST}: server on its own QP established via {via:?}, read {} bytes of the client's \
+         memory with RDMA READ, answered with its own SEND",
+        read.len()
+    ));
+}
