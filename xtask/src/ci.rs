@@ -17,6 +17,11 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             other => return Err(format!("ci: unknown option `{other}`")),
         }
     }
+    // A CI run builds once on a fresh clone: incremental caches would only take disk
+    // (several GiB over the two dev-profile feature sets), never time.
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        std::env::set_var("CARGO_INCREMENTAL", "0");
+    }
     let mut steps = Steps::default();
 
     steps.run("deps", || deps::ensure(&deps::host_packages()));
@@ -134,6 +139,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
     let result = steps.finish();
     println!("tests: {}", counts.line());
+    println!(
+        "disk: target/ holds {:.1} GiB",
+        crate::run::bytes_under(&workspace_root().join("target")) as f64 / (1u64 << 30) as f64
+    );
     result
 }
 

@@ -20,6 +20,28 @@ pub(crate) fn cargo(args: &[&str]) -> Command {
     cmd
 }
 
+/// The disk every file under `dir` takes (hard links counted once, links not followed);
+/// 0 where it is missing.
+pub(crate) fn bytes_under(dir: &std::path::Path) -> u64 {
+    fn walk(dir: &std::path::Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        let mut total = 0;
+        for entry in entries.map_while(Result::ok) {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                total += walk(&entry.path(), seen);
+            } else if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
+                total += meta.blocks() * 512;
+            }
+        }
+        total
+    }
+    walk(dir, &mut std::collections::HashSet::new())
+}
+
 /// Runs `cmd` with inherited output; `Err` names the command when it fails.
 pub(crate) fn status(cmd: &mut Command) -> Result<(), String> {
     let shown = format!("{cmd:?}");

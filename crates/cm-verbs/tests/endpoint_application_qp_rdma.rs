@@ -13,8 +13,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cm_testkit::{addresses, report, skip, CmMadRule, MadAction, RTU_ATTRIBUTE};
-use cm_verbs::sys::{Completion, QpCaps, RemoteMemory};
+use cm_testkit::{addresses, report, skip, Addresses, CmMadRule, MadAction, RTU_ATTRIBUTE};
+use cm_verbs::handle::EndpointHandle;
+use cm_verbs::sys::{CmId, Completion, MemoryRegion, QpCaps, RemoteMemory};
 use cm_verbs::{
     AsyncEventType, ConnError, ConnectOptions, EstablishedVia, Event, ListenOptions, PrivateData,
     Trigger,
@@ -42,61 +43,34 @@ fn next_completion(
     }
 }
 
-#[test]
-fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
-    const TEST: &str = "a_server_on_its_own_qp_is_rescued_and_reads_its_client";
-    let Some(addrs) = addresses(TEST) else {
-        return;
+/// The client: an endpoint connection from `src` whose first message says where its
+/// registered bytes are; returns the server's answer.
+fn run_client(listen: SocketAddr, src: std::net::IpAddr) -> Vec<u8> {
+    let mut client = common::endpoint();
+    let options = ConnectOptions {
+        source: Some(SocketAddr::new(src, 0)),
+        ..ConnectOptions::default()
     };
-    let Some(nft) = CmMadRule::nft_from_env() else {
-        return skip(TEST, "CMNOTIFY_NFT names no nft to drop RTUs with");
-    };
-    let _rtu_drop = CmMadRule::install(
-        &nft,
-        "application_qp",
-        addrs.addr_a,
-        RTU_ATTRIBUTE,
-        MadAction::Drop,
-    )
-    .expect("drop every RTU to the server");
-    let listen = SocketAddr::new(addrs.addr_a, 7531);
-    let mut server = common::endpoint();
-    let options = ListenOptions {
-        auto_accept: false,
-        ..ListenOptions::default()
-    };
-    server.listen(listen, options).expect("listen");
+    let conn = client.connect(listen, options).expect("connect");
+    client.established(conn, WAIT).expect("client established");
+    // Memory the server may read, and where it is, in the first message.
+    let id = client.cm_id(conn).expect("the client's id");
+    let region = id
+        .register_remote_memory(CLIENT_BYTES.len())
+        .expect("register");
+    id.write_memory(&region, 0, CLIENT_BYTES).expect("write");
+    let remote = id
+        .remote_memory(&region, 0..CLIENT_BYTES.len())
+        .expect("remote memory");
+    client.send(conn, &remote.to_bytes()).expect("send");
+    let answer = client.recv(conn, WAIT).expect("the server's answer");
+    client.disconnect(conn).expect("disconnect");
+    answer
+}
 
-    let src = SocketAddr::new(addrs.addr_b, 0);
-    let client = std::thread::spawn(move || -> Vec<u8> {
-        let mut client = common::endpoint();
-        let options = ConnectOptions {
-            source: Some(src),
-            ..ConnectOptions::default()
-        };
-        let conn = client.connect(listen, options).expect("connect");
-        client.established(conn, WAIT).expect("client established");
-        // Memory the server may read, and where it is, in the first message.
-        let id = client.cm_id(conn).expect("the client's id");
-        let region = id
-            .register_remote_memory(CLIENT_BYTES.len())
-            .expect("register");
-        id.write_memory(&region, 0, CLIENT_BYTES).expect("write");
-        let remote = id
-            .remote_memory(&region, 0..CLIENT_BYTES.len())
-            .expect("remote memory");
-        client.send(conn, &remote.to_bytes()).expect("send");
-        let answer = client.recv(conn, WAIT).expect("the server's answer");
-        client.disconnect(conn).expect("disconnect");
-        answer
-    });
-
-    let conn = match server.next_event(WAIT).expect("a request") {
-        Event::Request { conn, .. } => conn,
-        other => panic!("expected a request, got {other:?}"),
-    };
-    // The server's own QP (librdmacm's completion queues), memory and receive.
-    let id = server.cm_id(conn).expect("the request's id").clone();
+/// The server's QP (librdmacm's completion queues), 256 bytes of its memory and one
+/// receive posted, made on `id` before the request is accepted.
+fn own_qp(id: &CmId) -> MemoryRegion {
     id.create_qp(&QpCaps {
         max_send_wr: 4,
         max_recv_wr: 4,
@@ -105,6 +79,76 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     .expect("the application's QP");
     let memory = id.register_memory(256).expect("register");
     id.post_recv(&memory, 0..64, 1).expect("post a receive");
+    memory
+}
+
+/// On the server's own QP: RDMA READ of the client's memory named by the first
+/// message (`len` bytes at the start of `memory`), then the answer as a SEND; the
+/// bytes read.
+fn read_and_answer(id: &CmId, memory: &MemoryRegion, len: usize) -> Vec<u8> {
+    let message = id.read_memory(memory, 0..len).unwrap();
+    let remote = RemoteMemory::from_bytes(&message).expect("the client's memory");
+    let into = 64..64 + CLIENT_BYTES.len();
+    id.post_rdma_read(memory, into.clone(), remote, 2)
+        .expect("RDMA READ");
+    assert_eq!(next_completion("RDMA READ", || id.poll_send_cq(4)).wr_id, 2);
+    let read = id.read_memory(memory, into).unwrap();
+    assert_eq!(read, CLIENT_BYTES);
+    id.write_memory(memory, 128, ANSWER).unwrap();
+    id.post_send(memory, 128..128 + ANSWER.len(), 3)
+        .expect("SEND the answer");
+    assert_eq!(next_completion("SEND", || id.poll_send_cq(4)).wr_id, 3);
+    read
+}
+
+/// Whether `via` is a rescue by notify: on the stock device the receive is the
+/// trigger; on one that raises COMM_EST the QP's event may come first (the pump
+/// forwards it for any QP it knows).
+fn rescued(via: Option<EstablishedVia>) -> bool {
+    matches!(
+        via,
+        Some(EstablishedVia::Notify(
+            Trigger::ReceiveCompletion | Trigger::AsyncEvent(AsyncEventType::CommEst)
+        ))
+    )
+}
+
+/// The test's addresses with every RTU to the server (`addr_a`) dropped while the rule
+/// lives; `None` (reported as skipped) without a device or an nft.
+fn addresses_without_rtus(test: &str, table: &str) -> Option<(Addresses, CmMadRule)> {
+    let addrs = addresses(test)?;
+    let Some(nft) = CmMadRule::nft_from_env() else {
+        skip(test, "CMNOTIFY_NFT names no nft to drop RTUs with");
+        return None;
+    };
+    let rule = CmMadRule::install(&nft, table, addrs.addr_a, RTU_ATTRIBUTE, MadAction::Drop)
+        .expect("drop every RTU to the server");
+    Some((addrs, rule))
+}
+
+#[test]
+fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
+    const TEST: &str = "a_server_on_its_own_qp_is_rescued_and_reads_its_client";
+    let Some((addrs, _rtu_drop)) = addresses_without_rtus(TEST, "application_qp") else {
+        return;
+    };
+    let listen = SocketAddr::new(addrs.addr_a, 7531);
+    let mut server = common::endpoint();
+    let options = ListenOptions {
+        auto_accept: false,
+        ..ListenOptions::default()
+    };
+    server.listen(listen, options).expect("listen");
+
+    let client = std::thread::spawn(move || run_client(listen, addrs.addr_b));
+
+    let conn = match server.next_event(WAIT).expect("a request") {
+        Event::Request { conn, .. } => conn,
+        other => panic!("expected a request, got {other:?}"),
+    };
+    // The server's own QP (librdmacm's completion queues), memory and receive.
+    let id = server.cm_id(conn).expect("the request's id").clone();
+    let memory = own_qp(&id);
     server
         .accept_request(conn, &PrivateData::empty())
         .expect("accept with the application's QP");
@@ -117,16 +161,9 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     server.received(conn).expect("the receive, to the endpoint");
     let accepted = server.accept(WAIT).expect("established");
     assert_eq!(accepted, conn);
-    // On the stock device the receive is the trigger; on one that raises COMM_EST the
-    // QP's event may come first (the pump forwards it for any QP it knows).
     let via = server.info(conn).unwrap().established;
     assert!(
-        matches!(
-            via,
-            Some(EstablishedVia::Notify(
-                Trigger::ReceiveCompletion | Trigger::AsyncEvent(AsyncEventType::CommEst)
-            ))
-        ),
+        rescued(via),
         "rescued by notify, with no notify code in the application: {via:?}"
     );
     // The endpoint's own data path is not this connection's.
@@ -135,21 +172,7 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
         Err(ConnError::WrongState { .. })
     ));
 
-    // RDMA READ of the client's memory, then the answer, both on the server's QP.
-    let message = id
-        .read_memory(&memory, 0..received.byte_len as usize)
-        .unwrap();
-    let remote = RemoteMemory::from_bytes(&message).expect("the client's memory");
-    let into = 64..64 + CLIENT_BYTES.len();
-    id.post_rdma_read(&memory, into.clone(), remote, 2)
-        .expect("RDMA READ");
-    assert_eq!(next_completion("RDMA READ", || id.poll_send_cq(4)).wr_id, 2);
-    let read = id.read_memory(&memory, into).unwrap();
-    assert_eq!(read, CLIENT_BYTES);
-    id.write_memory(&memory, 128, ANSWER).unwrap();
-    id.post_send(&memory, 128..128 + ANSWER.len(), 3)
-        .expect("SEND the answer");
-    assert_eq!(next_completion("SEND", || id.poll_send_cq(4)).wr_id, 3);
+    let read = read_and_answer(&id, &memory, received.byte_len as usize);
 
     assert_eq!(client.join().expect("the client thread"), ANSWER);
     match server.next_event(WAIT).expect("the close") {
@@ -159,6 +182,46 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     report(&format!(
         "{TEST}: server on its own QP established via {via:?}, read {} bytes of the client's \
          memory with RDMA READ, answered with its own SEND",
+        read.len()
+    ));
+}
+
+/// The same through connection handles (the thread driver): the QP made in
+/// `Request::with_id`, the receive passed to `Connection::received`.
+#[test]
+fn a_handle_server_on_its_own_qp_is_rescued_and_reads_its_client() {
+    const TEST: &str = "a_handle_server_on_its_own_qp_is_rescued_and_reads_its_client";
+    let Some((addrs, _rtu_drop)) = addresses_without_rtus(TEST, "application_qp_handles") else {
+        return;
+    };
+    let listen = SocketAddr::new(addrs.addr_a, 7532);
+    let server = EndpointHandle::spawn_thread(common::endpoint()).expect("server endpoint");
+    let options = ListenOptions {
+        auto_accept: false,
+        ..ListenOptions::default()
+    };
+    let listener = server.listen(listen, options).expect("listen");
+    let client = std::thread::spawn(move || run_client(listen, addrs.addr_b));
+
+    let request = listener.blocking_next_request(WAIT).expect("a request");
+    let (id, memory) = request
+        .with_id(|id| (id.clone(), own_qp(id)))
+        .expect("the request's id");
+    let conn = request
+        .accept(&PrivateData::empty())
+        .expect("accept with the application's QP");
+    let received = next_completion("receive", || id.poll_recv_cq(4));
+    conn.received().expect("the receive, to the endpoint");
+    let via = conn.blocking_established(WAIT).expect("established");
+    assert!(rescued(Some(via)), "{via:?}");
+    assert!(matches!(
+        conn.blocking_send(b"x", WAIT),
+        Err(ConnError::WrongState { .. })
+    ));
+    let read = read_and_answer(&id, &memory, received.byte_len as usize);
+    assert_eq!(client.join().expect("the client thread"), ANSWER);
+    report(&format!(
+        "{TEST}: handle server on its own QP established via {via:?}, read {} bytes",
         read.len()
     ));
 }

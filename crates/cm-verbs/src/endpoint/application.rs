@@ -5,6 +5,8 @@
 //! for it, never reads its completion queues, forwards its COMM_EST as for any QP, and
 //! takes the application's word for a receive that completed before ESTABLISHED
 //! ([`Endpoint::received`]): the trigger of a lost RTU on a device without COMM_EST.
+//! Through handles: `Request::with_id`, `Request::accept`, `Connection::received`.
+//! The active side keeps the endpoint's own queues.
 
 use cm_core::{QpNum, Transport};
 

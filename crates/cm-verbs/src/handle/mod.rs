@@ -589,6 +589,15 @@ impl<T: Transport> Connection<T> {
         Ok(f(core.endpoint().cm_id(self.inner.id)?))
     }
 
+    /// A receive completed on its QP, which the application made and reads itself
+    /// ([`Request::with_id`]): the endpoint's notify path takes it as its trigger
+    /// while the connection is not established (see [`Endpoint::received`]); after
+    /// that it does nothing. O(1).
+    pub fn received(&self) -> Result<(), ConnError> {
+        let id = self.inner.id;
+        self.shared().with(|core| core.endpoint_mut().received(id))
+    }
+
     /// Waits until it is established (after [`EndpointHandle::connect`]) and says how;
     /// once it was, it answers so for good, also after the peer has left (the close
     /// comes from [`Connection::recv`]). [`ConnError::Closed`] if it closed before it

@@ -84,6 +84,18 @@ impl<T: Transport> Request<T> {
         self.peer_addr
     }
 
+    /// Calls `f` with the CM id the request came on, before it is answered: where the
+    /// application makes a QP of its own (its completion queues, protection domain and
+    /// memory; on the real transport `CmId::create_qp` or `CmId::create_qp_on`), which
+    /// [`Request::accept`] then accepts with (the endpoint makes nothing for it, and
+    /// learns of its receives through [`Connection::received`]). O(1).
+    pub fn with_id<R>(&self, f: impl FnOnce(&T::Id) -> R) -> Result<R, ConnError> {
+        let conn = self.conn;
+        self.owner
+            .shared
+            .with(|core| Ok(f(core.endpoint().cm_id(conn)?)))
+    }
+
     /// Accepts it: the REP goes with `private_data` (at most [`PrivateData::MAX_REP`]
     /// bytes), and the connection comes back, to wait for with
     /// [`Connection::established`] (a lost RTU is rescued as for any accepted
