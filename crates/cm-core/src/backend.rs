@@ -22,6 +22,44 @@ pub trait CmId {
 
     /// The number of the id's QP, once one exists.
     fn qp_num(&self) -> Option<QpNum>;
+
+    /// Whether `rdma_notify` can force this id's connection established: the transport
+    /// of its device. True unless the id is known to be on iWARP.
+    fn notify_forces(&self) -> bool {
+        true
+    }
+}
+
+/// The transport of an RDMA device (`ibv_device.transport_type`), as far as the notify
+/// path cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceTransport {
+    /// InfiniBand and RoCE (`IBV_TRANSPORT_IB`): the CM's handshake ends with an RTU,
+    /// which can be lost; `rdma_notify` forces the connection established.
+    InfiniBand,
+    /// iWARP (`IBV_TRANSPORT_IWARP`): the connection is set up by the MPA exchange over
+    /// TCP, which has no RTU to lose. The kernel answers `rdma_notify` with 0 there and
+    /// does nothing, so calling it would claim a rescue that never happened.
+    Iwarp,
+    /// Any other value (usNIC, unknown), kept.
+    Other(i32),
+}
+
+impl DeviceTransport {
+    /// Decodes `ibv_transport_type`.
+    pub const fn from_raw(raw: i32) -> Self {
+        match raw {
+            0 => DeviceTransport::InfiniBand,
+            1 => DeviceTransport::Iwarp,
+            other => DeviceTransport::Other(other),
+        }
+    }
+
+    /// Whether `rdma_notify` can force a connection on this transport (only InfiniBand
+    /// and RoCE: the kernel's `rdma_notify` passes it to the IB CM on those alone).
+    pub const fn notify_forces(self) -> bool {
+        matches!(self, DeviceTransport::InfiniBand)
+    }
 }
 
 /// One RDMA CM event. Acknowledged exactly once: explicitly with [`CmEvent::ack`], or
@@ -83,5 +121,8 @@ impl<T: CmId + ?Sized> CmId for &T {
     }
     fn qp_num(&self) -> Option<QpNum> {
         (**self).qp_num()
+    }
+    fn notify_forces(&self) -> bool {
+        (**self).notify_forces()
     }
 }

@@ -29,10 +29,14 @@ pub mod errno {
     pub const ENODATA: i32 = 61;
     /// Operation not supported.
     pub const EOPNOTSUPP: i32 = 95;
+    /// Connection reset by peer (an iWARP peer's MPA reject).
+    pub const ECONNRESET: i32 = 104;
     /// Transport endpoint is already connected: the RTU won the race.
     pub const EISCONN: i32 = 106;
     /// Connection timed out (the status of UNREACHABLE after REP retries).
     pub const ETIMEDOUT: i32 = 110;
+    /// Connection refused (iWARP: a TCP reset, nobody listens).
+    pub const ECONNREFUSED: i32 = 111;
 
     /// The symbolic name of an errno this module knows, for messages.
     pub const fn name(errno: i32) -> Option<&'static str> {

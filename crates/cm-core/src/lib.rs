@@ -46,7 +46,7 @@ mod transport;
 
 use core::fmt;
 
-pub use backend::{AsyncEventSource, CmBackend, CmEvent, CmEventSource, CmId};
+pub use backend::{AsyncEventSource, CmBackend, CmEvent, CmEventSource, CmId, DeviceTransport};
 pub use cm_event::CmEventType;
 pub use completion::{WcOpcode, WcStatus};
 pub use conn_params::ConnectionParams;

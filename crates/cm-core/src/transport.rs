@@ -526,7 +526,8 @@ fn unsupported(op: &'static str) -> CmError {
 }
 
 /// Why the peer (or its CM) refused a connection: the IB CM reject reason carried by a
-/// REJECTED event's status.
+/// REJECTED event's status. On iWARP the status is a negative errno instead, decoded to
+/// the same meaning (see [`RejectReason::from_status`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RejectReason {
     /// The peer has no QP for it (1).
@@ -545,11 +546,21 @@ pub enum RejectReason {
     Other(u32),
 }
 
+/// `-ECONNRESET`: the status of an iWARP REJECTED event after the peer's MPA reject.
+const IWARP_PEER_REJECTED: i32 = -crate::errno::ECONNRESET;
+/// `-ECONNREFUSED`: the status of an iWARP REJECTED event after a TCP reset.
+const IWARP_REFUSED: i32 = -crate::errno::ECONNREFUSED;
+
 impl RejectReason {
-    /// Decodes the status of a REJECTED event (a positive reason; anything else is
-    /// [`RejectReason::Other`] with the value as is).
+    /// Decodes the status of a REJECTED event: a positive IB CM reason on InfiniBand and
+    /// RoCE; on iWARP `-ECONNRESET` (the peer's MPA reject: its application refused,
+    /// private data included) is [`RejectReason::Consumer`] and `-ECONNREFUSED` (a TCP
+    /// reset: nobody listens on the port) [`RejectReason::NoListener`]. Anything else is
+    /// [`RejectReason::Other`] with the value as is.
     pub const fn from_status(status: i32) -> Self {
         match status {
+            IWARP_PEER_REJECTED => RejectReason::Consumer,
+            IWARP_REFUSED => RejectReason::NoListener,
             1 => RejectReason::NoQp,
             3 => RejectReason::NoResources,
             4 => RejectReason::Timeout,
@@ -598,6 +609,9 @@ mod tests {
             assert_eq!(RejectReason::from_status(raw as i32).as_raw(), raw);
         }
         assert_eq!(RejectReason::from_status(8), RejectReason::NoListener);
+        // iWARP's errnos mean the same.
+        assert_eq!(RejectReason::from_status(-104), RejectReason::Consumer);
+        assert_eq!(RejectReason::from_status(-111), RejectReason::NoListener);
         assert_eq!(
             RejectReason::from_status(-110),
             RejectReason::Other(-110i32 as u32)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use cm_core::kernel_model::LapState;
-use cm_core::{AsyncEventType, CmEventType, CmId, IbCmState, NotifyError, NotifyOutcome};
+use cm_core::{AsyncEventType, CmEvent, CmEventType, CmId, IbCmState, NotifyError, NotifyOutcome};
 use cm_mock::sim::{
     DeviceKind, FaultAction, FaultRule, MsgKind, NodeId, SimCmId, SimConfig, SimFabric, SimPair,
     SimSide,
@@ -324,4 +324,38 @@ fn iwarp_notify_is_a_no_op_returning_zero_for_any_event() {
         );
     }
     assert_eq!(listener.ib_state().unwrap(), Some(IbCmState::Listen));
+}
+
+/// An iWARP pair plays the MPA exchange: the passive side is established as it accepts
+/// (no RTU is sent, so dropping every RTU changes nothing), ids say notify forces
+/// nothing, and a reject arrives as REJECTED with -ECONNRESET and the private data.
+#[test]
+fn iwarp_establishes_at_accept_with_no_rtu_and_rejects_with_econnreset() {
+    let config = SimConfig {
+        device_kind: DeviceKind::Iwarp,
+        ..SimConfig::default()
+    };
+    let mut w = world(config);
+    w.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    let (active, passive) = w.connect_until_rep(PORT).unwrap();
+    assert!(!active.notify_forces() && !passive.notify_forces());
+    w.fabric.advance(MS);
+    assert_eq!(drain(&mut w.server), [CmEventType::Established]);
+    assert_eq!(drain(&mut w.client), [CmEventType::Established]);
+    w.fabric.advance(Duration::from_secs(100));
+    assert_eq!(drain(&mut w.server), [], "no REP retries, no UNREACHABLE");
+    assert_eq!(w.fabric.stats().sent[MsgKind::Rtu.index()], 0, "no RTU");
+
+    let _refused = w.connect(PORT).unwrap();
+    let request = w.request().unwrap();
+    request.reject(b"full").unwrap();
+    w.fabric.advance(MS);
+    let rejected = w.client.expect_event(CmEventType::Rejected).unwrap();
+    assert_eq!(rejected.status(), -104, "-ECONNRESET");
+    assert_eq!(
+        cm_core::RejectReason::from_status(rejected.status()),
+        cm_core::RejectReason::Consumer
+    );
+    assert!(rejected.private_data().starts_with(b"full"));
 }

@@ -17,9 +17,9 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use cm_core::{AsyncEventType, CmEventType, NotifyOutcome};
-use cm_sys::{ConnParams, EventChannel, QpCaps};
+use cm_sys::{ConnParams, QpCaps};
 use cm_testkit::Figure;
-use common::{addresses, expect_event, listener_on, report, resolved_to};
+use common::{addresses, expect_event, report};
 
 const ROUNDS: usize = 400;
 const CALLS_PER_ROUND: usize = 50;
@@ -35,23 +35,10 @@ fn wrapper_notify_against_raw_rdma_notify() {
     let Some(addrs) = addresses("wrapper_notify_against_raw_rdma_notify") else {
         return;
     };
-    let server_channel = EventChannel::new().expect("server channel");
-    let client_channel = EventChannel::new().expect("client channel");
-    let listener = listener_on(&server_channel, addrs.addr_a, 1);
-    let client = resolved_to(&listener, &client_channel, addrs.addr_b);
-    client.create_qp(&QpCaps::default()).expect("client QP");
-    client.connect(&ConnParams::default()).expect("connect");
-    let request = expect_event(&server_channel, CmEventType::ConnectRequest);
-    let server = request.id().expect("new id").clone();
-    request.ack().expect("ack");
+    let (server_channel, _listener, server, client_channel, client) = common::requested(&addrs);
     server.create_qp(&QpCaps::default()).expect("server QP");
     server.accept(&ConnParams::default()).expect("accept");
-    expect_event(&client_channel, CmEventType::Established)
-        .ack()
-        .expect("ack");
-    expect_event(&server_channel, CmEventType::Established)
-        .ack()
-        .expect("ack");
+    common::expect_established(&server_channel, &client_channel);
 
     let raw_notify = || {
         // SAFETY: `server` is live for the whole test and nothing migrates it.

@@ -72,6 +72,31 @@ pub struct Addresses {
     pub addr_b: IpAddr,
 }
 
+/// Whether the test devices are iWARP (device A's `node_type` in sysfs reads `4: RNIC`,
+/// as soft-iWARP's does once `rdma-devices siw` ran in the VM): no RTU to drop, and
+/// nothing for notify to force. False where no device is named or readable.
+pub fn iwarp() -> bool {
+    env::var(env::DEV_A)
+        .and_then(|dev| {
+            std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/node_type")).ok()
+        })
+        .is_some_and(|kind| kind.trim_start().starts_with("4:"))
+}
+
+/// On iWARP ([`iwarp`]), records `test` as skipped, because it needs what only
+/// InfiniBand and RoCE have (`needs`: an RTU to drop, a notify that forces), and
+/// returns true; false elsewhere.
+pub fn skip_on_iwarp(test: &str, needs: &str) -> bool {
+    let on_iwarp = iwarp();
+    if on_iwarp {
+        skip(
+            test,
+            &format!("iWARP device: {needs} exists only on InfiniBand and RoCE"),
+        );
+    }
+    on_iwarp
+}
+
 /// The two devices' addresses, or `None` after recording a skip for `test`.
 pub fn addresses(test: &str) -> Option<Addresses> {
     match probe_addresses() {

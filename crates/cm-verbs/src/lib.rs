@@ -111,7 +111,7 @@ pub use endpoint::{
     CloseReason, ConnError, ConnState, ConnTimes, ConnectOptions, ConnectionId, ConnectionInfo,
     Endpoint, EndpointOptions, EndpointStats, EndpointWaker, EstablishedVia, Event, ListenOptions,
     ListenerId, PrivateData, QpErrorDetail, Traffic, APPLICATION_WR_ID, CLOSED_BACKLOG,
-    DEFERRED_DESTROY_MAX, ENDPOINT_EVENT_BACKLOG, PASS_BATCH,
+    DEFERRED_DESTROY_MAX, ENDPOINT_EVENT_BACKLOG, FLUSH_GRACE, PASS_BATCH,
 };
 pub use event_loop::{BackendLoop, Control, EventLoop, Exit, LoopEvent, Ready, Waiter};
 pub use pump::{

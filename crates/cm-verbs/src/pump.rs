@@ -35,6 +35,10 @@ pub enum Progress {
     /// notify failed with an errno that means the connection moved on (EINVAL, ENOENT,
     /// ENXIO, ENODEV): receive completions no longer trigger notify for it.
     NotifyFailed,
+    /// The id's transport has nothing for notify to force ([`CmId::notify_forces`]:
+    /// iWARP, whose MPA exchange has no RTU to lose): no trigger leads to a notify, and
+    /// only the CM's own ESTABLISHED establishes the connection.
+    NotForcible,
 }
 
 /// Which trigger made the pump call notify.
@@ -151,6 +155,10 @@ pub struct PumpCounters {
     /// establish, EISCONN after another trigger won, an error, unrouted): says that the
     /// device's COMM_EST reaches the pump even where a receive completion came first.
     pub comm_est: u64,
+    /// Triggers (COMM_EST or a receive completion) of registered connections whose
+    /// transport has nothing for notify to force ([`Progress::NotForcible`]): no notify
+    /// was made.
+    pub not_forcible: u64,
 }
 
 /// Why a registration was refused.
@@ -327,11 +335,12 @@ impl<I: CmId> NotifyPump<I> {
     /// [`Registration::replayed`].
     pub fn register(&mut self, id: I, role: Role) -> Result<Registration<I>, RegisterError> {
         let qp = id.qp_num().ok_or(RegisterError::NoQp)?;
-        let fresh = Entry {
-            id,
-            role,
-            progress: Progress::Pending,
+        let progress = if id.notify_forces() {
+            Progress::Pending
+        } else {
+            Progress::NotForcible
         };
+        let fresh = Entry { id, role, progress };
         let replaced = self.entries.insert(qp, fresh).map(|stale| {
             self.counters.stale_replaced += 1;
             debug_cold(format_args!(
@@ -349,6 +358,10 @@ impl<I: CmId> NotifyPump<I> {
             (None, Some(_)) => Some(Trigger::ReceiveCompletion),
             (None, None) => None,
         };
+        if trigger.is_some() && progress == Progress::NotForcible {
+            self.counters.not_forcible += 1;
+        }
+        let trigger = trigger.filter(|_| progress != Progress::NotForcible);
         let replayed = trigger.map(|trigger| {
             self.counters.early_replayed += 1;
             if trigger == Trigger::ReceiveCompletion {
@@ -447,6 +460,9 @@ impl<I: CmId> NotifyPump<I> {
                 }
                 match self.entries.get_mut(qp) {
                     Some(entry) if entry.id.qp_num() == Some(qp) => {
+                        if entry.progress == Progress::NotForcible {
+                            return self.not_forcible(event);
+                        }
                         return Self::notify(
                             &mut self.counters,
                             entry,
@@ -497,6 +513,9 @@ impl<I: CmId> NotifyPump<I> {
             }
         };
         if entry.role != Role::Passive || entry.progress != Progress::Pending {
+            if entry.role == Role::Passive && entry.progress == Progress::NotForcible {
+                self.counters.not_forcible += 1;
+            }
             return None;
         }
         self.counters.receive_triggers += 1;
@@ -554,6 +573,16 @@ impl<I: CmId> NotifyPump<I> {
             "{qp}: the registered id no longer owns this QP; entry dropped"
         ));
         self.unregister(qp);
+    }
+
+    /// A trigger event of a connection whose transport notify cannot force: handed to
+    /// the application, no notify made. Out of line: iWARP raises no COMM_EST.
+    #[cold]
+    #[inline(never)]
+    fn not_forcible(&mut self, event: AsyncEvent) -> PumpEvent {
+        self.counters.not_forcible += 1;
+        self.counters.passed_through += 1;
+        PumpEvent::PassThrough(event)
     }
 
     fn next_seq(&mut self) -> u64 {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cm_mock::sim::{
-    FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
+    DeviceKind, FaultAction, FaultRule, MsgKind, SimConfig, SimFabric, SimTransport, SimTransports,
 };
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EstablishedVia, Event,
@@ -707,4 +707,36 @@ fn a_spin_leaves_the_shared_queues_armed_for_the_next_wait() {
             .unwrap();
         assert_eq!(pair.server.recv(conn, SECOND).unwrap(), message);
     }
+}
+
+/// On iWARP nothing is lost for notify to rescue: with every RTU dropped (none is sent
+/// there) each connection is established by the handshake, the message that reaches the
+/// server before it reads its ESTABLISHED is held until then and delivered, and the
+/// pump never calls notify.
+#[test]
+fn on_iwarp_every_connection_is_established_by_the_handshake_and_none_is_forced() {
+    let config = SimConfig {
+        device_kind: DeviceKind::Iwarp,
+        comm_est: false,
+        ..SimConfig::default()
+    };
+    let mut pair = pair(config, 12, &[b"first"]);
+    pair.fabric
+        .add_fault(FaultRule::new(MsgKind::Rtu, FaultAction::Drop));
+    pair.server
+        .listen(pair.server.transport().addr(PORT), ListenOptions::default())
+        .unwrap();
+    pair.connect(4, b"");
+    for _ in 0..4 {
+        let conn = pair.server.accept(SECOND).expect("established");
+        let info = pair.server.info(conn).unwrap();
+        assert_eq!(info.established, Some(EstablishedVia::Handshake));
+        assert_eq!(pair.server.recv(conn, SECOND).unwrap(), b"first");
+    }
+    let counters = pair.server.counters();
+    assert_eq!(counters.forced, 0, "{counters:?}");
+    assert!(
+        counters.not_forcible > 0,
+        "an early message met no notify: {counters:?}"
+    );
 }

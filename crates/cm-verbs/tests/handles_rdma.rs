@@ -19,8 +19,8 @@ use cm_verbs::handle::EndpointHandle;
 use cm_verbs::rdma::RdmaTransport;
 use cm_verbs::sys::RemoteMemory;
 use cm_verbs::{
-    CloseReason, ConnError, Endpoint, EstablishedVia, ListenOptions, PrivateData, QueueCaps,
-    RejectReason, APPLICATION_WR_ID,
+    CloseReason, ConnError, Endpoint, ListenOptions, PrivateData, QueueCaps, RejectReason,
+    APPLICATION_WR_ID,
 };
 
 #[allow(dead_code)]
@@ -206,16 +206,17 @@ fn threads_serving_one_device_each_get_their_rescue() {
     for (n, thread) in servers.into_iter().enumerate() {
         let via = thread.join().expect("server thread");
         eprintln!("serving thread {n}: established via {via:?}");
-        assert!(
-            matches!(via, EstablishedVia::Notify(_)),
-            "thread {n}'s connection rescued by notify: {via:?}"
-        );
+        common::assert_rescued(via, &format!("thread {n}'s connection"));
     }
     steps.mark("test thread", "reading the counters");
-    assert!(rule.hits().expect("counter") >= u64::from(THREADS));
+    common::assert_rtus_dropped(&rule, u64::from(THREADS));
     let counters = server.with_endpoint(|ep| ep.counters());
     done.store(true, Ordering::SeqCst);
-    assert_eq!(counters.forced, u64::from(THREADS), "{counters:?}");
+    assert_eq!(
+        counters.forced,
+        common::forced(u64::from(THREADS)),
+        "{counters:?}"
+    );
 }
 
 #[test]
@@ -273,8 +274,12 @@ fn the_tokio_example_serves_each_connection_in_its_task_on_the_real_kernel() {
             .expect("serve");
         server.with_endpoint(|ep| ep.counters()).forced
     });
-    assert!(rule.hits().expect("counter") >= CLIENTS as u64);
-    assert_eq!(forced, CLIENTS as u64, "every connection rescued once");
+    common::assert_rtus_dropped(&rule, CLIENTS as u64);
+    assert_eq!(
+        forced,
+        common::forced(CLIENTS as u64),
+        "every connection rescued once"
+    );
 }
 
 /// The application's own memory and one-sided work beside the notify path: the server
@@ -365,8 +370,8 @@ fn one_sided_work_of_the_application_beside_the_notify_path() {
         written, PAYLOAD,
         "the server's memory holds what the client wrote"
     );
-    assert!(matches!(via, EstablishedVia::Notify(_)), "{via:?}");
-    assert!(rule.hits().expect("counter") >= 1);
+    common::assert_rescued(via, "the server's connection");
+    common::assert_rtus_dropped(&rule, 1);
     conn.close().expect("close");
 }
 
@@ -455,8 +460,8 @@ fn manual_accept_answers_with_private_data_both_ways_and_rejects_on_the_real_ker
     // The first message rescues the server's connection.
     conn.blocking_send(b"hello", WAIT).expect("hello");
     let (via, peer) = serving.join().expect("server thread");
-    assert!(matches!(via, EstablishedVia::Notify(_)), "{via:?}");
+    common::assert_rescued(via, "the server's connection");
     assert!(starts_with(peer.as_ref(), b"credits 16"), "{peer:?}");
-    assert!(rule.hits().expect("counter") >= 1);
+    common::assert_rtus_dropped(&rule, 1);
     conn.close().expect("close");
 }

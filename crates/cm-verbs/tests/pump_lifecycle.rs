@@ -25,6 +25,8 @@ struct Seen {
     qp: Cell<Option<QpNum>>,
     answers: RefCell<VecDeque<Result<NotifyOutcome, NotifyError>>>,
     notified: RefCell<Vec<AsyncEventType>>,
+    /// On an iWARP device: notify forces nothing there.
+    iwarp: Cell<bool>,
 }
 
 /// An id answering from a script (then `Ok(Established)` once the script is over).
@@ -65,6 +67,10 @@ impl CmId for TestId {
 
     fn qp_num(&self) -> Option<QpNum> {
         self.0.qp.get()
+    }
+
+    fn notify_forces(&self) -> bool {
+        !self.0.iwarp.get()
     }
 }
 
@@ -501,4 +507,37 @@ fn a_stale_early_trigger_is_not_replayed_for_a_qp_registered_before_its_handshak
             trigger: Trigger::ReceiveCompletion
         })
     );
+}
+
+// --- iWARP: nothing for notify to force ---
+
+/// On iWARP the kernel answers every notify with 0 and does nothing: the pump never
+/// calls it, for either trigger (early ones included), and never reports a rescue; the
+/// CM's own ESTABLISHED establishes the connection.
+#[test]
+fn an_id_on_iwarp_is_never_notified_and_never_reported_forced() {
+    let early = TestId::new(QP, &[]);
+    early.0.iwarp.set(true);
+    let mut pump = NotifyPump::new();
+    assert_eq!(pump.on_receive_completion(QP), None, "kept for replay");
+    let registration = pump.register(early.clone(), Role::Passive).unwrap();
+    assert_eq!(
+        registration.replayed, None,
+        "nothing to replay into a notify"
+    );
+    assert_eq!(pump.progress(QP), Some(Progress::NotForcible));
+    assert_eq!(pump.on_receive_completion(QP), None);
+    assert_eq!(
+        pump.on_async_event(comm_est(QP)),
+        PumpEvent::PassThrough(comm_est(QP))
+    );
+    assert_eq!(early.calls(), 0, "notify never called");
+    let counters = pump.counters();
+    assert_eq!(
+        (counters.forced, counters.not_forcible),
+        (0, 3),
+        "{counters:?}"
+    );
+    pump.on_cm_event(CmEventType::Established, Some(QP));
+    assert_eq!(pump.progress(QP), Some(Progress::Established));
 }

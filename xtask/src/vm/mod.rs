@@ -13,7 +13,7 @@ mod image;
 mod kernel;
 mod payload;
 mod qemu;
-mod rxe;
+mod test_modules;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -199,7 +199,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
         .unwrap_or_else(|| workspace_root().join(payload::MANIFEST));
     let payload = payload::build(&manifest, &share)?;
     let release = image::kernel_release(&unpacked.root)?;
-    add_comm_est_rxe(&cache, &kernel, &release, &share)?;
+    add_test_modules(&cache, &kernel, &release, &share)?;
     let boot_files = image::build(&unpacked.root, &dir, &payload.executables)?;
 
     let overall = options
@@ -284,23 +284,31 @@ fn save_files(report: &ConsoleReport, kernel: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds (or takes from the cache) the COMM_EST-raising `rdma_rxe` for `kernel` (its
-/// image unpacked as `release`) and puts it into the share as `rxe/rdma_rxe.ko`, with
-/// `bin/rxe-reload`, the script that swaps it in inside the VM.
-fn add_comm_est_rxe(
+/// Builds (or takes from the cache) the COMM_EST-raising `rdma_rxe` and `siw` for
+/// `kernel` (its image unpacked as `release`) and puts them into the share as
+/// `rxe/rdma_rxe.ko` and `siw/siw.ko`, with `bin/rxe-reload` and `bin/rdma-devices`, the
+/// scripts that swap them in inside the VM.
+fn add_test_modules(
     cache: &std::path::Path,
     kernel: &Kernel,
     release: &str,
     share: &std::path::Path,
 ) -> Result<(), String> {
-    let module = rxe::module(cache, kernel, release)?;
-    let rxe_dir = share.join("rxe");
-    std::fs::create_dir_all(&rxe_dir).map_err(|e| format!("{}: {e}", rxe_dir.display()))?;
-    std::fs::copy(&module, rxe_dir.join("rdma_rxe.ko"))
-        .map_err(|e| format!("{}: {e}", module.display()))?;
-    let script = workspace_root().join(rxe::RELOAD_SCRIPT);
-    std::fs::copy(&script, share.join("bin/rxe-reload"))
-        .map_err(|e| format!("{}: {e}", script.display()))?;
+    let modules = test_modules::build(cache, kernel, release)?;
+    for (module, folder) in [(&modules.rxe_comm_est, "rxe"), (&modules.siw, "siw")] {
+        let dir = share.join(folder);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let name = module.file_name().expect("a file name");
+        std::fs::copy(module, dir.join(name)).map_err(|e| format!("{}: {e}", module.display()))?;
+    }
+    for (script, name) in [
+        (test_modules::RELOAD_SCRIPT, "rxe-reload"),
+        (test_modules::DEVICES_SCRIPT, "rdma-devices"),
+    ] {
+        let script = workspace_root().join(script);
+        std::fs::copy(&script, share.join("bin").join(name))
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+    }
     let capture = workspace_root().join(LADDER_SCRIPT);
     std::fs::copy(&capture, share.join("bin/ladder-capture"))
         .map_err(|e| format!("{}: {e}", capture.display()))?;

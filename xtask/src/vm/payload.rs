@@ -203,6 +203,7 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
     for dir in [&bin, &scripts] {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
+    const DEVICES_ENV: &str = "/tmp/rdma-devices.env";
     let mut payload = Payload {
         entries: Vec::new(),
         test_packages: Vec::new(),
@@ -215,6 +216,8 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
         list.push_str(&format!("{secs} {file} {name}\n"));
         payload.entries.push(name);
         payload.total_timeout_secs += secs;
+        // The devices an earlier entry moved (`rdma-devices`) are this entry's too.
+        let script = format!("[ -r {DEVICES_ENV} ] && . {DEVICES_ENV}\n{script}");
         std::fs::write(scripts.join(&file), script).map_err(|e| e.to_string())
     };
     for item in items {

@@ -241,9 +241,11 @@ impl SimFabric {
         }
     }
 
-    /// Adds a node with an InfiniBand/RoCE device.
+    /// Adds a node with the configured device ([`SimConfig::device_kind`]: by default
+    /// InfiniBand/RoCE).
     pub fn add_node(&self) -> SimNode {
-        self.add_node_with(DeviceKind::InfiniBand)
+        let kind = self.lock().config.device_kind;
+        self.add_node_with(kind)
     }
 
     /// Adds a node with a device of `kind`.
@@ -861,6 +863,10 @@ impl CmId for SimCmId {
 
     fn qp_num(&self) -> Option<QpNum> {
         self.with(|f| f.id_qp(self.key))
+    }
+
+    fn notify_forces(&self) -> bool {
+        !self.with(|f| f.on_iwarp(self.key))
     }
 }
 

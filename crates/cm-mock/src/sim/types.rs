@@ -215,14 +215,18 @@ impl FaultOdds {
     }
 }
 
-/// What kind of device a node has; only `rdma_notify` depends on it.
+/// What kind of device a node has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum DeviceKind {
     /// InfiniBand or RoCE (soft-RoCE included): notify goes to the IB CM.
     #[default]
     InfiniBand,
-    /// An iWARP RNIC: the kernel's notify is a no-op returning 0 for any event. (The
-    /// handshake is still simulated with IB CM messages.)
+    /// An iWARP RNIC, as the kernel and soft-iWARP behave: notify is a no-op returning 0
+    /// for any event once the id has a CM id (and ids report that notify forces
+    /// nothing); the passive side is established as it accepts, with no RTU (the
+    /// MPA exchange, played with the same messages, on a reliable wire: the REP is not
+    /// retried, no RTU is sent); a peer's reject arrives as REJECTED with status
+    /// `-ECONNRESET`.
     Iwarp,
 }
 
@@ -266,6 +270,13 @@ pub struct SimConfig {
     ///
     /// [`SimCmId::listen`]: crate::sim::SimCmId::listen
     pub max_backlog: u32,
+    /// The device of every node [`SimFabric::add_node`] adds (and so of both sides of
+    /// [`SimPair`] and [`SimTransports`]): InfiniBand/RoCE by default.
+    ///
+    /// [`SimFabric::add_node`]: crate::sim::SimFabric::add_node
+    /// [`SimPair`]: crate::sim::SimPair
+    /// [`SimTransports`]: crate::sim::SimTransports
+    pub device_kind: DeviceKind,
     /// Virtual time an application spends creating a QP (`rdma_create_qp` with its
     /// completion queues): [`SimCmId::create_qp`] and the transport's `create_qp` let
     /// it pass, handling the messages and timers due meanwhile, as
@@ -298,6 +309,7 @@ impl Default for SimConfig {
             reorder_window: Duration::from_micros(100),
             trace: false,
             max_backlog: 1024,
+            device_kind: DeviceKind::InfiniBand,
             create_qp_cost: Duration::ZERO,
             register_cost: Duration::ZERO,
         }

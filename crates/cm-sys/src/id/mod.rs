@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLockReadGuard, 
 use std::time::Duration;
 
 use cm_core::{
-    notify_result_from_errno, AsyncEventType, CmError, NotifyError, NotifyOutcome, QpNum,
+    notify_result_from_errno, AsyncEventType, CmError, DeviceTransport, NotifyError, NotifyOutcome,
+    QpNum,
 };
 
 use crate::channel::{ChannelInner, EventChannel};
@@ -838,5 +839,9 @@ impl cm_core::CmId for CmId {
 
     fn qp_num(&self) -> Option<QpNum> {
         CmId::qp_num(self)
+    }
+
+    fn notify_forces(&self) -> bool {
+        self.transport().is_none_or(DeviceTransport::notify_forces)
     }
 }

@@ -2,7 +2,7 @@
 //! parameters, to check what the kernel really applied; and the counters of the port
 //! the id runs on.
 
-use cm_core::CmError;
+use cm_core::{CmError, DeviceTransport};
 
 use super::{verbs_result, CmId};
 use crate::{ffi, PortCounters};
@@ -148,6 +148,24 @@ impl CmId {
         // SAFETY: the id holds its device context open while it is bound.
         let name = unsafe { crate::device::context_device_name(context.as_ptr()) }?;
         Some((name, port))
+    }
+
+    /// The transport of the device the id is bound to (`transport_type`: InfiniBand and
+    /// RoCE, or iWARP); `None` before it is bound or resolved.
+    pub fn transport(&self) -> Option<DeviceTransport> {
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        let context = self.device_context_locked("transport").ok()?;
+        // SAFETY: the id holds its device context open while it is bound; the context's
+        // `device` is set at open and lives as long as the context.
+        let raw = unsafe {
+            let device = (*context.as_ptr()).device;
+            if device.is_null() {
+                return None;
+            }
+            (*device).transport_type
+        };
+        Some(DeviceTransport::from_raw(raw))
     }
 
     /// The counters of the port the id runs on ([`PortCounters::read`]): RNR NAKs and

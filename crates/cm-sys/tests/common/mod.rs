@@ -51,9 +51,13 @@ pub(crate) struct Netem {
     pub(crate) netdev_b: String,
 }
 
-/// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip.
+/// The setup (two devices and nft to drop RTUs with), or `None` after recording a skip
+/// (on iWARP too: its MPA exchange has no RTU, and notify forces nothing there).
 pub(crate) fn setup(test: &str) -> Option<Setup> {
     let Addresses { addr_a, addr_b } = addresses(test)?;
+    if cm_testkit::skip_on_iwarp(test, "an RTU to drop and a notify that forces") {
+        return None;
+    }
     let Ok(nft) = std::env::var(cm_testkit::env::NFT) else {
         skip(
             test,
@@ -434,5 +438,29 @@ impl EarlySender {
     /// The passive QP's number.
     pub(crate) fn passive_qp(&self) -> cm_core::QpNum {
         self.passive.qp_num().expect("passive QP")
+    }
+}
+
+/// A connection request from `addrs.addr_b` to a listener on `addrs.addr_a`, read and
+/// acknowledged: (server channel, listener, the request's id, client channel, client id).
+pub(crate) fn requested(addrs: &Addresses) -> (EventChannel, CmId, CmId, EventChannel, CmId) {
+    let server_channel = EventChannel::new().expect("server channel");
+    let client_channel = EventChannel::new().expect("client channel");
+    let listener = listener_on(&server_channel, addrs.addr_a, 4);
+    let client = resolved_to(&listener, &client_channel, addrs.addr_b);
+    client.create_qp(&QpCaps::default()).expect("client QP");
+    client.connect(&ConnParams::default()).expect("connect");
+    let request = expect_event(&server_channel, CmEventType::ConnectRequest);
+    let server = request.id().expect("new id").clone();
+    request.ack().expect("ack");
+    (server_channel, listener, server, client_channel, client)
+}
+
+/// Reads and acknowledges ESTABLISHED on the client's channel, then on the server's.
+pub(crate) fn expect_established(server_channel: &EventChannel, client_channel: &EventChannel) {
+    for channel in [client_channel, server_channel] {
+        expect_event(channel, CmEventType::Established)
+            .ack()
+            .expect("ack");
     }
 }

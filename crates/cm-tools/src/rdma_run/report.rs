@@ -98,6 +98,8 @@ pub struct PumpJson {
     /// COMM_EST events the pump received, whatever became of them (forced, EISCONN
     /// after a receive completion won, unrouted).
     pub comm_est: u64,
+    /// Triggers on connections whose transport notify cannot force (iWARP): no notify.
+    pub not_forcible: u64,
 }
 
 impl From<PumpCounters> for PumpJson {
@@ -111,6 +113,7 @@ impl From<PumpCounters> for PumpJson {
             unrouted: c.unrouted,
             passed_through: c.passed_through,
             comm_est: c.comm_est,
+            not_forcible: c.not_forcible,
         }
     }
 }
@@ -148,7 +151,7 @@ pub fn human(r: &RealReport) -> String {
     }
     let _ = writeln!(
         out,
-        "established {}/{} (by RTU {}, forced by notify {} [COMM_EST {}, receive completion {}], \
+        "established {}/{} (by the handshake {}, forced by notify {} [COMM_EST {}, receive completion {}], \
          EISCONN races {}, by the peer's message {}), disconnected {}, timed out {}, \
          failed {}",
         r.established,
@@ -172,8 +175,8 @@ pub fn human(r: &RealReport) -> String {
     if r.pump {
         let _ = writeln!(
             out,
-            "pump: forced {}, EISCONN {}, notify failed {}, receive triggers {}, unrouted {}, passed through {}, COMM_EST {}",
-            p.forced, p.already_established, p.notify_failed, p.receive_triggers, p.unrouted, p.passed_through, p.comm_est
+            "pump: forced {}, EISCONN {}, notify failed {}, receive triggers {}, unrouted {}, passed through {}, COMM_EST {}, nothing to force (iWARP) {}",
+            p.forced, p.already_established, p.notify_failed, p.receive_triggers, p.unrouted, p.passed_through, p.comm_est, p.not_forcible
         );
     }
     for failure in &r.failures {
@@ -319,7 +322,7 @@ mod tests {
             "echoing",
             "create_qp",
             "accept",
-            "established 1/1 (by RTU 0, forced by notify 1 [COMM_EST 0, receive completion 1]",
+            "established 1/1 (by the handshake 0, forced by notify 1 [COMM_EST 0, receive completion 1]",
             "pump: forced 0",
         ] {
             assert!(text.contains(needle), "{needle}: {text}");

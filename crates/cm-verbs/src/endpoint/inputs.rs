@@ -222,7 +222,10 @@ impl<T: Transport> Endpoint<T> {
             }
         }
         if !completion.is_success() {
-            if completion.is_flush() && !self.seeking_cause {
+            if completion.is_flush() {
+                if self.seeking_cause {
+                    return; // the other queue flushed too: no cause there
+                }
                 // A flush is a consequence of the QP's error: its cause (RNR or transport
                 // retries exceeded, say) is on the other queue, with what completed
                 // before it. Read that first, so the close names the cause.
@@ -233,9 +236,9 @@ impl<T: Transport> Endpoint<T> {
                 };
                 self.poll_queue(conn, other, reading);
                 self.seeking_cause = false;
-                if self.live(conn).is_none() {
-                    return;
-                }
+                // No cause of its own: the CM's event will name it.
+                self.on_flushed(conn);
+                return;
             }
             let detail = QpErrorDetail::Completion(completion.status);
             self.close(conn, CloseReason::QpError { detail }, true);
@@ -791,7 +794,7 @@ impl<T: Transport> Endpoint<T> {
                         tracing::debug!("{conn}: reject: {error}");
                     }
                 }
-                self.close(conn, CloseReason::TimedOut, false);
+                self.close_expired(conn);
                 expired += 1;
             }
         }
@@ -811,20 +814,18 @@ impl<T: Transport> Endpoint<T> {
 }
 
 /// Whether the deadline `due` of a connection (`None`: not live) still applies: it is
-/// live, not established, and `due` is its current deadline.
+/// live, not established (or its QP flushed), and `due` is its current deadline.
 fn deadline_applies<T: Transport>(conn: Option<&Conn<T>>, due: std::time::Duration) -> bool {
-    conn.is_some_and(|c| c.state != ConnState::Established && c.deadline.get() == Some(due))
+    conn.is_some_and(|c| {
+        (c.state != ConnState::Established || c.flushed) && c.deadline.get() == Some(due)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use cm_core::{CqKind, QueueCaps, WcStatus, WorkCompletion};
-    use cm_mock::sim::{SimConfig, SimTransports};
 
-    use crate::{
-        CloseReason, ConnError, ConnectOptions, Endpoint, Event, ListenOptions, QpErrorDetail,
-        APPLICATION_WR_ID,
-    };
+    use crate::{CloseReason, ConnError, ConnectOptions, QpErrorDetail, APPLICATION_WR_ID};
 
     use super::Reading;
 
@@ -833,15 +834,6 @@ mod tests {
     /// in order, before the close.
     #[test]
     fn a_failed_one_sided_completion_keeps_the_successes_before_it() {
-        let SimTransports {
-            fabric,
-            server,
-            client,
-        } = SimTransports::new(SimConfig::default(), 81);
-        let mut server = Endpoint::new(server);
-        let mut client = Endpoint::new(client);
-        let addr = server.transport().addr(7481);
-        server.listen(addr, ListenOptions::default()).unwrap();
         let options = ConnectOptions {
             caps: QueueCaps {
                 work_depth: 4,
@@ -849,16 +841,8 @@ mod tests {
             },
             ..ConnectOptions::default()
         };
-        let out = client.connect(addr, options).unwrap();
-        loop {
-            while server.poll().unwrap().is_some() {}
-            while let Some(event) = client.poll().unwrap() {
-                assert!(!matches!(event, Event::Closed { .. }), "{event:?}");
-            }
-            if !fabric.step() {
-                break;
-            }
-        }
+        let (_fabric, _server, _, mut client, out) =
+            super::super::flush::tests::established(81, options);
         let qp = client.info(out).unwrap().qp.expect("a QP");
         let work = |n: u64, status| WorkCompletion {
             wr_id: APPLICATION_WR_ID | n,

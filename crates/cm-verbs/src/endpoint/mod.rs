@@ -14,6 +14,7 @@ mod application;
 mod compact;
 mod drain;
 mod driving;
+mod flush;
 mod inputs;
 mod options;
 mod queue;
@@ -37,6 +38,7 @@ use cm_core::{CmEventType, QpNum, QueueCaps, RejectReason, Transport, WorkComple
 use crate::{NotifyPump, PumpCounters, Role};
 
 use compact::{Inbox, Micros, Nanos, QpSlot, Rare, SlotIndex, Step, Times};
+pub use flush::FLUSH_GRACE;
 pub use options::{ConnectOptions, ListenOptions, PrivateData};
 use queue::{ClosedConn, Pending, Ready};
 pub use queue::{CLOSED_BACKLOG, ENDPOINT_EVENT_BACKLOG};
@@ -171,6 +173,8 @@ struct Conn<T: Transport> {
     /// endpoint made no queue, buffer or receive for it and never reads its completion
     /// queues; the application reports its receives ([`Endpoint::received`]).
     application_qp: bool,
+    /// Its QP flushed with no error of its own (`flush.rs`).
+    flushed: bool,
 }
 
 impl<T: Transport> Conn<T> {
@@ -202,6 +206,7 @@ impl<T: Transport> Conn<T> {
             rare: Rare::default(),
             traffic: Traffic::default(),
             application_qp: false,
+            flushed: false,
         }
     }
 }

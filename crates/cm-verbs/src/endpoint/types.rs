@@ -128,8 +128,9 @@ impl std::fmt::Display for ListenerId {
 /// How a connection became established.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EstablishedVia {
-    /// The handshake completed on its own: the RTU arrived (passive side) or the REP
-    /// was answered (active side).
+    /// The handshake completed on its own: the CM reported ESTABLISHED with no notify
+    /// (the RTU arrived on InfiniBand and RoCE, the MPA exchange completed on iWARP,
+    /// where nothing is lost for notify to rescue), or the REP was answered (active side).
     Handshake,
     /// The RTU was late or lost: `rdma_notify` forced the establish, after `Trigger`.
     Notify(Trigger),

@@ -85,3 +85,41 @@ impl Drop for AddBack {
         panic!("{} did not come back ACTIVE", self.device);
     }
 }
+
+/// Asserts how a server connection whose every RTU was dropped got established: rescued
+/// by notify on InfiniBand and RoCE; on iWARP by the handshake itself (the MPA exchange
+/// has no RTU to lose, and notify is never called there).
+pub(crate) fn assert_rescued(via: cm_verbs::EstablishedVia, what: &str) {
+    if cm_testkit::iwarp() {
+        assert_eq!(via, cm_verbs::EstablishedVia::Handshake, "{what} (iWARP)");
+    } else {
+        assert!(
+            matches!(via, cm_verbs::EstablishedVia::Notify(_)),
+            "{what}: rescued by notify, got {via:?}"
+        );
+    }
+}
+
+/// Asserts that `rule` dropped at least `rtus` RTUs; on iWARP, that it saw nothing (its
+/// match is RoCE's CM MADs on UDP 4791; iWARP sets up over TCP).
+pub(crate) fn assert_rtus_dropped(rule: &cm_testkit::CmMadRule, rtus: u64) {
+    let hits = rule.hits().expect("the rule's counter");
+    if cm_testkit::iwarp() {
+        assert_eq!(hits, 0, "no RoCE CM MAD on iWARP");
+    } else {
+        assert!(
+            hits >= rtus,
+            "{hits} RTUs dropped, {rtus} expected at least"
+        );
+    }
+}
+
+/// How many connections the pump forced when `rescued` were rescued: all of them, or
+/// none on iWARP (nothing to force).
+pub(crate) fn forced(rescued: u64) -> u64 {
+    if cm_testkit::iwarp() {
+        0
+    } else {
+        rescued
+    }
+}

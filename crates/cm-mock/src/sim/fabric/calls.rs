@@ -318,8 +318,24 @@ impl Fabric {
         }
         self.set_ib(key, IbCmState::RepSent);
         self.send_rep(key, false);
-        self.start_retry(key, MsgKind::Rep);
+        if self.on_iwarp(key) {
+            // iWARP: the MPA reply goes on TCP (no retries here, no RTU to wait for) and
+            // the driver raises ESTABLISHED as it accepts, through the iWARP CM's work
+            // queue.
+            self.set_ib(key, IbCmState::Established);
+            let delay = nanos(self.config.establish_work_delay);
+            self.schedule(delay, Action::EstablishWork(key));
+        } else {
+            self.start_retry(key, MsgKind::Rep);
+        }
         Ok(())
+    }
+
+    /// Whether live id `key` is on an iWARP node.
+    pub(crate) fn on_iwarp(&self, key: SimIdKey) -> bool {
+        self.id(key).is_some_and(|id| {
+            self.nodes[self.node_of(key.index, id.place).0 as usize].kind == DeviceKind::Iwarp
+        })
     }
 
     pub(crate) fn reject(&mut self, key: SimIdKey, private: &[u8]) -> Result<(), CmError> {
@@ -648,7 +664,9 @@ impl Fabric {
             q.peer = MaybeQp::new(peer);
             q.state = QpState::Rts;
         }
-        self.send_to_peer(key, MsgKind::Rtu, 0);
+        if !self.on_iwarp(key) {
+            self.send_to_peer(key, MsgKind::Rtu, 0);
+        }
         self.set_ib(key, IbCmState::Established);
         let conn = self.id(key).and_then(|id| id.conn.get());
         self.record(|| TraceEvent::CmEvent {

@@ -341,7 +341,9 @@ impl Fabric {
             (MsgKind::Rep, Some(S::ReqSent | S::MraReqRcvd)) => self.rep_received(dst, msg),
             // A duplicate REP: the passive side did not get our RTU (resend it) or is
             // waiting for us (tell it so with the delayed MRA).
-            (MsgKind::Rep, Some(S::Established)) => self.send_to_peer(dst, MsgKind::Rtu, 0),
+            (MsgKind::Rep, Some(S::Established)) if !self.on_iwarp(dst) => {
+                self.send_to_peer(dst, MsgKind::Rtu, 0)
+            }
             (MsgKind::Rep, Some(S::MraRepSent)) => {
                 self.send_to_peer(dst, MsgKind::Mra, MsgKind::Rep.index() as i32)
             }
@@ -396,7 +398,13 @@ impl Fabric {
         let qp = self.id(key).and_then(|id| id.qp.get());
         self.set_qp_state(qp, QpState::Error);
         let ev = QueuedKind::Event(CmEventType::Rejected);
-        self.queue_cm_event(key, ev, msg.value, msg.private);
+        // iWARP reports the peer's MPA reject as -ECONNRESET, not an IB CM reason.
+        let status = if self.on_iwarp(key) {
+            -errno::ECONNRESET
+        } else {
+            msg.value
+        };
+        self.queue_cm_event(key, ev, status, msg.private);
     }
 
     pub(super) fn deliver_req(&mut self, msg: Message) {

@@ -1,14 +1,17 @@
-//! The COMM_EST-raising soft-RoCE: `rdma_rxe` rebuilt for the VM's exact kernel from that
-//! kernel's Debian sources with the patch `ci/vm/rxe-comm-est/<kernel>.patch` (a module
-//! parameter, `comm_est`, off by default, that makes the responder raise
-//! `IB_EVENT_COMM_EST` on the first packet an RC QP executes, as InfiniBand hardware does).
+//! The test devices the VM's kernel does not ship, built for its exact kernel from that
+//! kernel's Debian sources:
+//! - the COMM_EST-raising soft-RoCE: `rdma_rxe` with the patch
+//!   `ci/vm/rxe-comm-est/<kernel>.patch` (a module parameter, `comm_est`, off by default,
+//!   that makes the responder raise `IB_EVENT_COMM_EST` on the first packet an RC QP
+//!   executes, as InfiniBand hardware does); inside the VM `rxe-reload comm-est` swaps it in;
+//! - soft-iWARP: `siw`, unpatched (Debian builds its kernels without `CONFIG_RDMA_SIW`);
+//!   inside the VM `rdma-devices siw` puts it on the two netdevs in rxe's place.
 //!
 //! The build pins of `ci/vm/kernels/<kernel>.txt` are downloaded with `apt-get download`
-//! and unpacked with `dpkg -x` (never installed), only `drivers/infiniband/sw/rxe` is
-//! extracted from the source tarball, patched, and built out of tree against the unpacked
-//! `linux-headers-<release>` with the host's gcc-12. The stripped module is cached under
-//! `<cache>/rxe-comm-est`, keyed by the kernel pins and the patch. Inside the VM
-//! `rxe-reload comm-est` swaps it in.
+//! and unpacked with `dpkg -x` (never installed), only the drivers' folders are extracted
+//! from the source tarball, and each is built out of tree against the unpacked
+//! `linux-headers-<release>` with the host's gcc-12. The stripped modules are cached under
+//! `<cache>/rxe-comm-est`, keyed by the kernel pins and the patch.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,8 +20,21 @@ use crate::vm::debs::run_quiet;
 use crate::vm::kernel::{Kernel, KERNELS};
 /// The script that swaps the module inside the VM (put on PATH there).
 pub(crate) const RELOAD_SCRIPT: &str = "ci/vm/rxe-comm-est/rxe-reload";
+/// The script that moves the VM's two devices between soft-RoCE and soft-iWARP.
+pub(crate) const DEVICES_SCRIPT: &str = "ci/vm/siw/rdma-devices";
 /// Where the source tarball keeps the soft-RoCE driver.
 const RXE_IN_TREE: &str = "drivers/infiniband/sw/rxe";
+/// Where the source tarball keeps the soft-iWARP driver.
+const SIW_IN_TREE: &str = "drivers/infiniband/sw/siw";
+
+/// The modules built for one kernel.
+#[derive(Debug)]
+pub(crate) struct TestModules {
+    /// The COMM_EST-raising `rdma_rxe.ko`.
+    pub(crate) rxe_comm_est: PathBuf,
+    /// The stock `siw.ko`.
+    pub(crate) siw: PathBuf,
+}
 
 /// What to build from the pins.
 #[derive(Debug, PartialEq, Eq)]
@@ -53,14 +69,14 @@ fn plan(pins: &[String]) -> Result<BuildPlan, String> {
     })
 }
 
-/// Returns the patched, stripped `rdma_rxe.ko` for `kernel`, whose image unpacks as
-/// `kernel_release`, building it unless the cache under `cache` was made from the same
-/// kernel pins and patch.
-pub(crate) fn module(
+/// Returns the patched `rdma_rxe.ko` and the stock `siw.ko` (stripped) for `kernel`,
+/// whose image unpacks as `kernel_release`, building them unless the cache under `cache`
+/// was made from the same kernel pins and patch.
+pub(crate) fn build(
     cache: &Path,
     kernel: &Kernel,
     kernel_release: &str,
-) -> Result<PathBuf, String> {
+) -> Result<TestModules, String> {
     let pins = &kernel.build;
     let plan = plan(pins)?;
     if plan.release != kernel_release {
@@ -74,19 +90,23 @@ pub(crate) fn module(
     let patch_text =
         std::fs::read_to_string(&patch).map_err(|e| format!("{}: {e}", patch.display()))?;
     let stamp_text = format!(
-        "{}\n{:?}\n{}\n{patch_text}",
+        "{}\n{:?}\n{}\n{SIW_IN_TREE}\n{patch_text}",
         kernel.image,
         kernel.apt_source,
         pins.join("\n")
     );
     let dir = cache.join("rxe-comm-est");
     let stamp = dir.join("stamp");
-    let module = dir.join("rdma_rxe.ko");
+    let modules = TestModules {
+        rxe_comm_est: dir.join("rdma_rxe.ko"),
+        siw: dir.join("siw.ko"),
+    };
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(stamp_text.as_str())
-        && module.is_file()
+        && modules.rxe_comm_est.is_file()
+        && modules.siw.is_file()
     {
-        println!("vm: COMM_EST rdma_rxe cached in {}", dir.display());
-        return Ok(module);
+        println!("vm: COMM_EST rdma_rxe and siw cached in {}", dir.display());
+        return Ok(modules);
     }
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -98,7 +118,7 @@ pub(crate) fn module(
     for d in [&debs, &root] {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
-    println!("vm: COMM_EST rdma_rxe: downloading {} packages", pins.len());
+    println!("vm: test modules: downloading {} packages", pins.len());
     let apt = kernel.apt(&cache.join("apt"))?;
     if apt.download(&debs, pins).is_err() {
         if apt.is_host() {
@@ -118,19 +138,23 @@ pub(crate) fn module(
         std::fs::remove_file(&deb).map_err(|e| e.to_string())?;
     }
 
-    // Only the driver's folder of the source tarball.
+    // Only the drivers' folders of the source tarball.
     let tarball = root.join(format!("usr/src/{}.tar.xz", plan.source_package));
-    let member = format!("{}/{RXE_IN_TREE}", plan.source_package);
+    let rxe_member = format!("{}/{RXE_IN_TREE}", plan.source_package);
+    let siw_member = format!("{}/{SIW_IN_TREE}", plan.source_package);
     run_quiet(
         Command::new("tar")
             .arg("-xJf")
             .arg(&tarball)
             .arg("-C")
             .arg(&dir)
-            .arg(&member),
+            .arg(&rxe_member)
+            .arg(&siw_member),
     )?;
     std::fs::remove_file(&tarball).map_err(|e| e.to_string())?;
-    std::fs::rename(dir.join(&member), &build).map_err(|e| e.to_string())?;
+    let siw_build = dir.join("build-siw");
+    std::fs::rename(dir.join(&rxe_member), &build).map_err(|e| e.to_string())?;
+    std::fs::rename(dir.join(&siw_member), &siw_build).map_err(|e| e.to_string())?;
     run_quiet(
         Command::new("patch")
             .args(["-p1", "--quiet", "-d"])
@@ -153,34 +177,60 @@ pub(crate) fn module(
         .collect();
     std::fs::write(&makefile, rooted).map_err(|e| e.to_string())?;
 
+    build_module(
+        &headers,
+        &build,
+        "CONFIG_RDMA_RXE=m",
+        &modules.rxe_comm_est,
+        &plan,
+    )?;
+    build_module(
+        &headers,
+        &siw_build,
+        "CONFIG_RDMA_SIW=m",
+        &modules.siw,
+        &plan,
+    )?;
+    for d in [&root, &build, &siw_build, &debs] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    std::fs::write(&stamp, stamp_text).map_err(|e| e.to_string())?;
     println!(
-        "vm: COMM_EST rdma_rxe: building {} for {}",
-        RXE_IN_TREE, plan.release
+        "vm: COMM_EST rdma_rxe and siw built in {:.0} s",
+        started.elapsed().as_secs_f64(),
     );
+    Ok(modules)
+}
+
+/// Builds the module of the driver folder `source` out of tree against `headers` with
+/// `config` set, and writes it stripped to `module`, checking it is for the plan's kernel.
+fn build_module(
+    headers: &Path,
+    source: &Path,
+    config: &str,
+    module: &Path,
+    plan: &BuildPlan,
+) -> Result<(), String> {
+    println!("vm: building {} for {}", source.display(), plan.release);
     run_quiet(
         Command::new("nice")
             .arg("make")
             .arg("-C")
-            .arg(&headers)
-            .arg(format!("M={}", build.display()))
+            .arg(headers)
+            .arg(format!("M={}", source.display()))
             // No BTF for the module: it needs pahole and the kernel's vmlinux, and
             // loading does not need it.
-            .args([
-                "CONFIG_RDMA_RXE=m",
-                "CONFIG_DEBUG_INFO_BTF_MODULES=",
-                "-j2",
-                "modules",
-            ]),
+            .args([config, "CONFIG_DEBUG_INFO_BTF_MODULES=", "-j2", "modules"]),
     )?;
-    let built = build.join("rdma_rxe.ko");
+    let name = module.file_name().expect("a file name");
     run_quiet(
         Command::new("strip")
             .arg("--strip-debug")
-            .arg(&built)
+            .arg(source.join(name))
             .arg("-o")
-            .arg(&module),
+            .arg(module),
     )?;
-    let bytes = std::fs::read(&module).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(module).map_err(|e| e.to_string())?;
     let vermagic = format!("vermagic={} ", plan.release);
     if !bytes
         .windows(vermagic.len())
@@ -191,16 +241,7 @@ pub(crate) fn module(
             module.display()
         ));
     }
-    for d in [&root, &build, &debs] {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    std::fs::write(&stamp, stamp_text).map_err(|e| e.to_string())?;
-    println!(
-        "vm: COMM_EST rdma_rxe built in {:.0} s ({} KiB)",
-        started.elapsed().as_secs_f64(),
-        bytes.len() / 1024
-    );
-    Ok(module)
+    Ok(())
 }
 
 #[cfg(test)]
