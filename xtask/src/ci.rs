@@ -136,6 +136,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         for kernel in crate::vm::ci_kernels() {
             steps.run(&format!("vm {kernel}"), || crate::vm::ci_step(kernel));
         }
+        // A client VM and a server VM on the two kernels, one virtual wire between them.
+        steps.run("vm 2 hosts", crate::vm::ci_two_hosts);
     }
     let result = steps.finish();
     println!("tests: {}", counts.line());

@@ -1,9 +1,10 @@
 //! `cargo xtask vm`: the project's real-device tests on the real Linux kernel RDMA CM,
-//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/`).
+//! in a throwaway qemu VM with two soft-RoCE devices (see `ci/vm/`), or in two VMs on two
+//! kernels joined by one virtual wire (`--two-hosts`, `two_hosts.rs`).
 //!
 //! Steps: host packages (`ci/vm/host-packages.txt`), the pinned Debian packages (`debs`)
-//! of the chosen kernel (`kernel`, `ci/vm/kernels/`), the COMM_EST-raising `rdma_rxe`
-//! built for that kernel (`rxe`), the
+//! of the chosen kernel (`kernel`, `ci/vm/kernels/`), the COMM_EST-raising `rdma_rxe` and
+//! `siw` built for that kernel (`test_modules`), the
 //! payload (`payload`, from `ci/vm/payload.txt`), the initramfs (`image`), the boot
 //! (`qemu`) and the verdict read from the console log (`console`).
 
@@ -14,6 +15,7 @@ mod kernel;
 mod payload;
 mod qemu;
 mod test_modules;
+mod two_hosts;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -49,6 +51,10 @@ struct Options {
     manifest: Option<PathBuf>,
     /// The kernel to boot (`ci/vm/kernels/<name>.txt`); `None`: [`kernel::DEFAULT`].
     kernel: Option<String>,
+    /// Where the run goes; `None`: the kernel's own folder ([`run_dir`]).
+    run_dir: Option<PathBuf>,
+    /// Two VMs on two kernels instead of one (`--two-hosts`, see `two_hosts.rs`).
+    two_hosts: bool,
 }
 
 impl Options {
@@ -80,6 +86,7 @@ impl Options {
                     let path = args.next().ok_or("vm: --manifest wants a file")?;
                     options.manifest = Some(PathBuf::from(path));
                 }
+                "--two-hosts" => options.two_hosts = true,
                 "--kernel" => {
                     let name = args.next().ok_or("vm: --kernel wants a name (6.1, 6.12)")?;
                     options.kernel = Some(name.clone());
@@ -91,10 +98,14 @@ impl Options {
     }
 }
 
-/// `cargo xtask vm [--kernel NAME] [--accel kvm|tcg|auto] [--timeout SECS]
+/// `cargo xtask vm [--kernel NAME | --two-hosts] [--accel kvm|tcg|auto] [--timeout SECS]
 /// [--manifest FILE]`.
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    run_vm(&Options::parse(args)?).map(|_| ())
+    let options = Options::parse(args)?;
+    if options.two_hosts {
+        return two_hosts::run(&options).map(|_| ());
+    }
+    run_vm(&options).map(|_| ())
 }
 
 /// The kernels `cargo xtask ci` boots, one VM step each.
@@ -110,6 +121,12 @@ pub(crate) fn ci_step(kernel: &str) -> Result<String, String> {
         kernel: Some(kernel.to_string()),
         ..Options::default()
     })
+}
+
+/// The two-host step of `cargo xtask ci`: a server VM and a client VM on two kernels
+/// (`two_hosts.rs`); the note names both verdicts.
+pub(crate) fn ci_two_hosts() -> Result<String, String> {
+    two_hosts::run(&Options::default())
 }
 
 /// Prints the real-kernel fault rows the payload reported and adds them to
@@ -179,6 +196,29 @@ fn run_dir(kernel: &Kernel) -> PathBuf {
 }
 
 fn run_vm(options: &Options) -> Result<String, String> {
+    let mut prepared = prepare(options)?;
+    let ended = boot_vm(&mut prepared.config, options.accel)?;
+    conclude(&prepared, ended)
+}
+
+/// One VM ready to boot: its payload built, its image made.
+struct Prepared {
+    /// The kernel's pin name (`6.1`), which names the files the VM prints.
+    kernel_name: String,
+    /// The kernel release the image boots.
+    release: String,
+    /// How many Debian pins were replaced by newer versions.
+    fallbacks: usize,
+    /// The payload it runs.
+    payload: payload::Payload,
+    /// How qemu runs it.
+    config: VmConfig,
+}
+
+/// Everything before the boot: host packages, the kernel's pinned packages, the payload
+/// of `options.manifest` (or the default), the test modules and the image, laid out in
+/// `options.run_dir` (or the kernel's own run folder).
+fn prepare(options: &Options) -> Result<Prepared, String> {
     deps::ensure(&deps::read_list(HOST_PACKAGES))?;
     if !qemu::available() {
         return Err(format!(
@@ -188,7 +228,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
     }
     let kernel = Kernel::load(options.kernel.as_deref().unwrap_or(kernel::DEFAULT))?;
     println!("vm: kernel {}", kernel.name);
-    let dir = run_dir(&kernel);
+    let dir = options.run_dir.clone().unwrap_or_else(|| run_dir(&kernel));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let cache = vm_dir().join("cache").join(&kernel.name);
     let unpacked = debs::fetch(&cache, &kernel)?;
@@ -205,7 +245,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
     let overall = options
         .timeout
         .unwrap_or(BOOT_TIMEOUT + Duration::from_secs(payload.total_timeout_secs) + OVERALL_SLACK);
-    let mut config = VmConfig {
+    let config = VmConfig {
         kernel: boot_files.kernel,
         initramfs: boot_files.initramfs,
         share,
@@ -215,10 +255,30 @@ fn run_vm(options: &Options) -> Result<String, String> {
         overall_timeout: overall,
         memory_mib: 1024,
         cpus: 2,
+        nic: None,
+        cmdline: String::new(),
     };
-    let ended = boot_vm(&mut config, options.accel)?;
+    Ok(Prepared {
+        kernel_name: kernel.name,
+        release,
+        fallbacks: unpacked.fallbacks.len(),
+        payload,
+        config,
+    })
+}
 
-    let log = std::fs::read_to_string(&config.console_log)
+/// Everything after the boot: the entries, the verdict, the fault rows and files.
+fn conclude(prepared: &Prepared, ended: Ended) -> Result<String, String> {
+    let Prepared {
+        kernel_name,
+        release,
+        fallbacks,
+        payload,
+        config,
+    } = prepared;
+    // Lossy: a program may print binary data (rping's -v prints its buffer).
+    let log = std::fs::read(&config.console_log)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
         .map_err(|e| format!("{}: {e}", config.console_log.display()))?;
     let report = ConsoleReport::parse(&log);
     print_entries(&report);
@@ -244,7 +304,7 @@ fn run_vm(options: &Options) -> Result<String, String> {
         )),
         Ended::Exited(_) => {}
     }
-    let summary = match unpacked.fallbacks.len() {
+    let summary = match fallbacks {
         0 => format!("kernel {release}: {}", report.summary_line()),
         n => format!(
             "kernel {release}: {} (WARNING: {n} Debian pins replaced by newer versions, see {})",
@@ -253,8 +313,8 @@ fn run_vm(options: &Options) -> Result<String, String> {
         ),
     };
     println!("vm: {summary}");
-    record_fault_rows(&release, &log);
-    if let Err(e) = save_files(&report, &kernel.name) {
+    record_fault_rows(release, &log);
+    if let Err(e) = save_files(&report, kernel_name) {
         problems.push(e);
     }
     println!("vm: console log: {}", config.console_log.display());
@@ -398,6 +458,7 @@ mod tests {
                 timeout: Some(Duration::from_secs(300)),
                 manifest: None,
                 kernel: Some("6.12".into()),
+                ..Options::default()
             })
         );
         assert!(Options::parse(&["--accel".to_string(), "xen".to_string()]).is_err());

@@ -1,4 +1,5 @@
-//! Booting the VM: qemu-system-x86_64 with no network device, the payload shared
+//! Booting the VM: qemu-system-x86_64 with no network device (or, for two hosts, one
+//! virtio NIC on qemu's socket network over the loopback address), the payload shared
 //! read-only over virtio 9p, the console on ttyS0 saved in full, the verdict on the
 //! isa-debug-exit port and hard timeouts that kill qemu.
 
@@ -43,6 +44,20 @@ pub(crate) struct VmConfig {
     pub(crate) memory_mib: u32,
     /// Guest CPUs.
     pub(crate) cpus: u32,
+    /// The one NIC of a VM that talks to another VM; `None`: no network device.
+    pub(crate) nic: Option<Nic>,
+    /// Added to the kernel command line (read by `/init`).
+    pub(crate) cmdline: String,
+}
+
+/// A virtio NIC on qemu's socket network: two VMs joined by one TCP connection over
+/// the loopback address, nothing else reachable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Nic {
+    /// `listen=127.0.0.1:PORT` (start this VM first) or `connect=127.0.0.1:PORT`.
+    pub(crate) socket: String,
+    /// The NIC's MAC address: the two must differ (soft-RoCE derives its GID from it).
+    pub(crate) mac: String,
 }
 
 /// How the run ended.
@@ -69,18 +84,30 @@ pub(crate) fn command(config: &VmConfig) -> Command {
         .args(["-m", &config.memory_mib.to_string()])
         .args(["-smp", &config.cpus.to_string()])
         .args(["-nodefaults", "-no-reboot", "-display", "none"])
-        .args(["-monitor", "none", "-serial", "stdio"])
+        .args(["-monitor", "none", "-serial", "stdio"]);
+    match &config.nic {
         // No network device at all: nothing leaves the VM.
-        .args(["-nic", "none"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        None => cmd.args(["-nic", "none"]),
+        // The other VM, over one loopback TCP connection, and nothing else.
+        Some(nic) => cmd
+            .args(["-nic", "none", "-netdev"])
+            .arg(format!("socket,id=n0,{}", nic.socket))
+            .arg("-device")
+            .arg(format!("virtio-net-pci,netdev=n0,mac={}", nic.mac)),
+    };
+    cmd.args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
         .arg("-kernel")
         .arg(&config.kernel)
         .arg("-initrd")
         .arg(&config.initramfs)
-        .args([
-            "-append",
-            "console=ttyS0 panic=-1 quiet loglevel=4 rdinit=/init",
-        ])
+        .arg("-append")
+        .arg(
+            format!(
+                "console=ttyS0 panic=-1 quiet loglevel=4 rdinit=/init {}",
+                config.cmdline
+            )
+            .trim_end(),
+        )
         .arg("-virtfs")
         .arg(format!(
             "local,path={},mount_tag=host0,security_model=none,readonly=on",

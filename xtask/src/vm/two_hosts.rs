@@ -1,0 +1,135 @@
+//! `cargo xtask vm --two-hosts`: a server VM and a client VM on two kernels, joined by one
+//! virtual wire: a virtio NIC each on qemu's socket network, one TCP connection over the
+//! loopback address between the two qemu processes (no host network, no tap device).
+//! Each VM has soft-RoCE on its NIC (`/init` reads its role from the kernel command
+//! line), runs its own manifest (`ci/vm/two-hosts/`) and gives its own verdict; the two
+//! payloads meet through readiness ports the server opens when it listens.
+
+use std::time::Duration;
+
+use super::qemu::{Accel, Nic};
+use super::{conclude, prepare, start, vm_dir, Options, Prepared};
+use crate::run::workspace_root;
+
+/// The server VM's kernel.
+pub(crate) const SERVER_KERNEL: &str = "6.12";
+/// The client VM's kernel.
+pub(crate) const CLIENT_KERNEL: &str = "6.1";
+/// The server VM's manifest, relative to the workspace root.
+const SERVER_MANIFEST: &str = "ci/vm/two-hosts/server.txt";
+/// The client VM's manifest.
+const CLIENT_MANIFEST: &str = "ci/vm/two-hosts/client.txt";
+/// How long the server's qemu may take to open its end of the wire.
+const WIRE_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs both VMs; the one-line note names both verdicts.
+pub(crate) fn run(options: &Options) -> Result<String, String> {
+    let side = |kernel: &str, manifest: &str, folder: &str| Options {
+        kernel: Some(kernel.to_string()),
+        manifest: Some(workspace_root().join(manifest)),
+        run_dir: Some(vm_dir().join(folder)),
+        timeout: options.timeout,
+        ..Options::default()
+    };
+    let mut server = prepare(&side(SERVER_KERNEL, SERVER_MANIFEST, "two-hosts-server"))?;
+    let mut client = prepare(&side(CLIENT_KERNEL, CLIENT_MANIFEST, "two-hosts-client"))?;
+    let port = free_loopback_port()?;
+    wire(
+        &mut server,
+        "server",
+        format!("listen=127.0.0.1:{port}"),
+        2,
+        options,
+    );
+    wire(
+        &mut client,
+        "client",
+        format!("connect=127.0.0.1:{port}"),
+        1,
+        options,
+    );
+
+    // The listening end first: the client's qemu connects as it starts.
+    let server = std::thread::spawn(move || start(&server.config).map(|ended| (server, ended)));
+    let opened = wait_listening(port, WIRE_WAIT);
+    let client_ended = if opened {
+        start(&client.config)
+    } else {
+        Err(format!(
+            "the server VM's qemu did not listen on 127.0.0.1:{port}"
+        ))
+    };
+    let (server, server_ended) = server
+        .join()
+        .map_err(|_| "the server VM's thread panicked".to_string())??;
+    let server_note = conclude(&server, server_ended);
+    let client_note = client_ended.and_then(|ended| conclude(&client, ended));
+    match (server_note, client_note) {
+        (Ok(s), Ok(c)) => Ok(format!("server {s}; client {c}")),
+        (s, c) => Err(format!(
+            "server: {}; client: {}",
+            s.unwrap_or_else(|e| e),
+            c.unwrap_or_else(|e| e)
+        )),
+    }
+}
+
+/// Gives `side` its NIC (MAC ending in `last_octet`: the two must differ, soft-RoCE
+/// derives its GID from it) and its role; one CPU each (the two share the host's cores),
+/// TCG unless KVM is asked for (the KVM probe would restart qemu and cut the wire).
+fn wire(side: &mut Prepared, role: &str, socket: String, last_octet: u8, options: &Options) {
+    side.config.nic = Some(Nic {
+        socket,
+        mac: format!("52:54:00:00:00:{last_octet:02x}"),
+    });
+    side.config.cmdline = format!("cmnotify.host={role}");
+    side.config.cpus = 1;
+    side.config.accel = options.accel.unwrap_or(Accel::Tcg);
+}
+
+/// A loopback port nothing listens on now.
+fn free_loopback_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until a socket listens on 127.0.0.1:`port` (read from `/proc/net/tcp`: a probe
+/// connection would be taken by qemu as the other VM).
+fn wait_listening(port: u16, within: Duration) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < within {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        if listens(&table, port) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// Whether `/proc/net/tcp`'s `table` has a socket listening on 127.0.0.1:`port`.
+fn listens(table: &str, port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listening_loopback_socket_is_found_in_the_tcp_table() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue\n\
+                     0: 0100007F:445C 00000000:0000 0A 00000000:00000000\n\
+                     1: 0100007F:1F90 0100007F:9C40 01 00000000:00000000\n";
+        assert!(listens(table, 0x445C));
+        assert!(!listens(table, 0x1F90), "established, not listening");
+        assert!(!listens(table, 7));
+    }
+}
