@@ -1,5 +1,5 @@
-//! `cargo xtask vm --two-hosts`: a server VM and a client VM on two kernels, joined by one
-//! virtual wire: a virtio NIC each on qemu's socket network, one TCP connection over the
+//! `cargo xtask vm --two-hosts`: a server VM and a client VM on two kernels (6.12 serving
+//! 6.1, then 6.1 serving 6.12), joined by one virtual wire: a virtio NIC each on qemu's socket network, one TCP connection over the
 //! loopback address between the two qemu processes (no host network, no tap device).
 //! Each VM has soft-RoCE on its NIC (`/init` reads its role from the kernel command
 //! line), runs its own manifest (`ci/vm/two-hosts/`) and gives its own verdict; the two
@@ -11,10 +11,8 @@ use super::qemu::{Accel, Nic};
 use super::{conclude, prepare, start, vm_dir, Options, Prepared};
 use crate::run::workspace_root;
 
-/// The server VM's kernel.
-pub(crate) const SERVER_KERNEL: &str = "6.12";
-/// The client VM's kernel.
-pub(crate) const CLIENT_KERNEL: &str = "6.1";
+/// The (server, client) kernels of each run: both ways round.
+const PAIRS: &[(&str, &str)] = &[("6.12", "6.1"), ("6.1", "6.12")];
 /// The server VM's manifest, relative to the workspace root.
 const SERVER_MANIFEST: &str = "ci/vm/two-hosts/server.txt";
 /// The client VM's manifest.
@@ -22,17 +20,40 @@ const CLIENT_MANIFEST: &str = "ci/vm/two-hosts/client.txt";
 /// How long the server's qemu may take to open its end of the wire.
 const WIRE_WAIT: Duration = Duration::from_secs(30);
 
-/// Runs both VMs; the one-line note names both verdicts.
+/// Runs each pair of [`PAIRS`] (a server VM and a client VM at once); the one-line note
+/// names every verdict.
 pub(crate) fn run(options: &Options) -> Result<String, String> {
-    let side = |kernel: &str, manifest: &str, folder: &str| Options {
+    let mut notes = Vec::new();
+    let mut failed = false;
+    for &(server, client) in PAIRS {
+        println!("vm: two hosts: server on {server}, client on {client}");
+        match run_pair(options, server, client) {
+            Ok(note) => notes.push(note),
+            Err(note) => {
+                failed = true;
+                notes.push(note);
+            }
+        }
+    }
+    let all = notes.join("; ");
+    if failed {
+        Err(all)
+    } else {
+        Ok(all)
+    }
+}
+
+/// One server VM on `server_kernel` and one client VM on `client_kernel`.
+fn run_pair(options: &Options, server_kernel: &str, client_kernel: &str) -> Result<String, String> {
+    let side = |kernel: &str, manifest: &str, role: &str| Options {
         kernel: Some(kernel.to_string()),
         manifest: Some(workspace_root().join(manifest)),
-        run_dir: Some(vm_dir().join(folder)),
+        run_dir: Some(vm_dir().join(format!("two-hosts-{role}-{kernel}"))),
         timeout: options.timeout,
         ..Options::default()
     };
-    let mut server = prepare(&side(SERVER_KERNEL, SERVER_MANIFEST, "two-hosts-server"))?;
-    let mut client = prepare(&side(CLIENT_KERNEL, CLIENT_MANIFEST, "two-hosts-client"))?;
+    let mut server = prepare(&side(server_kernel, SERVER_MANIFEST, "server"))?;
+    let mut client = prepare(&side(client_kernel, CLIENT_MANIFEST, "client"))?;
     let port = free_loopback_port()?;
     wire(
         &mut server,
@@ -65,7 +86,7 @@ pub(crate) fn run(options: &Options) -> Result<String, String> {
     let server_note = conclude(&server, server_ended);
     let client_note = client_ended.and_then(|ended| conclude(&client, ended));
     match (server_note, client_note) {
-        (Ok(s), Ok(c)) => Ok(format!("server {s}; client {c}")),
+        (Ok(s), Ok(c)) => Ok(format!("server {s}, client {c}")),
         (s, c) => Err(format!(
             "server: {}; client: {}",
             s.unwrap_or_else(|e| e),
