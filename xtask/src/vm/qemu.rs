@@ -100,10 +100,12 @@ pub(crate) fn command(config: &VmConfig) -> Command {
         .arg(&config.kernel)
         .arg("-initrd")
         .arg(&config.initramfs)
+        // no_timer_check: on a loaded host the emulated CPU can be too slow for the
+        // kernel's IO-APIC timer check, which then panics at boot (seen once on 6.1).
         .arg("-append")
         .arg(
             format!(
-                "console=ttyS0 panic=-1 quiet loglevel=4 rdinit=/init {}",
+                "console=ttyS0 panic=-1 quiet loglevel=4 no_timer_check rdinit=/init {}",
                 config.cmdline
             )
             .trim_end(),
