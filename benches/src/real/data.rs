@@ -306,79 +306,89 @@ pub fn record_figures(result: &Result<DataFigures, String>, machine: &str) -> Ve
                 "{} messages of {STREAM_BYTES} B, at most {WINDOW} unacknowledged",
                 f.messages
             );
-            match &f.perftest_round_trip_ns {
-                Ok(perftest) => out.push(Figure::measured(
-                    &format!("{key}/round_trip_busy"),
-                    f.round_trip_busy_ns / perftest,
-                    "ratio",
-                    &format!(
+            against_perftest(
+                &mut out,
+                &format!("{key}/round_trip_busy"),
+                (f.round_trip_busy_ns, "ns", &rounds),
+                &f.perftest_round_trip_ns,
+                machine,
+                |perftest| {
+                    format!(
                         "message round trip, medians: Endpoint busy polling {:.1} µs / \
                          ib_send_lat -R spinning {:.1} µs (twice its typical latency; \
                          {rounds}); {machine}",
                         f.round_trip_busy_ns / 1e3,
                         perftest / 1e3
-                    ),
-                )),
-                Err(reason) => {
-                    out.push(Figure::skipped(&format!("{key}/round_trip_busy"), reason));
-                    out.push(Figure::measured(
-                        &format!("{key}/round_trip_busy/endpoint"),
-                        f.round_trip_busy_ns,
-                        "ns",
-                        &format!("{rounds}; {machine}"),
-                    ));
-                }
-            }
-            match &f.perftest_round_trip_events_ns {
-                Ok(perftest) => out.push(Figure::measured(
-                    &format!("{key}/round_trip"),
-                    f.round_trip_ns / perftest,
-                    "ratio",
-                    &format!(
+                    )
+                },
+            );
+            against_perftest(
+                &mut out,
+                &format!("{key}/round_trip"),
+                (f.round_trip_ns, "ns", &rounds),
+                &f.perftest_round_trip_events_ns,
+                machine,
+                |perftest| {
+                    format!(
                         "message round trip, medians: Endpoint waiting in poll(2) {:.1} µs / \
                          ib_send_lat -R -e waiting on its completion channel {:.1} µs \
                          ({rounds}); {machine}",
                         f.round_trip_ns / 1e3,
                         perftest / 1e3
-                    ),
-                )),
-                Err(reason) => {
-                    out.push(Figure::skipped(&format!("{key}/round_trip"), reason));
-                    out.push(Figure::measured(
-                        &format!("{key}/round_trip/endpoint"),
-                        f.round_trip_ns,
-                        "ns",
-                        &format!("{rounds}; {machine}"),
-                    ));
-                }
-            }
-            match &f.perftest_mb_s {
-                Ok(perftest) => out.push(Figure::measured(
-                    &format!("{key}/throughput"),
-                    f.stream_mb_s / perftest,
-                    "ratio",
-                    &format!(
+                    )
+                },
+            );
+            against_perftest(
+                &mut out,
+                &format!("{key}/throughput"),
+                (f.stream_mb_s, "MB/s", &stream),
+                &f.perftest_mb_s,
+                machine,
+                |perftest| {
+                    format!(
                         "4 KiB SEND throughput: Endpoint {:.0} MB/s / ib_send_bw -R {:.0} MB/s \
                          ({stream}); {machine}",
                         f.stream_mb_s, perftest
-                    ),
-                )),
-                Err(reason) => {
-                    out.push(Figure::skipped(&format!("{key}/throughput"), reason));
-                    out.push(Figure::measured(
-                        &format!("{key}/throughput/endpoint"),
-                        f.stream_mb_s,
-                        "MB/s",
-                        &format!("{stream}; {machine}"),
-                    ));
-                }
-            }
+                    )
+                },
+            );
         }
     }
     for figure in &out {
         record(figure);
     }
     out
+}
+
+/// Figure `key`: ours / perftest's (`note` says both), or, when perftest gave no usable
+/// figure, a skip saying why beside our own measure as `<key>/endpoint` (`ours`: the
+/// value, its unit and what was measured).
+fn against_perftest(
+    out: &mut Vec<Figure>,
+    key: &str,
+    ours: (f64, &str, &str),
+    perftest: &Result<f64, String>,
+    machine: &str,
+    note: impl FnOnce(f64) -> String,
+) {
+    let (value, unit, measured) = ours;
+    match perftest {
+        Ok(perftest) => out.push(Figure::measured(
+            key,
+            value / perftest,
+            "ratio",
+            &note(*perftest),
+        )),
+        Err(reason) => {
+            out.push(Figure::skipped(key, reason));
+            out.push(Figure::measured(
+                &format!("{key}/endpoint"),
+                value,
+                unit,
+                &format!("{measured}; {machine}"),
+            ));
+        }
+    }
 }
 
 /// How long one perftest run may take before it is taken as hung and killed.
@@ -529,5 +539,33 @@ mod tests {
             Some(1050.25)
         );
         assert_eq!(result_line(bw, 64), None);
+    }
+
+    #[test]
+    fn a_figure_against_perftest_is_a_ratio_or_a_skip_beside_our_own_measure() {
+        let mut out = Vec::new();
+        let ours = (300.0, "ns", "10 round trips");
+        against_perftest(&mut out, "k/rt", ours, &Ok(100.0), "m", |p| {
+            format!("vs {p}")
+        });
+        against_perftest(
+            &mut out,
+            "k/bw",
+            ours,
+            &Err("no perftest".into()),
+            "m",
+            |_| unreachable!("no ratio without perftest's figure"),
+        );
+        let seen: Vec<(&str, Option<f64>, &str, &str)> = out
+            .iter()
+            .map(|f| (f.key.as_str(), f.value, f.unit.as_str(), f.note.as_str()))
+            .collect();
+        assert_eq!(seen[0], ("k/rt", Some(3.0), "ratio", "vs 100"));
+        assert_eq!((seen[1].0, seen[1].1), ("k/bw", None));
+        assert_eq!(
+            seen[2],
+            ("k/bw/endpoint", Some(300.0), "ns", "10 round trips; m")
+        );
+        assert_eq!(out.len(), 3);
     }
 }
