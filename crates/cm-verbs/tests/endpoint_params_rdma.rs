@@ -286,6 +286,11 @@ fn a_reader_that_stops_on_shared_queues_ends_the_connection_past_its_depth() {
     let src = addrs.addr_b;
     let client = std::thread::spawn(move || -> (usize, CloseReason) {
         let (mut client, conn) = established_client(listen, src);
+        // The flood starts once the server has accepted: a peer that floods before the
+        // server read its ESTABLISHED is closed in setup, never accepted (a simulated
+        // test covers that order).
+        let go = client.recv(conn, common::WAIT).expect("the server's go");
+        assert_eq!(go, b"go");
         let mut sent = 0;
         loop {
             match client.send(conn, &[7; 64]) {
@@ -304,6 +309,7 @@ fn a_reader_that_stops_on_shared_queues_ends_the_connection_past_its_depth() {
     // Accepted, then only processed, no message taken: they wait, and past the depth
     // the connection ends.
     let conn = server.accept(common::WAIT).expect("accept");
+    server.send(conn, b"go").expect("go");
     let until = std::time::Instant::now() + common::WAIT.expect("a bound");
     while server.stats().closed_unreported == 0 {
         assert!(std::time::Instant::now() < until, "never closed");
