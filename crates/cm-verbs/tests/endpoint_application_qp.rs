@@ -3,20 +3,20 @@
 //! connection the endpoint reads itself or one already established. (The application's
 //! own QP is exercised on the real kernel: tests/endpoint_application_qp_rdma.rs.)
 
-use cm_mock::sim::{SimConfig, SimTransports};
-use cm_verbs::{ConnError, ConnectOptions, Endpoint, Event, ListenOptions};
+#[path = "common/sim.rs"]
+mod sim;
+
+use cm_verbs::{ConnError, ConnectOptions, EndpointOptions};
+use sim::{establish, listening, SimEndpoints};
 
 #[test]
 fn received_is_refused_before_a_qp_and_changes_nothing_once_established() {
-    let SimTransports {
+    let SimEndpoints {
         fabric,
-        server,
-        client,
-    } = SimTransports::new(SimConfig::default(), 51);
-    let mut server = Endpoint::new(server);
-    let mut client = Endpoint::new(client);
-    let addr = server.transport().addr(7494);
-    server.listen(addr, ListenOptions::default()).unwrap();
+        mut server,
+        mut client,
+        addr,
+    } = listening(51, 7494, EndpointOptions::default());
     let out = client.connect(addr, ConnectOptions::default()).unwrap();
     // Resolving: no QP yet.
     assert!(matches!(
@@ -26,19 +26,7 @@ fn received_is_refused_before_a_qp_and_changes_nothing_once_established() {
             ..
         })
     ));
-    let mut accepted = None;
-    for _ in 0..10_000 {
-        while let Some(event) = server.poll().unwrap() {
-            if let Event::Established { conn, .. } = event {
-                accepted = Some(conn);
-            }
-        }
-        while client.poll().unwrap().is_some() {}
-        if accepted.is_some() || !fabric.step() {
-            break;
-        }
-    }
-    let conn = accepted.expect("established");
+    let conn = establish(&fabric, &mut server, &mut client, 1)[0];
     assert!(!server.has_application_qp(conn).unwrap());
     let before = server.counters();
     server.received(conn).unwrap();

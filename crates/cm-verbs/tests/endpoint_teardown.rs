@@ -4,13 +4,17 @@
 //! DISCONNECTED would walk about half a million events; the endpoint destroys the ids
 //! of a pass once the channel has less than a full batch waiting.
 
+#[path = "common/sim.rs"]
+mod sim;
+
 use std::time::Duration;
 
-use cm_mock::sim::{SimConfig, SimTransport, SimTransports};
+use cm_mock::sim::SimTransport;
 use cm_verbs::{
-    CloseReason, ConnectOptions, ConnectionId, Endpoint, Event, ListenOptions,
+    CloseReason, ConnectOptions, ConnectionId, Endpoint, EndpointOptions, Event,
     DEFERRED_DESTROY_MAX, PASS_BATCH,
 };
+use sim::{establish, listening, SimEndpoints};
 
 const PORT: u16 = 7471;
 const CLIENTS: usize = 1000;
@@ -26,34 +30,16 @@ fn drain(endpoint: &mut Endpoint<SimTransport>) -> Vec<Event> {
 
 #[test]
 fn a_mass_disconnect_destroys_ids_once_the_channel_is_read() {
-    let SimTransports {
+    let SimEndpoints {
         fabric,
-        server,
-        client,
-    } = SimTransports::new(SimConfig::default(), 7);
-    let mut server = Endpoint::new(server);
-    let mut client = Endpoint::new(client);
-    let to = server.transport().addr(PORT);
-    server.listen(to, ListenOptions::default()).unwrap();
+        mut server,
+        mut client,
+        addr: to,
+    } = listening(7, PORT, EndpointOptions::default());
     let conns: Vec<ConnectionId> = (0..CLIENTS)
         .map(|_| client.connect(to, ConnectOptions::default()).unwrap())
         .collect();
-    let mut established = 0;
-    while established < 2 * CLIENTS {
-        for endpoint in [&mut server, &mut client] {
-            established += drain(endpoint)
-                .iter()
-                .filter(|e| matches!(e, Event::Established { .. }))
-                .count();
-        }
-        if established < 2 * CLIENTS {
-            assert!(
-                fabric.step(),
-                "{established} of {} established",
-                2 * CLIENTS
-            );
-        }
-    }
+    establish(&fabric, &mut server, &mut client, CLIENTS);
 
     for conn in conns {
         client.disconnect(conn).unwrap();

@@ -2,25 +2,24 @@
 //! each message `send` posted and each one that arrived, with their bytes, on both
 //! sides, on shared queues and on queues of each connection's own.
 
+#[path = "common/sim.rs"]
+mod sim;
+
 use cm_mock::sim::{SimConfig, SimTransports};
-use cm_verbs::{
-    ConnectOptions, ConnectionId, Endpoint, EndpointOptions, Event, ListenOptions, Traffic,
-};
+use cm_verbs::{ConnectOptions, ConnectionId, Endpoint, EndpointOptions, Event, Traffic};
+use sim::{listening, SimEndpoints};
 
 const PORT: u16 = 7491;
 /// Messages the client sends, one at a time, each echoed: sizes 1 to `MESSAGES`.
 const MESSAGES: usize = 40;
 
 fn echo_and_count(options: EndpointOptions, seed: u64) -> (Traffic, Traffic) {
-    let SimTransports {
+    let SimEndpoints {
         fabric,
-        server,
-        client,
-    } = SimTransports::new(SimConfig::default(), seed);
-    let mut server = Endpoint::with_options(server, options);
-    let mut client = Endpoint::with_options(client, options);
-    let addr = server.transport().addr(PORT);
-    server.listen(addr, ListenOptions::default()).unwrap();
+        mut server,
+        mut client,
+        addr,
+    } = listening(seed, PORT, options);
     let out = client.connect(addr, ConnectOptions::default()).unwrap();
     let mut accepted: Option<ConnectionId> = None;
     let mut next = 1;
@@ -102,15 +101,12 @@ fn a_connection_starts_with_nothing_counted() {
 /// (`Endpoint::traffic`), then the connection is unknown.
 #[test]
 fn the_counts_outlive_the_close_until_it_is_reported() {
-    let SimTransports {
+    let SimEndpoints {
         fabric,
-        server,
-        client,
-    } = SimTransports::new(SimConfig::default(), 34);
-    let mut server = Endpoint::new(server);
-    let mut client = Endpoint::new(client);
-    let addr = server.transport().addr(PORT);
-    server.listen(addr, ListenOptions::default()).unwrap();
+        mut server,
+        mut client,
+        addr,
+    } = listening(34, PORT, EndpointOptions::default());
     let out = client.connect(addr, ConnectOptions::default()).unwrap();
     let mut accepted = None;
     let mut sent = false;

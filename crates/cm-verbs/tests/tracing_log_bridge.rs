@@ -2,10 +2,13 @@
 //! events reach a `log` logger (tracing's log bridge), each line naming its connection.
 //! A process of its own: a logger is global.
 
+#[path = "common/sim.rs"]
+mod sim;
+
 use std::sync::Mutex;
 
-use cm_mock::sim::{SimConfig, SimTransports};
-use cm_verbs::{ConnectOptions, Endpoint, Event, ListenOptions};
+use cm_verbs::{ConnectOptions, EndpointOptions, Event};
+use sim::{listening, SimEndpoints};
 
 struct Lines(Mutex<Vec<(log::Level, String)>>);
 
@@ -30,15 +33,12 @@ static LINES: Lines = Lines(Mutex::new(Vec::new()));
 fn a_log_logger_sees_each_step_with_its_connection() {
     log::set_logger(&LINES).unwrap();
     log::set_max_level(log::LevelFilter::Debug);
-    let SimTransports {
+    let SimEndpoints {
         fabric,
-        server,
-        client,
-    } = SimTransports::new(SimConfig::default(), 42);
-    let mut server = Endpoint::new(server);
-    let mut client = Endpoint::new(client);
-    let addr = server.transport().addr(7493);
-    server.listen(addr, ListenOptions::default()).unwrap();
+        mut server,
+        mut client,
+        addr,
+    } = listening(42, 7493, EndpointOptions::default());
     let out = client.connect(addr, ConnectOptions::default()).unwrap();
     let mut established = false;
     for _ in 0..10_000 {
