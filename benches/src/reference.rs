@@ -144,6 +144,9 @@ pub enum Server {
     /// The same with `--own-queues`: each connection with queues, buffers and posted
     /// receives of its own.
     CmnotifyOwnQueues,
+    /// The default server with `--ready-qps 0`: every QP made on its request, none
+    /// ahead (what the QPs made ahead buy, measured beside them).
+    CmnotifyOnRequest,
 }
 
 impl Server {
@@ -153,6 +156,7 @@ impl Server {
             Server::Cmtime => "cmtime",
             Server::Cmnotify => "cmnotify",
             Server::CmnotifyOwnQueues => "cmnotify-own",
+            Server::CmnotifyOnRequest => "cmnotify-on-request",
         }
     }
 
@@ -164,10 +168,16 @@ impl Server {
                 c.args(["-b", &addr, "-p", &port]);
                 c
             }
-            Server::Cmnotify | Server::CmnotifyOwnQueues => {
+            Server::Cmnotify | Server::CmnotifyOwnQueues | Server::CmnotifyOnRequest => {
                 let mut c = Command::new("cmnotify");
-                if self == Server::CmnotifyOwnQueues {
-                    c.arg("--own-queues");
+                match self {
+                    Server::CmnotifyOwnQueues => {
+                        c.arg("--own-queues");
+                    }
+                    Server::CmnotifyOnRequest => {
+                        c.args(["--ready-qps", "0"]);
+                    }
+                    _ => {}
                 }
                 c.args([
                     "--backend",
@@ -306,7 +316,9 @@ pub fn run_server(
 
 /// The figures of cmtime's server and of each of ours at `connections`, with the
 /// ratios ours / cmtime's (keys `…_ratio` for the default shared queues, `…_ratio_own`
-/// for queues of each connection's own).
+/// for queues of each connection's own, `…_ratio_on_request` for no QP made ahead), and
+/// the connect step with QPs made ahead over the same server without
+/// (`connect_ready_over_on_request`).
 pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun)]) -> Vec<Figure> {
     let n = f64::from(connections);
     let mut figures = Vec::new();
@@ -348,6 +360,7 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
     for &(server, run) in ours {
         let (suffix, name) = match server {
             Server::CmnotifyOwnQueues => ("_own", server.name()),
+            Server::CmnotifyOnRequest => ("_on_request", server.name()),
             _ => ("", server.name()),
         };
         for step in ["connect", "disconnect"] {
@@ -369,6 +382,21 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
                 &format!("server peak resident memory, {name} / cmtime"),
             ));
         }
+    }
+    let connect = |wanted: Server| {
+        let run = ours.iter().find(|(server, _)| *server == wanted)?.1;
+        Some(run.steps.get("connect")?.us_per_conn)
+    };
+    if let (Some(ahead), Some(on_request)) = (
+        connect(Server::Cmnotify),
+        connect(Server::CmnotifyOnRequest),
+    ) {
+        figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/connect_ready_over_on_request"),
+            ahead / on_request,
+            "ratio",
+            "connect step per connection, cmnotify server with QPs made ahead / every QP made on its request",
+        ));
     }
     figures
 }
@@ -393,16 +421,18 @@ pub fn measure(points: &[u32]) -> Vec<Figure> {
             run(Server::Cmtime),
             run(Server::Cmnotify),
             run(Server::CmnotifyOwnQueues),
+            run(Server::CmnotifyOnRequest),
         ) {
-            (Ok(cmtime), Ok(shared), Ok(own)) => out.extend(figures(
+            (Ok(cmtime), Ok(shared), Ok(own), Ok(on_request)) => out.extend(figures(
                 n,
                 &cmtime,
                 &[
                     (Server::Cmnotify, &shared),
                     (Server::CmnotifyOwnQueues, &own),
+                    (Server::CmnotifyOnRequest, &on_request),
                 ],
             )),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => {
                 out.push(Figure::skipped(
                     &format!("{KEY}/{n}"),
                     &format!("failed: {e}"),
@@ -475,13 +505,14 @@ destroy      :       2.00       0.10       1.00       2.00
                 pinned_kib: 0,
             },
         };
-        let (shared, own) = (run(750.0, 3000), run(400.0, 1500));
+        let (shared, own, on_request) = (run(750.0, 3000), run(400.0, 1500), run(1000.0, 3000));
         let figures = figures(
             100,
             &run(500.0, 1000),
             &[
                 (Server::Cmnotify, &shared),
                 (Server::CmnotifyOwnQueues, &own),
+                (Server::CmnotifyOnRequest, &on_request),
             ],
         );
         let value = |key: &str| {
@@ -498,6 +529,9 @@ destroy      :       2.00       0.10       1.00       2.00
         assert_eq!(value("connect_ratio_own"), Some(0.8));
         assert_eq!(value("rss_ratio_own"), Some(1.5));
         assert_eq!(value("connect/cmnotify-own"), Some(400.0));
+        assert_eq!(value("connect_ratio_on_request"), Some(2.0));
+        assert_eq!(value("connect/cmnotify-on-request"), Some(1000.0));
+        assert_eq!(value("connect_ready_over_on_request"), Some(0.75));
     }
 
     fn row(us_per_conn: f64) -> StepRow {

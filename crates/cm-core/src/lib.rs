@@ -55,7 +55,9 @@ pub use event::{AsyncEvent, AsyncEventType, EventElement, EventObject};
 pub use id_options::{IdOption, IdOptions};
 pub use routing::{Route, RoutingPolicy};
 pub use state::{CmIdState, IbCmState};
-pub use transport::{CqKind, QueueCaps, RejectReason, SharedCaps, Transport, WorkCompletion};
+pub use transport::{
+    CqKind, QueueCaps, RejectReason, SharedCaps, Transport, WorkCompletion, MAX_READY_QPS,
+};
 
 /// A queue pair number (24 bits on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

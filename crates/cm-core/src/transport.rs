@@ -131,19 +131,31 @@ pub struct SharedCaps {
     /// message out, so the limit is reached only when completions come faster than
     /// they are read: a sign the pool is too small for the load.
     pub limit: u32,
+    /// QPs the backend keeps made ahead of requests on these queues, so that an accept
+    /// takes a ready QP instead of creating one while its peer waits for the REP (0:
+    /// none; at most 1024). The real backend makes them on a thread of its own, started
+    /// with the first QP and refilled as they are taken; a backend with nothing to gain
+    /// (the simulated fabric, which creates a QP at no cost) ignores it.
+    pub ready_qps: u32,
 }
 
 impl Default for SharedCaps {
-    /// 1024 receives, 256 send buffers, 4 KiB messages, limit at a sixteenth.
+    /// 1024 receives, 256 send buffers, 4 KiB messages, limit at a sixteenth, 8 QPs
+    /// made ahead.
     fn default() -> Self {
         SharedCaps {
             recv_slots: 1024,
             send_slots: 256,
             buffer_size: 4096,
             limit: 64,
+            ready_qps: 8,
         }
     }
 }
+
+/// The most [`SharedCaps::ready_qps`]: QPs made ahead hold device resources while
+/// nobody uses them.
+pub const MAX_READY_QPS: u32 = 1024;
 
 impl SharedCaps {
     /// Checks the sizes: each count 1 to 65536 (`limit` below `recv_slots`), buffers
@@ -169,6 +181,9 @@ impl SharedCaps {
         }
         if self.pool_len().is_none() {
             return invalid("buffer pool larger than the address space");
+        }
+        if self.ready_qps > MAX_READY_QPS {
+            return invalid("more than 1024 QPs made ahead");
         }
         Ok(())
     }
@@ -473,6 +488,13 @@ pub trait Transport {
     fn arm_shared_limit(&mut self, shared: &Self::Shared, limit: u32) -> Result<(), CmError> {
         let _ = (shared, limit);
         Ok(())
+    }
+    /// The QPs made ahead on `shared` ([`SharedCaps::ready_qps`]): how many are ready
+    /// now, and how many connections took so far. The default: none (a backend that makes
+    /// none ahead).
+    fn ready_qps(&self, shared: &Self::Shared) -> (usize, u64) {
+        let _ = shared;
+        (0, 0)
     }
     /// Takes back shared queues nothing uses any more (every QP on them destroyed).
     /// The default drops them.

@@ -25,6 +25,7 @@ const CAPS: SharedCaps = SharedCaps {
     send_slots: 4,
     buffer_size: 64,
     limit: 0,
+    ready_qps: 0,
 };
 
 /// Connections whose server sides share one set of queues: the client's QPs have
@@ -329,6 +330,10 @@ fn bad_slots_and_sizes_are_invalid_arguments() {
         SharedCaps { limit: 8, ..CAPS },
         SharedCaps {
             buffer_size: 0,
+            ..CAPS
+        },
+        SharedCaps {
+            ready_qps: cm_core::MAX_READY_QPS + 1,
             ..CAPS
         },
     ] {

@@ -32,10 +32,15 @@ pub(crate) use rdma_sys::{
     rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr, rdma_resolve_route,
     rdma_set_option,
 };
+// QPs made ahead of requests (`crate::ready_qps`) and handed to an id.
 pub(crate) use rdma_sys::{
     ibv_alloc_pd, ibv_create_srq, ibv_dealloc_pd, ibv_destroy_srq, ibv_device_attr, ibv_modify_srq,
     ibv_pd, ibv_post_srq_recv, ibv_query_device, ibv_srq_attr, ibv_srq_attr_mask,
     ibv_srq_init_attr,
+};
+pub(crate) use rdma_sys::{
+    ibv_create_qp, ibv_destroy_qp, ibv_ece, ibv_modify_qp, ibv_qp_state, ibv_query_ece,
+    rdma_init_qp_attr,
 };
 
 /// `union` member of [`RawAsyncEvent`]: `element` of `struct ibv_async_event`.

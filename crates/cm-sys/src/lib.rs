@@ -99,6 +99,7 @@ mod ffi;
 mod id;
 mod monitor;
 mod poll;
+mod ready_qps;
 mod shared;
 #[cfg(feature = "tokio")]
 mod tokio_fd;
@@ -114,6 +115,7 @@ pub use ffi::{libibverbs_event_str, librdmacm_event_str};
 pub use id::{CmId, ConnParams, QpAttributes, QpState};
 pub use monitor::DeviceMonitor;
 pub use poll::{poll_readable, ReadySet};
+pub use ready_qps::ReadyQpStats;
 pub use shared::SharedQueues;
 #[cfg(feature = "tokio")]
 pub use tokio_fd::{async_device_events, async_event_channel, async_owned_fd};

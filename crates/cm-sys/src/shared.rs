@@ -25,6 +25,7 @@ use crate::cq::{CompletionChannel, CqKind, DeviceKey, OwnedCq};
 use crate::device::DeviceRef;
 use crate::ffi;
 use crate::id::{verbs_result, CmId};
+use crate::ready_qps::{ReadyQp, ReadyQpStats, ReadyQps};
 use crate::verbs::{poll_cq_into, Completion, RegisteredMemory};
 
 /// Which part of the pool a buffer is in.
@@ -237,6 +238,8 @@ impl SharedCore {
 ///
 /// `Send + Sync`: every method takes `&self`.
 pub struct SharedQueues {
+    // Before the core: the QPs made ahead go first.
+    ready: ReadyQps,
     core: Arc<SharedCore>,
 }
 
@@ -303,17 +306,30 @@ impl SharedQueues {
         let pool = Pool(ManuallyDrop::new(unsafe {
             RegisteredMemory::register(pd.0.as_ptr(), len, false)
         }?));
+        let core = Arc::new(SharedCore {
+            pool,
+            srq,
+            send_cq,
+            recv_cq,
+            pd,
+            layout: Layout { caps: *caps },
+            device,
+        });
         Ok(SharedQueues {
-            core: Arc::new(SharedCore {
-                pool,
-                srq,
-                send_cq,
-                recv_cq,
-                pd,
-                layout: Layout { caps: *caps },
-                device,
-            }),
+            ready: ReadyQps::new(&core, caps.ready_qps),
+            core,
         })
+    }
+
+    /// A QP made ahead with `max_send_wr` send work requests, if one is ready; the
+    /// first call starts the pool ([`SharedCaps::ready_qps`]) at that depth.
+    pub(crate) fn take_ready(&self, max_send_wr: u32) -> Option<ReadyQp> {
+        self.ready.take(max_send_wr)
+    }
+
+    /// What the QPs made ahead did: ready now, taken by accepts, or why the pool is off.
+    pub fn ready_qps(&self) -> ReadyQpStats {
+        self.ready.stats()
     }
 
     pub(crate) fn core(&self) -> &Arc<SharedCore> {
@@ -425,6 +441,7 @@ mod tests {
                 send_slots: 2,
                 buffer_size: 100,
                 limit: 0,
+                ready_qps: 0,
             },
         }
     }

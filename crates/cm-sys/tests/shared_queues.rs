@@ -16,7 +16,7 @@ use cm_sys::{
     poll_readable, AsyncEvents, CmId, Completion, CompletionChannel, ConnParams, CqKind,
     EventChannel, MemoryRegion, QpCaps, SharedQueues,
 };
-use common::{addresses, expect_event, listener_on, resolved_to, wait_completion, WAIT};
+use common::{addresses, expect_event, listener_on, report, resolved_to, wait_completion, WAIT};
 
 /// The token both shared CQs report.
 const TOKEN: u64 = 0x5ead;
@@ -30,6 +30,7 @@ const CAPS: SharedCaps = SharedCaps {
     send_slots: 4,
     buffer_size: MESSAGE as u32,
     limit: 0,
+    ready_qps: 0,
 };
 
 /// Send queue depth of each QP on the shared queues.
@@ -350,4 +351,89 @@ fn shared_queues_outlive_the_id_and_channel_they_were_made_from() {
     assert_eq!(shared.read_recv(0, MESSAGE).map(|b| b.len()), Ok(MESSAGE));
     // Destroyed with receives still posted: nothing waits, nothing leaks into a hang.
     drop(shared);
+}
+
+/// QPs made ahead ([`SharedCaps::ready_qps`]): the first QP asked of the queues is made
+/// on its request and starts the pool at its send depth; once the pool is full, the
+/// next accepts take ready QPs (in RTS once accepted, carrying messages both ways) and
+/// the pool fills again; a QP of another depth is made on its request. Dropping the
+/// queues' handle stops the pool with connections still on the queues.
+#[test]
+fn accepts_take_qps_made_ahead_and_the_pool_refills() {
+    const TEST: &str = "accepts_take_qps_made_ahead_and_the_pool_refills";
+    let Some(setup) = addresses(TEST) else {
+        return;
+    };
+    const READY: u32 = 2;
+    let caps = SharedCaps {
+        ready_qps: READY,
+        ..CAPS
+    };
+    let server_channel = EventChannel::new().expect("server channel");
+    let listener = listener_on(&server_channel, setup.addr_a, 8);
+    let channel = CompletionChannel::new(&listener).expect("completion channel");
+    let shared = SharedQueues::new(&listener, &channel, TOKEN, &caps).expect("shared queues");
+    for slot in 0..CAPS.recv_slots {
+        shared.post_recv(slot, u64::from(slot)).expect("post");
+    }
+    let full = |taken: u64| {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let stats = shared.ready_qps();
+            assert_eq!(stats.off, None, "{stats:?}");
+            assert_eq!(stats.taken, taken, "{stats:?}");
+            if stats.ready == READY as usize {
+                return;
+            }
+            assert!(Instant::now() < deadline, "pool not full: {stats:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    assert_eq!(
+        shared.ready_qps().ready,
+        0,
+        "nothing made before a first QP"
+    );
+    let first = Client::connect(&listener, &server_channel, setup.addr_b, &shared);
+    full(0);
+    let ahead = [0, 1].map(|_| Client::connect(&listener, &server_channel, setup.addr_b, &shared));
+    assert_eq!(shared.ready_qps().taken, 2);
+    full(2);
+    let reader = SharedReader {
+        shared: &shared,
+        channel: &channel,
+    };
+    for (i, client) in ahead.iter().enumerate() {
+        let state = client.passive.query_qp().expect("ibv_query_qp").state;
+        assert_eq!(state, cm_sys::QpState::Rts, "QP made ahead, accepted");
+        client.send(format!("ahead {i}").as_bytes());
+        let received = reader.next(CqKind::Recv, 1)[0];
+        assert!(received.is_success(), "{}", received.status_str());
+        assert_eq!(Some(received.qp_num), client.passive.qp_num());
+        let slot = u32::try_from(received.wr_id).expect("slot");
+        assert_eq!(
+            shared.read_recv(slot, received.byte_len as usize),
+            Ok(format!("ahead {i}").into_bytes())
+        );
+        shared.post_recv(slot, received.wr_id).expect("re-post");
+        client
+            .passive
+            .post_shared_send(&shared, i as u32, b"answer", 7)
+            .expect("post_shared_send");
+        assert!(reader.next(CqKind::Send, 1)[0].is_success());
+        assert_eq!(client.answer(), b"answer");
+    }
+    // Another send depth: made on the request, the pool untouched.
+    let other = resolved_to(
+        &listener,
+        &EventChannel::new().expect("channel"),
+        setup.addr_a,
+    );
+    other
+        .create_qp_shared(&shared, SEND_DEPTH + 1)
+        .expect("a QP of another depth");
+    assert_eq!(shared.ready_qps().taken, 2);
+    report(&format!("{TEST}: {:?}", shared.ready_qps()));
+    drop(shared);
+    drop((first, ahead, other));
 }

@@ -105,6 +105,12 @@ struct Cli {
     #[arg(long)]
     own_queues: bool,
 
+    /// (rdma) QPs kept made ahead of requests on each device's shared queues, so that an
+    /// accept takes a ready one instead of creating it (0: each made on its request)
+    /// [default: 8].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1024))]
+    ready_qps: Option<u32>,
+
     /// (rdma) Type of service of every connection (`rdma_set_option` TOS; on RoCE the
     /// IP traffic class: DSCP << 2 | ECN). The client's goes into its requests; a
     /// server's connections take each request's.
@@ -267,7 +273,11 @@ fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
         (cli.messages.is_some(), "--messages"),
         (cli.port.is_some(), "--port"),
         (cli.size.is_some(), "--size"),
+        (cli.ready_qps.is_some(), "--ready-qps"),
     ];
+    if cli.own_queues && cli.ready_qps.is_some() {
+        return Err("--ready-qps makes QPs on shared queues: not with --own-queues".into());
+    }
     if cli.capture.is_some() {
         // Nothing runs: any flag of a run would be ignored.
         let ignored = sim_only
@@ -403,6 +413,7 @@ fn run_rdma(cli: &Cli) -> ExitCode {
         message_size: usize::from(cli.size.unwrap_or(DEFAULT_SIZE)),
         timeline: cli.timeline.clone(),
         own_queues: cli.own_queues,
+        ready_qps: cli.ready_qps,
         id_options: cm_verbs::core::IdOptions {
             type_of_service: cli.tos,
             ack_timeout: cli.ack_timeout,
@@ -425,6 +436,18 @@ mod tests {
         for (args, flag) in [
             (&["-p", "9000"][..], "--port"),
             (&["-S", "10"][..], "--size"),
+            (&["--ready-qps", "4"][..], "--ready-qps"),
+            (
+                &[
+                    "--backend",
+                    "rdma",
+                    "-s",
+                    "--own-queues",
+                    "--ready-qps",
+                    "0",
+                ][..],
+                "--ready-qps makes QPs on shared queues",
+            ),
             (
                 &["--backend", "rdma", "-s", "--rtu-loss", "0"][..],
                 "--rtu-loss",

@@ -65,6 +65,9 @@ pub struct RealRun {
     /// Each connection with queues and buffers of its own (`--own-queues`) instead of
     /// its device's shared queues.
     pub own_queues: bool,
+    /// QPs made ahead of requests on each device's shared queues (`--ready-qps`;
+    /// `None`: the default).
+    pub ready_qps: Option<u32>,
     /// `rdma_set_option` choices (`--tos`, `--ack-timeout`).
     pub id_options: cm_verbs::core::IdOptions,
 }
@@ -84,6 +87,7 @@ impl Default for RealRun {
             message_size: DEFAULT_MESSAGE_SIZE,
             timeline: None,
             own_queues: false,
+            ready_qps: None,
             id_options: cm_verbs::core::IdOptions::default(),
         }
     }

@@ -270,7 +270,7 @@ pub fn run_with_progress(config: &SimRun, progress: &mut dyn FnMut(usize)) -> Si
     }
 
     let addr = server.addr(PORT);
-    let options = endpoint_options(config.own_queues, PAYLOAD);
+    let options = endpoint_options(config.own_queues, PAYLOAD, None);
     let mut world = World {
         server_inputs: inputs.0,
         client_inputs: inputs.1,

@@ -694,6 +694,11 @@ impl Transport for RdmaTransport {
         id.create_qp_shared(shared, caps.send_depth + caps.work_depth)
     }
 
+    fn ready_qps(&self, shared: &SharedQueues) -> (usize, u64) {
+        let stats = shared.ready_qps();
+        (stats.ready, stats.taken)
+    }
+
     fn post_shared_recv(
         &mut self,
         shared: &SharedQueues,

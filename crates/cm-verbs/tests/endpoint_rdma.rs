@@ -208,3 +208,65 @@ fn a_waker_on_another_thread_ends_a_blocking_wait() {
         Err(cm_verbs::ConnError::Timeout)
     ));
 }
+
+/// QPs made ahead of requests (`SharedCaps::ready_qps`) on the real kernel: the first
+/// connection's QP is made on its request and starts the pool; once it is full, the
+/// next two accepts take ready QPs (`EndpointStats::ready_qps_taken`), and their
+/// connections carry messages both ways like any other.
+#[test]
+fn accepts_take_qps_made_ahead_of_their_requests() {
+    const TEST: &str = "accepts_take_qps_made_ahead_of_their_requests";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let options = cm_verbs::EndpointOptions::shared_queues(cm_verbs::SharedCaps {
+        ready_qps: 2,
+        ..cm_verbs::SharedCaps::default()
+    });
+    let transport = RdmaTransport::new().expect("an RDMA transport");
+    let mut server = Endpoint::with_options(transport, options);
+    let listen = SocketAddr::new(addrs.addr_a, 7513);
+    server
+        .listen(listen, ListenOptions::default())
+        .expect("listen");
+    let (go, gone) = std::sync::mpsc::channel::<()>();
+    let src = addrs.addr_b;
+    let client = std::thread::spawn(move || {
+        let mut client = common::endpoint();
+        // The first connection stays up: the shared queues, and their pool, with it.
+        let first = common::connected(&mut client, src, listen);
+        gone.recv().expect("the server's go");
+        let two = [0, 1].map(|_| common::connected(&mut client, src, listen));
+        for conn in two {
+            client.send(conn, b"ahead").expect("send");
+            assert_eq!(client.recv(conn, WAIT).expect("echo"), b"ahead");
+        }
+        for conn in two.into_iter().chain([first]) {
+            client.disconnect(conn).expect("disconnect");
+        }
+    });
+    let first = server.accept(WAIT).expect("accept");
+    let deadline = std::time::Instant::now() + WAIT.expect("a bound");
+    while server.stats().ready_qps < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled: {:?}",
+            server.stats()
+        );
+        server.process().expect("process");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        server.stats().ready_qps_taken,
+        0,
+        "the first QP was made on its request"
+    );
+    go.send(()).expect("go");
+    let vias = serve(&mut server, 2);
+    let taken = server.stats().ready_qps_taken;
+    client.join().expect("client thread");
+    report(&format!(
+        "{TEST}: accepts on QPs made ahead {taken}, established via {vias:?}, first {first:?}"
+    ));
+    assert_eq!(taken, 2);
+}

@@ -27,6 +27,7 @@ const POOL: SharedCaps = SharedCaps {
     send_slots: 8,
     buffer_size: 256,
     limit: 0,
+    ready_qps: 0,
 };
 
 const CAPS: QueueCaps = QueueCaps {

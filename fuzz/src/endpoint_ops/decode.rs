@@ -62,6 +62,7 @@ impl Setup {
                 send_slots: 4,
                 buffer_size: BUFFER,
                 limit: 2,
+                ready_qps: 0,
             }),
         }
     }

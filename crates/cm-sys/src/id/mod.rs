@@ -3,6 +3,7 @@
 mod data;
 mod options;
 mod query;
+mod ready;
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
@@ -657,8 +658,13 @@ impl CmId {
     /// QP). The id's own CQ calls ([`CmId::poll_cq`], [`CmId::arm_cq`]) reach the shared
     /// CQs, which every QP on them reports to: use [`SharedQueues`]' instead.
     ///
+    /// Where the queues keep QPs made ahead ([`SharedCaps::ready_qps`]), the id takes
+    /// one of `max_send_wr` if one is ready and moves it to INIT as librdmacm does.
+    ///
     /// [`CmError::InvalidArgument`] if the id is not bound to a device yet, already has
     /// a QP, the queues are on another device, or `max_send_wr` is 0.
+    ///
+    /// [`SharedCaps::ready_qps`]: cm_core::SharedCaps::ready_qps
     pub fn create_qp_shared(
         &self,
         shared: &SharedQueues,
@@ -682,6 +688,16 @@ impl CmId {
             });
         }
         self.no_qp_yet(OP)?;
+        if let Some(ready) = shared.take_ready(max_send_wr) {
+            // A QP made ahead the same way: handed to the id as librdmacm would make it
+            // (if that fails, the QP is destroyed and one is made here after all).
+            // SAFETY: the QP is on the core's queues, on the id's device (checked), and
+            // the id holds the core from here until after its QP is destroyed.
+            if let Ok(qp_num) = unsafe { self.adopt_locked(ready) } {
+                let _ = self.inner.shared.set(Arc::clone(core));
+                return Ok(qp_num);
+            }
+        }
         let caps = QpCaps {
             max_send_wr,
             max_recv_wr: 0,

@@ -57,6 +57,8 @@ pub struct RealReport {
     pub messages_sent: u64,
     /// Messages received (completed receives).
     pub messages_received: u64,
+    /// Accepts that took a QP made ahead of their request (server, shared queues).
+    pub ready_qps_taken: u64,
     /// What the pump did.
     pub pump_counters: PumpJson,
     /// Per-step timings, cmtime style.
@@ -171,6 +173,9 @@ pub fn human(r: &RealReport) -> String {
         "messages sent {}, received {}; resolve retries {}; {:.3} s",
         r.messages_sent, r.messages_received, r.resolve_retries, r.seconds
     );
+    if r.role == "server" {
+        let _ = writeln!(out, "accepts on QPs made ahead {}", r.ready_qps_taken);
+    }
     let p = &r.pump_counters;
     if r.pump {
         let _ = writeln!(
@@ -219,6 +224,7 @@ mod tests {
             resolve_retries: 1,
             messages_sent: 2,
             messages_received: 2,
+            ready_qps_taken: 0,
             pump_counters: PumpCounters::default().into(),
             steps: vec![StepStats::from_spans("connect", &[], 2)],
             failures: vec![],
@@ -254,6 +260,7 @@ mod tests {
             "resolve_retries",
             "messages_sent",
             "messages_received",
+            "ready_qps_taken",
             "pump_counters",
             "steps",
             "failures",
@@ -310,6 +317,7 @@ mod tests {
             resolve_retries: 0,
             messages_sent: 1,
             messages_received: 1,
+            ready_qps_taken: 1,
             pump_counters: PumpCounters::default().into(),
             steps,
             failures: vec![],

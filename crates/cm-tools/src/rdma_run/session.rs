@@ -29,7 +29,7 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
             reason: "the client needs the server's address (-a)",
         });
     }
-    let options = endpoint_options(config.own_queues, config.message_size);
+    let options = endpoint_options(config.own_queues, config.message_size, config.ready_qps);
     let endpoint = Endpoint::with_options(RdmaTransport::new()?, options);
     let mut session = Session::new(endpoint, plan(config));
     session.start()?;
@@ -225,6 +225,7 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
         resolve_retries: session.resolve_retries(),
         messages_sent: conns.iter().map(|c| u64::from(c.sends_done)).sum(),
         messages_received: conns.iter().map(|c| u64::from(c.received)).sum(),
+        ready_qps_taken: session.endpoint().stats().ready_qps_taken,
         pump_counters: session.endpoint().counters().into(),
         steps,
         failures: conns

@@ -64,15 +64,22 @@ pub fn queue_caps(message_size: usize) -> QueueCaps {
 }
 
 /// The endpoint options of a run: every connection of a device on shared queues (the
-/// default), their buffers as large as the run's messages, or each connection with its
-/// own (`--own-queues`).
-pub fn endpoint_options(own_queues: bool, message_size: usize) -> cm_verbs::EndpointOptions {
+/// default), their buffers as large as the run's messages, `ready_qps` QPs made ahead
+/// (`--ready-qps`; `None`: the default), or each connection with its own
+/// (`--own-queues`).
+pub fn endpoint_options(
+    own_queues: bool,
+    message_size: usize,
+    ready_qps: Option<u32>,
+) -> cm_verbs::EndpointOptions {
     if own_queues {
         return cm_verbs::EndpointOptions::own_queues();
     }
+    let defaults = cm_verbs::SharedCaps::default();
     cm_verbs::EndpointOptions::shared_queues(cm_verbs::SharedCaps {
         buffer_size: queue_caps(message_size).buffer_size,
-        ..cm_verbs::SharedCaps::default()
+        ready_qps: ready_qps.unwrap_or(defaults.ready_qps),
+        ..defaults
     })
 }
 

@@ -149,8 +149,7 @@ struct Conn<T: Transport> {
     sends_in_flight: u32,
     deadline: Nanos,
     /// What the notify path did before ESTABLISHED arrived, then (once `state` is
-    /// established) how it was established: one field for both, as the second follows
-    /// the first.
+    /// established) how it was established: one field, as the second follows the first.
     via: Option<EstablishedVia>,
     /// Messages received and not yet taken, with the receive slot each one used (of
     /// its own queues; `shared::NO_SLOT` from the shared pool). An own slot's receive
@@ -306,9 +305,8 @@ enum Owner {
 /// Device contexts are read once each, whatever number of listeners and connections
 /// share them, and every CM-bound asynchronous event is routed to the connection that
 /// owns its QP. A device's asynchronous events form one stream per process, so put every
-/// listener and connection on a device in one endpoint: the real backend refuses a
-/// second endpoint on a device ([`CmError::Busy`](crate::CmError::Busy)) rather than let the two
-/// split its COMM_ESTs.
+/// listener and connection on a device in one endpoint: the real backend refuses a second
+/// endpoint on a device ([`CmError::Busy`](crate::CmError::Busy)), not to split its COMM_ESTs.
 pub struct Endpoint<T: Transport> {
     transport: T,
     pump: NotifyPump<T::Id>,
@@ -522,8 +520,7 @@ impl<T: Transport> Endpoint<T> {
         self.pump.counters()
     }
 
-    /// Live connections (in any state; not those closed and waiting to be reported).
-    /// O(1).
+    /// Live connections (any state; not those closed and waiting to be reported). O(1).
     pub fn connection_count(&self) -> usize {
         self.live_conns
     }
@@ -533,7 +530,8 @@ impl<T: Transport> Endpoint<T> {
         self.live_listeners
     }
 
-    /// What the endpoint holds for the application, for monitoring and tests: O(1).
+    /// What the endpoint holds for the application, for monitoring and tests:
+    /// O(devices).
     pub fn stats(&self) -> EndpointStats {
         EndpointStats {
             connections: self.live_conns,
@@ -551,6 +549,8 @@ impl<T: Transport> Endpoint<T> {
             shared_queue_devices: self.shared.sets(),
             shared_sends_free: self.shared.figures().0,
             srq_limit_events: self.shared.figures().1,
+            ready_qps: self.shared.ready_qps(&self.transport).0,
+            ready_qps_taken: self.shared.ready_qps(&self.transport).1,
         }
     }
 

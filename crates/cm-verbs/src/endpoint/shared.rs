@@ -70,6 +70,8 @@ pub(super) struct SharedQueues<T: Transport> {
     refused: Vec<T::DeviceKey>,
     /// SRQ limit events seen.
     limit_events: u64,
+    /// QPs made ahead that connections took, on queues released since.
+    ready_taken_before: u64,
 }
 
 impl<T: Transport> Default for SharedQueues<T> {
@@ -78,6 +80,7 @@ impl<T: Transport> Default for SharedQueues<T> {
             sets: Vec::new(),
             refused: Vec::new(),
             limit_events: 0,
+            ready_taken_before: 0,
         }
     }
 }
@@ -96,6 +99,17 @@ impl<T: Transport> SharedQueues<T> {
     pub(super) fn figures(&self) -> (usize, u64) {
         let free = self.sets.iter().map(|s| s.free_sends.len()).sum();
         (free, self.limit_events)
+    }
+
+    /// QPs made ahead: ready now over every set, and taken by accepts over every set
+    /// this endpoint had.
+    pub(super) fn ready_qps(&self, transport: &T) -> (usize, u64) {
+        let (ready, taken) = self
+            .sets
+            .iter()
+            .map(|s| transport.ready_qps(&s.queues))
+            .fold((0, 0), |(r, t), (ready, taken)| (r + ready, t + taken));
+        (ready, self.ready_taken_before + taken)
     }
 }
 
@@ -214,6 +228,7 @@ impl<T: Transport> Endpoint<T> {
         self.shared.refused.retain(|k| *k != key);
         if let Some(index) = self.shared.index(key) {
             let set = self.shared.sets.swap_remove(index);
+            self.shared.ready_taken_before += self.transport.ready_qps(&set.queues).1;
             self.transport.release_shared(set.queues);
         }
     }

@@ -642,6 +642,12 @@ pub struct EndpointStats {
     /// `IBV_EVENT_SRQ_LIMIT_REACHED` events seen: the shared receive pool ran low
     /// because completions came faster than they were read.
     pub srq_limit_events: u64,
+    /// QPs made ahead of requests and ready now, over every device
+    /// ([`SharedCaps::ready_qps`](crate::SharedCaps::ready_qps)).
+    pub ready_qps: usize,
+    /// Connections (accepted or connecting) that took a QP made ahead
+    /// ([`SharedCaps::ready_qps`](crate::SharedCaps::ready_qps)), over the endpoint's life.
+    pub ready_qps_taken: u64,
 }
 
 impl EndpointStats {
