@@ -3,7 +3,9 @@
 //! server (the connection API, as a user's server runs it), in one run on one machine.
 //! The figures are cmtime's own step times (per connection, as the client measured them)
 //! and each server's peak memory from `/proc/PID/status`: resident (`VmHWM`) and pinned
-//! (`VmPin` + `VmLck`, sampled every 50 ms), divided by N.
+//! (`VmPin` + `VmLck`, sampled every 50 ms), divided by N; and its CPU time from
+//! `/proc/PID/stat` (user + system, every thread), divided by N: whether a slower server
+//! works more per connection or waits more.
 //!
 //! Needs `cmtime` and `cmnotify` on `PATH`, `/usr/bin/rdma` (to see the listener), and
 //! `CMNOTIFY_ADDR_A` / `CMNOTIFY_ADDR_B` on RDMA devices: the VM has them. Elsewhere every
@@ -77,16 +79,22 @@ fn four_values(values: &str) -> Option<[f64; 4]> {
     })
 }
 
-/// A server's peak memory, KiB.
+/// What a server used: its peak memory, KiB, and its CPU time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PeakMemory {
+pub struct ServerUsage {
     /// Peak resident set (`VmHWM`).
     pub rss_kib: u64,
     /// Peak pinned and locked memory (`VmPin` + `VmLck`), registered memory among it.
     pub pinned_kib: u64,
+    /// CPU time, user and system, of all its threads at the last reading, in clock
+    /// ticks (`/proc/PID/stat` fields 14 and 15; USER_HZ, 100 a second on Linux).
+    pub cpu_ticks: u64,
 }
 
-impl PeakMemory {
+/// Clock ticks a second in `/proc/PID/stat` (USER_HZ: 100 on every Linux ABI).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl ServerUsage {
     /// Folds one reading of `/proc/PID/status` in.
     pub fn add_status(&mut self, status: &str) {
         let field = |name: &str| -> u64 {
@@ -99,12 +107,28 @@ impl PeakMemory {
         self.rss_kib = self.rss_kib.max(field("VmHWM"));
         self.pinned_kib = self.pinned_kib.max(field("VmPin") + field("VmLck"));
     }
+
+    /// Folds one reading of `/proc/PID/stat` in: its CPU time so far (`utime` +
+    /// `stime`, the 14th and 15th fields; the command name before them may hold spaces,
+    /// so fields are counted after its closing parenthesis).
+    pub fn add_stat(&mut self, stat: &str) {
+        let Some((_, after_name)) = stat.rsplit_once(')') else {
+            return;
+        };
+        // After the name: field 3 (state) is the first.
+        let mut fields = after_name.split_whitespace().skip(11);
+        let mut tick = || fields.next().and_then(|f| f.parse::<u64>().ok());
+        if let (Some(user), Some(system)) = (tick(), tick()) {
+            self.cpu_ticks = self.cpu_ticks.max(user + system);
+        }
+    }
 }
 
-/// Samples a process's memory every 50 ms until stopped or the process is gone.
+/// Samples a process's memory and CPU time every 50 ms until stopped or the process is
+/// gone.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<PeakMemory>,
+    thread: JoinHandle<ServerUsage>,
 }
 
 impl Sampler {
@@ -112,12 +136,16 @@ impl Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
         let thread = thread::spawn(move || {
-            let mut peak = PeakMemory::default();
+            let mut peak = ServerUsage::default();
             let path = format!("/proc/{pid}/status");
+            let stat = format!("/proc/{pid}/stat");
             while !stopped.load(Ordering::Relaxed) {
                 match std::fs::read_to_string(&path) {
                     Ok(status) => peak.add_status(&status),
                     Err(_) => break,
+                }
+                if let Ok(text) = std::fs::read_to_string(&stat) {
+                    peak.add_stat(&text);
                 }
                 thread::sleep(Duration::from_millis(50));
             }
@@ -126,7 +154,7 @@ impl Sampler {
         Sampler { stop, thread }
     }
 
-    fn finish(self) -> PeakMemory {
+    fn finish(self) -> ServerUsage {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
     }
@@ -207,7 +235,7 @@ pub struct ServerRun {
     /// cmtime's steps as its client measured them.
     pub steps: BTreeMap<String, StepRow>,
     /// The server's peak memory.
-    pub memory: PeakMemory,
+    pub memory: ServerUsage,
 }
 
 /// Waits until `rdma resource show cm_id` lists a listener on `port`.
@@ -348,6 +376,15 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
             ),
         ));
         figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/cpu_per_conn/{name}"),
+            cpu_us(run) / n,
+            "us",
+            &format!(
+                "{name} server CPU time (user + system, every thread) {:.2} s / {connections}",
+                cpu_us(run) / 1e6
+            ),
+        ));
+        figures.push(Figure::measured(
             &format!("{KEY}/{connections}/pinned_per_conn/{name}"),
             (run.memory.pinned_kib as f64 * 1024.0 / n).round(),
             "bytes",
@@ -372,6 +409,14 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
                     &format!("{step} step per connection, {name} server / cmtime server"),
                 ));
             }
+        }
+        if cpu_us(cmtime) > 0.0 {
+            figures.push(Figure::measured(
+                &format!("{KEY}/{connections}/cpu_ratio{suffix}"),
+                cpu_us(run) / cpu_us(cmtime),
+                "ratio",
+                &format!("server CPU time, {name} / cmtime"),
+            ));
         }
         let rss = |run: &ServerRun| run.memory.rss_kib as f64;
         if rss(cmtime) > 0.0 {
@@ -399,6 +444,11 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
         ));
     }
     figures
+}
+
+/// A run's server CPU time, µs.
+fn cpu_us(run: &ServerRun) -> f64 {
+    run.memory.cpu_ticks as f64 * 1e6 / TICKS_PER_SECOND
 }
 
 /// Runs both servers for each N (ports from 7600 up) and returns every figure; without
@@ -478,17 +528,23 @@ destroy      :       2.00       0.10       1.00       2.00
     }
 
     #[test]
-    fn peak_memory_keeps_the_highest_reading() {
-        let mut peak = PeakMemory::default();
+    fn usage_keeps_the_highest_reading() {
+        let mut peak = ServerUsage::default();
         peak.add_status("VmHWM:\t    2048 kB\nVmPin:\t     100 kB\nVmLck:\t      28 kB\n");
         peak.add_status("VmHWM:\t    1024 kB\nVmPin:\t       0 kB\nVmLck:\t       0 kB\n");
         assert_eq!(
             peak,
-            PeakMemory {
+            ServerUsage {
                 rss_kib: 2048,
-                pinned_kib: 128
+                pinned_kib: 128,
+                cpu_ticks: 0,
             }
         );
+        // A command name with a space and a parenthesis: fields count after the last `)`.
+        let stat = "42 (cm (x) y) S 1 42 42 0 -1 4194304 10 0 0 0 150 25 0 0 20 0 3 0";
+        peak.add_stat(stat);
+        peak.add_stat("42 (cm) S 1 42 42 0 -1 4194304 10 0 0 0 100 20 0 0 20 0 3 0");
+        assert_eq!(peak.cpu_ticks, 175, "the highest reading: utime + stime");
     }
 
     #[test]
@@ -500,9 +556,10 @@ destroy      :       2.00       0.10       1.00       2.00
             ]
             .into_iter()
             .collect(),
-            memory: PeakMemory {
+            memory: ServerUsage {
                 rss_kib,
                 pinned_kib: 0,
+                cpu_ticks: rss_kib / 10,
             },
         };
         let (shared, own, on_request) = (run(750.0, 3000), run(400.0, 1500), run(1000.0, 3000));
@@ -532,6 +589,12 @@ destroy      :       2.00       0.10       1.00       2.00
         assert_eq!(value("connect_ratio_on_request"), Some(2.0));
         assert_eq!(value("connect/cmnotify-on-request"), Some(1000.0));
         assert_eq!(value("connect_ready_over_on_request"), Some(0.75));
+        assert_eq!(
+            value("cpu_per_conn/cmtime"),
+            Some(10_000.0),
+            "100 ticks / 100"
+        );
+        assert_eq!(value("cpu_ratio"), Some(3.0));
     }
 
     fn row(us_per_conn: f64) -> StepRow {

@@ -413,7 +413,11 @@ impl<T: Transport> Session<T> {
     }
 
     fn local_text(&self) -> String {
-        self.local.map_or_else(|| "-".into(), |a| format!("{a:?}"))
+        // A client whose connections all ended before one was bound names its source.
+        match self.local.or(self.plan.source) {
+            Some(addr) => format!("{addr:?}"),
+            None => "-".into(),
+        }
     }
 
     fn index(&self, conn: ConnectionId) -> Option<usize> {
