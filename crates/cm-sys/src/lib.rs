@@ -112,7 +112,7 @@ pub use cq::{CompletionChannel, CqKind, DeviceKey};
 pub use device::{refresh_devices, AsyncEvents};
 pub use event::CmEvent;
 pub use ffi::{libibverbs_event_str, librdmacm_event_str};
-pub use id::{CmId, ConnParams, QpAttributes, QpState};
+pub use id::{BorrowedRegion, CmId, ConnParams, QpAttributes, QpState};
 pub use monitor::DeviceMonitor;
 pub use poll::{poll_readable, ReadySet};
 pub use ready_qps::ReadyQpStats;

@@ -120,25 +120,53 @@ impl RegisteredMemory {
         remote: bool,
     ) -> Result<Self, CmError> {
         let buffer = allocate_zeroed(len)?;
+        // SAFETY: `pd` is live (caller); the buffer is a live allocation of `len.max(1)`
+        // bytes that stays allocated until `deregister`.
+        let registered = unsafe { Self::register_over(pd, buffer, len.max(1), remote) };
+        registered
+            .map(|memory| RegisteredMemory { len, ..memory })
+            .inspect_err(|_| {
+                // SAFETY: the buffer came from allocate_zeroed(len) and was not registered.
+                drop(unsafe { Self::reclaim(buffer, len) });
+            })
+    }
+
+    /// Registers the `len` bytes at `buffer` on `pd`, for local write (and remote read
+    /// and write with `remote`); the bytes stay the caller's.
+    ///
+    /// # Safety
+    /// `pd` is a live protection domain and `buffer..buffer + len` live memory, both
+    /// outliving the registration (until `deregister` or `deregister_only`).
+    pub(crate) unsafe fn register_over(
+        pd: *mut rdma_sys::ibv_pd,
+        buffer: NonNull<u8>,
+        len: usize,
+        remote: bool,
+    ) -> Result<Self, CmError> {
         let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if remote {
             access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
                 | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
         }
         let access = access as i32;
-        // SAFETY: `pd` is live (caller); the buffer is a live allocation of `len.max(1)`
-        // bytes that stays allocated until `deregister`.
-        let mr = unsafe { ffi::ibv_reg_mr(pd, buffer.as_ptr().cast(), len.max(1), access) };
+        // SAFETY: as the caller guarantees.
+        let mr = unsafe { ffi::ibv_reg_mr(pd, buffer.as_ptr().cast(), len, access) };
         match NonNull::new(mr) {
             Some(mr) => Ok(RegisteredMemory { mr, buffer, len }),
-            None => {
-                let errno = ffi::last_errno();
-                // SAFETY: the buffer came from allocate_zeroed(len) and was not
-                // registered.
-                drop(unsafe { Self::reclaim(buffer, len) });
-                Err(CmError::from_errno("ibv_reg_mr", errno))
-            }
+            None => Err(CmError::from_errno("ibv_reg_mr", ffi::last_errno())),
         }
+    }
+
+    /// Deregisters memory registered with [`RegisteredMemory::register_over`], leaving
+    /// the bytes to their owner; the errno when `ibv_dereg_mr` fails (the registration
+    /// may then still be in place).
+    ///
+    /// # Safety
+    /// No work request may use the memory any more.
+    pub(crate) unsafe fn deregister_only(self) -> Result<(), CmError> {
+        // SAFETY: the MR is live and no work request can reference it (caller).
+        let ret = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        crate::id::verbs_result("ibv_dereg_mr", ret)
     }
 
     /// # Safety

@@ -1,6 +1,7 @@
-//! A server on its own data path: for each request it makes its own QP, registered
-//! memory and posted receive on the request's id, accepts, and reads its own completion
-//! queues; the endpoint is only its connection manager. A client's first message says
+//! A server on its own data path: for each request it makes its own QP, registers a
+//! buffer of its own (`register_buffer`: the buffer is borrowed while registered and
+//! its own again afterwards), posts its receive on the request's id, accepts, and reads
+//! its own completion queues; the endpoint is only its connection manager. A client's first message says
 //! where the client's registered bytes are; the server RDMA-READs them and answers with
 //! a SEND from its own memory. When the client's RTU is lost, the one line that hands
 //! the receive to the endpoint (`received`) is all it takes: the endpoint notifies the
@@ -12,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::sys::{CmId, Completion, MemoryRegion, QpCaps, RemoteMemory};
+use cm_verbs::sys::{BorrowedRegion, CmId, Completion, QpCaps, RemoteMemory};
 use cm_verbs::{CmError, ConnectOptions, Endpoint, Event, ListenOptions, PrivateData};
 
 /// What a client exposes for the server to read.
@@ -50,8 +51,9 @@ fn serve(addr: SocketAddr, connections: usize) -> Result<(), Error> {
         // The application's own QP (librdmacm makes its completion queues), memory and
         // receive, before the accept: the endpoint adopts the QP and never reads it.
         id.create_qp(&QpCaps::default())?;
-        let memory = id.register_memory(256)?;
-        id.post_recv(&memory, 0..64, 1)?;
+        let mut buffer = vec![0u8; 256];
+        let memory = id.register_buffer(&mut buffer, false)?;
+        memory.post_recv(0..64, 1)?;
         endpoint.accept_request(conn, &PrivateData::empty())?;
         let received = next_completion(|| id.poll_recv_cq(4))?;
         // The one line for the notify path: a receive on a connection the CM may not
@@ -59,9 +61,11 @@ fn serve(addr: SocketAddr, connections: usize) -> Result<(), Error> {
         endpoint.received(conn)?;
         let via = endpoint.established(conn, Some(WAIT))?;
         let read = read_and_answer(&id, &memory, received.byte_len as usize)?;
+        // Deregistered: the buffer is the server's own again, the bytes read in it.
+        drop(memory);
         println!(
             "{conn}: established via {via:?}, read {:?}",
-            String::from_utf8_lossy(&read)
+            String::from_utf8_lossy(&buffer[read])
         );
         // The client disconnects once it has the answer.
         loop {
@@ -77,19 +81,23 @@ fn serve(addr: SocketAddr, connections: usize) -> Result<(), Error> {
 }
 
 /// RDMA READ of the client's bytes named by the first message (`len` bytes at the start
-/// of `memory`), then the answer, `read N bytes`, as a SEND; the bytes read.
-fn read_and_answer(id: &CmId, memory: &MemoryRegion, len: usize) -> Result<Vec<u8>, Error> {
-    let remote = RemoteMemory::from_bytes(&id.read_memory(memory, 0..len)?)
+/// of `memory`), then the answer, `read N bytes`, as a SEND; where in the buffer the
+/// bytes read are.
+fn read_and_answer(
+    id: &CmId,
+    memory: &BorrowedRegion<'_>,
+    len: usize,
+) -> Result<std::ops::Range<usize>, Error> {
+    let remote = RemoteMemory::from_bytes(&memory.read(0..len)?)
         .ok_or("the first message is not a memory descriptor")?;
     let into = 64..64 + (remote.len as usize).min(128);
-    id.post_rdma_read(memory, into.clone(), remote, 2)?;
+    memory.post_rdma_read(into.clone(), remote, 2)?;
     next_completion(|| id.poll_send_cq(4))?;
-    let read = id.read_memory(memory, into)?;
-    let answer = format!("read {} bytes", read.len());
-    id.write_memory(memory, 192, answer.as_bytes())?;
-    id.post_send(memory, 192..192 + answer.len(), 3)?;
+    let answer = format!("read {} bytes", into.len());
+    memory.write(192, answer.as_bytes())?;
+    memory.post_send(192..192 + answer.len(), 3)?;
     next_completion(|| id.poll_send_cq(4))?;
-    Ok(read)
+    Ok(into)
 }
 
 /// Polls `poll` until a completion comes (within [`WAIT`]); an error if it failed.

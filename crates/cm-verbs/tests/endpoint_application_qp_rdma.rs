@@ -1,6 +1,7 @@
 //! The application's own data path beside the endpoint's notify path, on the real
 //! kernel (soft-RoCE in the VM), every RTU to the server dropped: the server makes its
-//! own QP, completion queues and registered memory on the request's id, accepts, reads
+//! own QP and completion queues on the request's id, registers a buffer of its own
+//! (`register_buffer`, borrowed while registered), accepts, reads
 //! its own receive queue and tells the endpoint of the receive (`Endpoint::received`,
 //! its one line for the notify path), and is established by notify; it then RDMA-READs
 //! the client's memory, whose address came in that first message, and answers with a
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cm_testkit::{addresses, report, skip, Addresses, CmMadRule, MadAction, RTU_ATTRIBUTE};
 use cm_verbs::handle::EndpointHandle;
-use cm_verbs::sys::{CmId, Completion, MemoryRegion, QpCaps, RemoteMemory};
+use cm_verbs::sys::{BorrowedRegion, CmId, Completion, QpCaps, RemoteMemory};
 use cm_verbs::{
     AsyncEventType, ConnError, ConnectOptions, EstablishedVia, Event, ListenOptions, PrivateData,
     Trigger,
@@ -68,37 +69,45 @@ fn run_client(listen: SocketAddr, src: std::net::IpAddr) -> Vec<u8> {
     answer
 }
 
-/// The server's QP (librdmacm's completion queues), 256 bytes of its memory and one
-/// receive posted, made on `id` before the request is accepted.
-fn own_qp(id: &CmId) -> MemoryRegion {
+/// The server's QP (librdmacm's completion queues) made on `id` before the request is
+/// accepted.
+fn own_qp(id: &CmId) {
     id.create_qp(&QpCaps {
         max_send_wr: 4,
         max_recv_wr: 4,
         ..QpCaps::default()
     })
     .expect("the application's QP");
-    let memory = id.register_memory(256).expect("register");
-    id.post_recv(&memory, 0..64, 1).expect("post a receive");
+}
+
+/// The server's own buffer (256 bytes, the test's) registered for its QP, one receive
+/// posted into it.
+fn own_memory<'b>(id: &CmId, buffer: &'b mut [u8]) -> BorrowedRegion<'b> {
+    let memory = id
+        .register_buffer(buffer, false)
+        .expect("register the server's buffer");
+    memory.post_recv(0..64, 1).expect("post a receive");
     memory
 }
 
+/// Where in the server's buffer the client's bytes land.
+const READ_INTO: std::ops::Range<usize> = 64..64 + CLIENT_BYTES.len();
+
 /// On the server's own QP: RDMA READ of the client's memory named by the first
-/// message (`len` bytes at the start of `memory`), then the answer as a SEND; the
-/// bytes read.
-fn read_and_answer(id: &CmId, memory: &MemoryRegion, len: usize) -> Vec<u8> {
-    let message = id.read_memory(memory, 0..len).unwrap();
+/// message (`len` bytes at the start of `memory`) into [`READ_INTO`], then the answer
+/// as a SEND.
+fn read_and_answer(id: &CmId, memory: &BorrowedRegion<'_>, len: usize) {
+    let message = memory.read(0..len).unwrap();
     let remote = RemoteMemory::from_bytes(&message).expect("the client's memory");
-    let into = 64..64 + CLIENT_BYTES.len();
-    id.post_rdma_read(memory, into.clone(), remote, 2)
+    memory
+        .post_rdma_read(READ_INTO, remote, 2)
         .expect("RDMA READ");
     assert_eq!(next_completion("RDMA READ", || id.poll_send_cq(4)).wr_id, 2);
-    let read = id.read_memory(memory, into).unwrap();
-    assert_eq!(read, CLIENT_BYTES);
-    id.write_memory(memory, 128, ANSWER).unwrap();
-    id.post_send(memory, 128..128 + ANSWER.len(), 3)
+    memory.write(128, ANSWER).unwrap();
+    memory
+        .post_send(128..128 + ANSWER.len(), 3)
         .expect("SEND the answer");
     assert_eq!(next_completion("SEND", || id.poll_send_cq(4)).wr_id, 3);
-    read
 }
 
 /// Whether `via` is a rescue by notify: on the stock device the receive is the
@@ -148,7 +157,9 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     };
     // The server's own QP (librdmacm's completion queues), memory and receive.
     let id = server.cm_id(conn).expect("the request's id").clone();
-    let memory = own_qp(&id);
+    own_qp(&id);
+    let mut buffer = vec![0u8; 256];
+    let memory = own_memory(&id, &mut buffer);
     server
         .accept_request(conn, &PrivateData::empty())
         .expect("accept with the application's QP");
@@ -172,7 +183,10 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
         Err(ConnError::WrongState { .. })
     ));
 
-    let read = read_and_answer(&id, &memory, received.byte_len as usize);
+    read_and_answer(&id, &memory, received.byte_len as usize);
+    // Deregistered, the buffer is the server's own again, the client's bytes in it.
+    drop(memory);
+    assert_eq!(&buffer[READ_INTO], CLIENT_BYTES);
 
     assert_eq!(client.join().expect("the client thread"), ANSWER);
     match server.next_event(WAIT).expect("the close") {
@@ -181,8 +195,8 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     }
     report(&format!(
         "{TEST}: server on its own QP established via {via:?}, read {} bytes of the client's \
-         memory with RDMA READ, answered with its own SEND",
-        read.len()
+         memory with RDMA READ into a buffer of its own, answered with its own SEND",
+        READ_INTO.len()
     ));
 }
 
@@ -204,9 +218,14 @@ fn a_handle_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     let client = std::thread::spawn(move || run_client(listen, addrs.addr_b));
 
     let request = listener.blocking_next_request(WAIT).expect("a request");
-    let (id, memory) = request
-        .with_id(|id| (id.clone(), own_qp(id)))
+    let id = request
+        .with_id(|id| {
+            own_qp(id);
+            id.clone()
+        })
         .expect("the request's id");
+    let mut buffer = vec![0u8; 256];
+    let memory = own_memory(&id, &mut buffer);
     let conn = request
         .accept(&PrivateData::empty())
         .expect("accept with the application's QP");
@@ -218,10 +237,12 @@ fn a_handle_server_on_its_own_qp_is_rescued_and_reads_its_client() {
         conn.blocking_send(b"x", WAIT),
         Err(ConnError::WrongState { .. })
     ));
-    let read = read_and_answer(&id, &memory, received.byte_len as usize);
+    read_and_answer(&id, &memory, received.byte_len as usize);
+    drop(memory);
+    assert_eq!(&buffer[READ_INTO], CLIENT_BYTES);
     assert_eq!(client.join().expect("the client thread"), ANSWER);
     report(&format!(
         "{TEST}: handle server on its own QP established via {via:?}, read {} bytes",
-        read.len()
+        READ_INTO.len()
     ));
 }

@@ -90,37 +90,75 @@ impl CmId {
         remote: Option<RemoteMemory>,
         wr_id: u64,
     ) -> Result<(), CmError> {
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        self.with_region(op, region, &range, |memory| {
+            self.post_send_locked(op, opcode, memory, range.clone(), remote, wr_id)
+        })
+    }
+
+    /// [`CmId::post_send_wr`] on `memory`, `range` in bounds; the caller holds the ops
+    /// lock.
+    pub(super) fn post_send_locked(
+        &self,
+        op: &'static str,
+        opcode: ffi::ibv_wr_opcode::Type,
+        memory: &RegisteredMemory,
+        range: Range<usize>,
+        remote: Option<RemoteMemory>,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
         if remote.is_some_and(|remote| range.len() as u64 > remote.len) {
             return Err(CmError::InvalidArgument {
                 op,
                 reason: "longer than the remote memory",
             });
         }
-        let ops = self.inner.lock_ops();
-        let _fields = ops.fields();
         let qp = self.qp_ptr(op)?;
-        self.with_region(op, region, &range, |memory| {
-            let mut sge = memory.sge(op, range.clone())?;
-            // SAFETY: ibv_send_wr is integers, pointers and unions of those: all zeroes
-            // is valid.
-            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.wr_id = wr_id;
-            wr.sg_list = &mut sge;
-            wr.num_sge = 1;
-            wr.opcode = opcode;
-            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            if let Some(remote) = remote {
-                wr.wr.rdma.remote_addr = remote.addr;
-                wr.wr.rdma.rkey = remote.rkey;
-            }
-            let mut bad = ptr::null_mut();
-            // SAFETY: live QP (the ops lock excludes its destruction); the WR and SGE are
-            // valid for the call (the provider copies them); the local memory is
-            // registered and lives as long as the QP; the remote side checks its own.
-            let ret = unsafe { ffi::ibv_post_send(qp, &mut wr, &mut bad) };
-            // ibv_post_send returns the errno itself.
-            verbs_result(op, ret)
-        })
+        let mut sge = memory.sge(op, range)?;
+        // SAFETY: ibv_send_wr is integers, pointers and unions of those: all zeroes is
+        // valid.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = opcode;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if let Some(remote) = remote {
+            wr.wr.rdma.remote_addr = remote.addr;
+            wr.wr.rdma.rkey = remote.rkey;
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: live QP (the ops lock excludes its destruction); the WR and SGE are
+        // valid for the call (the provider copies them); the local memory is registered
+        // and stays so while work requests may use it; the remote side checks its own.
+        let ret = unsafe { ffi::ibv_post_send(qp, &mut wr, &mut bad) };
+        // ibv_post_send returns the errno itself.
+        verbs_result(op, ret)
+    }
+
+    /// `ibv_post_recv` of one receive into `range` (in bounds) of `memory`; the caller
+    /// holds the ops lock.
+    pub(super) fn post_recv_locked(
+        &self,
+        memory: &RegisteredMemory,
+        range: Range<usize>,
+        wr_id: u64,
+    ) -> Result<(), CmError> {
+        const OP: &str = "ibv_post_recv";
+        let qp = self.qp_ptr(OP)?;
+        let mut sge = memory.sge(OP, range)?;
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: as post_send_locked: live QP, WR valid for the call, memory registered
+        // while work requests may use it.
+        let ret = unsafe { ffi::ibv_post_recv(qp, &mut wr, &mut bad) };
+        verbs_result(OP, ret)
     }
 
     fn register(&self, len: usize, remote: bool) -> Result<MemoryRegion, CmError> {
@@ -232,20 +270,8 @@ impl CmId {
     ) -> Result<(), CmError> {
         let ops = self.inner.lock_ops();
         let _fields = ops.fields();
-        let qp = self.qp_ptr("ibv_post_recv")?;
         self.with_region("ibv_post_recv", region, &range, |memory| {
-            let mut sge = memory.sge("ibv_post_recv", range.clone())?;
-            let mut wr = ffi::ibv_recv_wr {
-                wr_id,
-                next: ptr::null_mut(),
-                sg_list: &mut sge,
-                num_sge: 1,
-            };
-            let mut bad = ptr::null_mut();
-            // SAFETY: as post_send: live QP, WR valid for the call, memory registered and
-            // alive as long as the QP.
-            let ret = unsafe { ffi::ibv_post_recv(qp, &mut wr, &mut bad) };
-            verbs_result("ibv_post_recv", ret)
+            self.post_recv_locked(memory, range.clone(), wr_id)
         })
     }
 

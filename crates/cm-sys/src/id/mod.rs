@@ -1,5 +1,6 @@
 //! `CmId`: one `rdma_cm_id`, shared by cheap clones and destroyed with the last one.
 
+mod borrowed;
 mod data;
 mod options;
 mod query;
@@ -25,6 +26,7 @@ use crate::ffi;
 use crate::shared::{SharedCore, SharedQueues};
 use crate::verbs::{QpCaps, RegisteredMemory};
 
+pub use borrowed::BorrowedRegion;
 pub use query::{QpAttributes, QpState};
 
 /// `qp_num` value meaning "no QP yet" (QP numbers are 24 bits).
