@@ -533,6 +533,8 @@ impl<T: Transport> Endpoint<T> {
     /// What the endpoint holds for the application, for monitoring and tests:
     /// O(devices).
     pub fn stats(&self) -> EndpointStats {
+        let (shared_sends_free, srq_limit_events) = self.shared.figures();
+        let (ready_qps, ready_qps_taken) = self.shared.ready_qps(&self.transport);
         EndpointStats {
             connections: self.live_conns,
             closed_unreported: self.closed_conns,
@@ -547,10 +549,10 @@ impl<T: Transport> Endpoint<T> {
             dropped_events: self.dropped_events,
             requests_refused: self.requests_refused,
             shared_queue_devices: self.shared.sets(),
-            shared_sends_free: self.shared.figures().0,
-            srq_limit_events: self.shared.figures().1,
-            ready_qps: self.shared.ready_qps(&self.transport).0,
-            ready_qps_taken: self.shared.ready_qps(&self.transport).1,
+            shared_sends_free,
+            srq_limit_events,
+            ready_qps,
+            ready_qps_taken,
         }
     }
 
