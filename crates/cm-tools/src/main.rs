@@ -94,6 +94,12 @@ struct Cli {
     #[arg(long, value_name = "FILE", requires = "ladder")]
     capture: Option<std::path::PathBuf>,
 
+    /// With --capture (the passive host's): the active host's capture of the same
+    /// connection, made on another host; its clock is aligned to the first's by the REQ
+    /// and REP stamps, and the ladder draws the uncertainty.
+    #[arg(long, value_name = "FILE", requires = "capture")]
+    peer_capture: Option<std::path::PathBuf>,
+
     /// (rdma) Write the first connection's endpoint timeline to FILE, on CLOCK_MONOTONIC
     /// (the clock of tracefs' `mono` trace clock), for --capture.
     #[arg(long, value_name = "FILE")]
@@ -201,7 +207,8 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     if let Some(capture) = &cli.capture {
-        return draw_capture(capture, cli.ladder.as_deref().unwrap_or(Path::new("-")));
+        let target = cli.ladder.as_deref().unwrap_or(Path::new("-"));
+        return draw_capture(capture, cli.peer_capture.as_deref(), target);
     }
     let started = std::time::Instant::now();
     let code = match cli.backend {
@@ -218,13 +225,19 @@ fn main() -> ExitCode {
     code
 }
 
-/// `--capture FILE --ladder TARGET`: the real kernel's ladder, and its summary on
-/// stdout (after the text rendering when that goes to stdout too).
-fn draw_capture(capture: &Path, target: &Path) -> ExitCode {
-    let drawn = std::fs::read_to_string(capture)
-        .map_err(|e| format!("cannot read {}: {e}", capture.display()))
-        .and_then(|text| cm_tools::ladder::kernel::Capture::parse(&text))
-        .and_then(|capture| cm_tools::ladder::Ladder::from_capture(&capture))
+/// `--capture FILE [--peer-capture FILE] --ladder TARGET`: the real kernel's ladder, and
+/// its summary on stdout (after the text rendering when that goes to stdout too).
+fn draw_capture(capture: &Path, peer: Option<&Path>, target: &Path) -> ExitCode {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            .and_then(|text| cm_tools::ladder::kernel::Capture::parse(&text))
+    };
+    let drawn = read(capture)
+        .and_then(|capture| match peer {
+            None => cm_tools::ladder::Ladder::from_capture(&capture),
+            Some(peer) => cm_tools::ladder::Ladder::from_two_hosts(&capture, &read(peer)?),
+        })
         .and_then(|ladder| {
             cm_tools::ladder::draw(&ladder, target)?;
             Ok(ladder.title())

@@ -7,6 +7,8 @@
 //!
 //! To refresh a fixture, copy the capture of a `cargo xtask vm` run over it.
 
+mod common;
+
 use std::time::Duration;
 
 use cm_mock::sim::MsgKind;
@@ -275,24 +277,9 @@ fn a_capture_without_its_connection_is_refused() {
 #[test]
 fn every_real_ladder_renders_to_pixels() {
     for (capture, ladder) in ladders() {
-        let drawn = svg::render(&ladder);
-        let mut options = resvg::usvg::Options::default();
-        options.fontdb_mut().load_system_fonts();
-        let tree = resvg::usvg::Tree::from_str(&drawn, &options).expect("resvg reads the SVG");
-        let size = tree.size().to_int_size();
-        let mut pixmap =
-            resvg::tiny_skia::Pixmap::new(size.width(), size.height()).expect("a canvas");
-        resvg::render(&tree, Default::default(), &mut pixmap.as_mut());
-        // Something besides the white background was painted.
-        let inked = pixmap
-            .pixels()
-            .iter()
-            .filter(|p| p.red() < 128 && p.alpha() > 0)
-            .count();
-        assert!(inked > 1000, "{}: {inked} dark pixels", capture.kernel);
         let name = format!("vm-ladder-{}-{}.png", capture.kernel, capture.device);
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-        pixmap.save_png(&path).expect("the PNG is written");
+        let inked = common::render_png(&svg::render(&ladder), &name);
+        assert!(inked > 1000, "{}: {inked} dark pixels", capture.kernel);
     }
 }
 

@@ -333,6 +333,7 @@ impl Collect {
             clock: Clock::Monotonic,
             hosts: None,
             context: None,
+            active_clock_uncertainty: None,
         }
     }
 }
@@ -522,13 +523,18 @@ impl Ladder {
                 // The handler runs wherever the packet was processed, so its process
                 // says nothing. The client sends first: the first COMM_EST after the
                 // REP is the passive QP's, a later one the active QP's (the echo's).
+                // Across two hosts, the line's host says it.
                 "qp_event" if rep_sent && line.field("type") == Some(IB_EVENT_COMM_EST) => {
-                    let lane = if comm_est_at.is_none() {
+                    let lane = super::two_hosts::host_lane(&line.task).unwrap_or(
+                        if comm_est_at.is_none() {
+                            Lane::Passive
+                        } else {
+                            Lane::Active
+                        },
+                    );
+                    if lane == Lane::Passive && comm_est_at.is_none() {
                         comm_est_at = Some(line.at);
-                        Lane::Passive
-                    } else {
-                        Lane::Active
-                    };
+                    }
                     collect.note(line.at, Origin::Kernel, lane, "COMM_EST", Tone::Notify);
                 }
                 _ => {}

@@ -18,6 +18,7 @@
 pub mod kernel;
 pub mod svg;
 pub mod text;
+pub mod two_hosts;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -206,6 +207,9 @@ pub struct Ladder {
     pub hosts: Option<[String; 2]>,
     /// Said in the title after the connection ("kernel 6.1.0-57-amd64, stock rxe").
     pub context: Option<String>,
+    /// The active lane's marks were stamped on another host's clock, aligned to the
+    /// passive host's within ± this ([`two_hosts`]); `None`: one clock.
+    pub active_clock_uncertainty: Option<Duration>,
 }
 
 /// What a ladder cannot be drawn from.
@@ -246,6 +250,7 @@ impl Ladder {
                 clock: Clock::Virtual,
                 hosts: None,
                 context: None,
+                active_clock_uncertainty: None,
             },
             ids: id_lanes(entries),
             in_flight: Vec::new(),
@@ -285,6 +290,44 @@ impl Ladder {
             Some(context) => format!("connection {} ({context}): {}", self.conn, self.summary()),
             None => format!("connection {}: {}", self.conn, self.summary()),
         }
+    }
+
+    /// Across two hosts, what the drawing says of the active lane's clock.
+    pub fn clock_note(&self) -> Option<String> {
+        self.active_clock_uncertainty.map(|u| {
+            format!(
+                "active lane: its own host's clock, aligned to the passive host's within ± {} \
+                 by the REQ and REP stamps (bars: the rows each active mark may lie among)",
+                clock(u)
+            )
+        })
+    }
+
+    /// The lane a row's mark stands on (an arrow's sending or receiving lane); `None`
+    /// for a loss, which is on the wire.
+    pub fn row_lane(&self, row: &Row) -> Option<Lane> {
+        match &row.mark {
+            Mark::Note { lane, .. } => Some(*lane),
+            Mark::Send(arrow) => Some(self.arrows[*arrow].from),
+            Mark::Arrive(arrow) => Some(match self.arrows[*arrow].from {
+                Lane::Active => Lane::Passive,
+                Lane::Passive => Lane::Active,
+            }),
+            Mark::Lose(_) => None,
+        }
+    }
+
+    /// Across two hosts, the first and last rows an active-lane mark at row `index` may
+    /// lie among, given the clocks' uncertainty (rows are in time order).
+    pub fn uncertain_rows(&self, index: usize) -> Option<(usize, usize)> {
+        let u = self.active_clock_uncertainty?;
+        let row = self.rows.get(index)?;
+        if self.row_lane(row) != Some(Lane::Active) {
+            return None;
+        }
+        let low = self.rows.partition_point(|r| r.at + u < row.at);
+        let high = self.rows.partition_point(|r| r.at <= row.at + u);
+        Some((low, high.saturating_sub(1).max(low)))
     }
 
     /// Whether any row or arrow comes from the real kernel's capture (the renderers

@@ -140,13 +140,19 @@ impl Layout {
         } else {
             0.0
         };
-        // The legend of the origins takes one more band under a real ladder.
-        let bands = ladder.rows.len() + usize::from(ladder.is_real());
+        let clock_note = ladder
+            .clock_note()
+            .map_or(0.0, |note| 2.0 * PAD + width(&note));
+        // The legend of the origins takes one more band under a real ladder, the note on
+        // the clocks one more across two hosts.
+        let bands = ladder.rows.len()
+            + usize::from(ladder.is_real())
+            + usize::from(ladder.active_clock_uncertainty.is_some());
         Layout {
             axis: px(axis),
             active: px(active),
             passive: px(passive),
-            width: px(right.max(title).max(legend)),
+            width: px(right.max(title).max(legend).max(clock_note)),
             height: TOP + ROW_GAP * bands as f64 + PAD,
         }
     }
@@ -398,6 +404,9 @@ pub fn render(ladder: &Ladder) -> String {
         arrows = arrows.add(draw_arrow(arrow, shaft, &shafts, &layout, &mut placed));
     }
     document = document.add(arrows);
+    if ladder.active_clock_uncertainty.is_some() {
+        document = document.add(uncertainty_bars(ladder, &layout));
+    }
     for mark in marks {
         document = document.add(mark);
     }
@@ -415,9 +424,40 @@ pub fn render(ladder: &Ladder) -> String {
             .set("fill", "#555555"),
         );
     }
+    if let Some(note) = ladder.clock_note() {
+        document = document.add(
+            text(
+                &note,
+                PAD,
+                bottom + ROW_GAP * 1.5 + 4.0,
+                "start",
+                FONT_SIZE,
+                Tone::Plain,
+            )
+            .set("class", "clock-note")
+            .set("fill", "#555555"),
+        );
+    }
     let mut out = document.to_string();
     out.push('\n');
     out
+}
+
+/// Across two hosts, a grey bar left of each active-lane mark over the rows it may lie
+/// among ([`Ladder::uncertain_rows`]); bars of neighbouring marks are set a little apart.
+fn uncertainty_bars(ladder: &Ladder, layout: &Layout) -> Group {
+    let mut bars = Group::new().set("class", "uncertainty");
+    let spans = (0..ladder.rows.len()).filter_map(|row| Some((row, ladder.uncertain_rows(row)?)));
+    for (nth, (row, (low, high))) in spans.enumerate() {
+        let x = layout.active - 8.0 - 3.0 * (nth % 3) as f64;
+        let (top, bottom) = (layout.row(low) - 4.0, layout.row(high) + 4.0);
+        bars = bars.add(
+            line(x, top, x, bottom, "#bbbbbb")
+                .set("stroke-width", 2)
+                .set("data-row", row),
+        );
+    }
+    bars
 }
 
 /// `group` with its `data-origin`, unless it comes from the simulation (whose pictures

@@ -126,5 +126,8 @@ pub fn render(ladder: &Ladder) -> String {
     if ladder.is_real() {
         out.push_str(&format!("\n{TEXT_LEGEND}\n"));
     }
+    if let Some(note) = ladder.clock_note() {
+        out.push_str(&format!("{note}\n"));
+    }
     out
 }
