@@ -3,7 +3,7 @@
 /// Renders `drawn` (an SVG document) with resvg, saves it as `name` under the test's
 /// target folder, and answers how many dark pixels were painted (the white background
 /// is not: a broken picture paints little or nothing).
-pub fn render_png(drawn: &str, name: &str) -> usize {
+pub(crate) fn render_png(drawn: &str, name: &str) -> usize {
     let mut options = resvg::usvg::Options::default();
     options.fontdb_mut().load_system_fonts();
     let tree = resvg::usvg::Tree::from_str(drawn, &options).expect("resvg reads the SVG");
