@@ -6,7 +6,9 @@
 //! its one line for the notify path), and is established by notify; it then RDMA-READs
 //! the client's memory, whose address came in that first message, and answers with a
 //! SEND of its own. The endpoint never reads the server's queues and refuses its own
-//! `send` there. Without a device (or nft) the test records a skip.
+//! `send` there. A second test does the same with the client on its own QP too, made
+//! once its route is resolved (`ConnectOptions::application_qp`). Without a device (or
+//! nft) the test records a skip.
 #![cfg(feature = "rdma")]
 
 mod common;
@@ -137,11 +139,82 @@ fn addresses_without_rtus(test: &str, table: &str) -> Option<(Addresses, CmMadRu
 
 #[test]
 fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
-    const TEST: &str = "a_server_on_its_own_qp_is_rescued_and_reads_its_client";
-    let Some((addrs, _rtu_drop)) = addresses_without_rtus(TEST, "application_qp") else {
+    serve_on_own_qp(
+        "a_server_on_its_own_qp_is_rescued_and_reads_its_client",
+        7531,
+        run_client,
+    );
+}
+
+/// Both sides on their own QPs: the client's made after `Event::RouteResolved`
+/// (`ConnectOptions::application_qp`), its memory registered from its own buffer; the
+/// server's as above.
+#[test]
+fn both_sides_on_their_own_qps_the_server_rescued() {
+    serve_on_own_qp(
+        "both_sides_on_their_own_qps_the_server_rescued",
+        7533,
+        run_own_qp_client,
+    );
+}
+
+/// The client of [`both_sides_on_their_own_qps_the_server_rescued`]: its QP made on its
+/// id once the route is resolved, a buffer of its own holding the bytes the server
+/// reads, the receive for the answer and the first message; returns the answer.
+fn run_own_qp_client(listen: SocketAddr, src: std::net::IpAddr) -> Vec<u8> {
+    const ANSWER_AT: std::ops::Range<usize> = 64..128;
+    const MESSAGE_AT: usize = 128;
+    let mut client = common::endpoint();
+    let options = ConnectOptions {
+        source: Some(SocketAddr::new(src, 0)),
+        application_qp: true,
+        ..ConnectOptions::default()
+    };
+    let conn = client.connect(listen, options).expect("connect");
+    match client.next_event(WAIT).expect("the route") {
+        Event::RouteResolved { conn: resolved } => assert_eq!(resolved, conn),
+        other => panic!("expected the route resolved, got {other:?}"),
+    }
+    let id = client.cm_id(conn).expect("the client's id").clone();
+    own_qp(&id);
+    let mut buffer = vec![0u8; 256];
+    let memory = id.register_buffer(&mut buffer, true).expect("register");
+    memory.write(0, CLIENT_BYTES).unwrap();
+    memory
+        .post_recv(ANSWER_AT, 1)
+        .expect("the answer's receive");
+    client.connect_application_qp(conn).expect("the REQ");
+    assert_eq!(
+        client.established(conn, WAIT).expect("client established"),
+        EstablishedVia::Handshake
+    );
+    assert!(client.has_application_qp(conn).unwrap());
+    let remote = memory
+        .remote_memory(0..CLIENT_BYTES.len())
+        .unwrap()
+        .to_bytes();
+    memory.write(MESSAGE_AT, &remote).unwrap();
+    memory
+        .post_send(MESSAGE_AT..MESSAGE_AT + remote.len(), 2)
+        .expect("the first message");
+    assert_eq!(next_completion("SEND", || id.poll_send_cq(4)).wr_id, 2);
+    let answer = next_completion("the answer", || id.poll_recv_cq(4));
+    let len = answer.byte_len as usize;
+    let text = memory.read(ANSWER_AT.start..ANSWER_AT.start + len).unwrap();
+    client.disconnect(conn).expect("disconnect");
+    drop(memory);
+    text
+}
+
+/// The server of the tests above: its own QP, memory and receive on the request's id,
+/// every RTU to it dropped, the receive told to the endpoint; rescued by notify, it
+/// reads the client's memory and answers. `client` runs on a thread.
+fn serve_on_own_qp(test: &str, port: u16, client: fn(SocketAddr, std::net::IpAddr) -> Vec<u8>) {
+    let table = format!("application_qp_{port}");
+    let Some((addrs, _rtu_drop)) = addresses_without_rtus(test, &table) else {
         return;
     };
-    let listen = SocketAddr::new(addrs.addr_a, 7531);
+    let listen = SocketAddr::new(addrs.addr_a, port);
     let mut server = common::endpoint();
     let options = ListenOptions {
         auto_accept: false,
@@ -149,7 +222,7 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
     };
     server.listen(listen, options).expect("listen");
 
-    let client = std::thread::spawn(move || run_client(listen, addrs.addr_b));
+    let client = std::thread::spawn(move || client(listen, addrs.addr_b));
 
     let conn = match server.next_event(WAIT).expect("a request") {
         Event::Request { conn, .. } => conn,
@@ -194,7 +267,7 @@ fn a_server_on_its_own_qp_is_rescued_and_reads_its_client() {
         other => panic!("expected the close, got {other:?}"),
     }
     report(&format!(
-        "{TEST}: server on its own QP established via {via:?}, read {} bytes of the client's \
+        "{test}: server on its own QP established via {via:?}, read {} bytes of the client's \
          memory with RDMA READ into a buffer of its own, answered with its own SEND",
         READ_INTO.len()
     ));

@@ -317,6 +317,7 @@ impl<T: Transport> Session<T> {
             timeout: self.plan.establish_timeout,
             params: ConnectionParams::default(),
             id_options: self.plan.id_options,
+            ..ConnectOptions::default()
         };
         let conn = match self.endpoint.connect(self.plan.addr, options) {
             Ok(handle) => {

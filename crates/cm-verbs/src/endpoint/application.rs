@@ -6,7 +6,10 @@
 //! takes the application's word for a receive that completed before ESTABLISHED
 //! ([`Endpoint::received`]): the trigger of a lost RTU on a device without COMM_EST.
 //! Through handles: `Request::with_id`, `Request::accept`, `Connection::received`.
-//! The active side keeps the endpoint's own queues.
+//! On the active side (`ConnectOptions::application_qp`) the endpoint stops once the
+//! route is resolved (`Event::RouteResolved`), the application makes its QP on the id,
+//! and [`Endpoint::connect_application_qp`] sends the REQ; the active side needs no
+//! notify (its ESTABLISHED comes from the REP), the endpoint is its CM.
 
 use cm_core::{QpNum, Transport};
 
@@ -56,6 +59,37 @@ impl<T: Transport> Endpoint<T> {
             self.on_pumped(Some(conn), pumped);
             // The ESTABLISHED the kernel then delivers may be there already.
             self.read_cm_ahead();
+        }
+        Ok(())
+    }
+
+    /// Sends the REQ of an active connection made with
+    /// [`ConnectOptions::application_qp`](crate::ConnectOptions::application_qp), over the
+    /// QP the application made on its id ([`Endpoint::cm_id`]) after
+    /// [`Event::RouteResolved`](crate::Event::RouteResolved). [`ConnError::WrongState`]
+    /// before the route is resolved, once the REQ is sent, or while the id has no QP;
+    /// a connect the CM refuses closes the connection
+    /// ([`CloseReason::SetupFailed`](crate::CloseReason::SetupFailed), reported) and is
+    /// returned. O(1).
+    pub fn connect_application_qp(&mut self, conn: ConnectionId) -> Result<(), ConnError> {
+        let entry = self.conn(conn)?;
+        if entry.state != ConnState::AwaitingQp {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "connect_application_qp",
+                needs: "its route resolved and no REQ sent (ConnectOptions::application_qp)",
+            });
+        }
+        if cm_core::CmId::qp_num(&entry.id).is_none() {
+            return Err(ConnError::WrongState {
+                conn,
+                what: "connect_application_qp",
+                needs: "a QP made on its id (Endpoint::cm_id)",
+            });
+        }
+        if let Err(error) = self.connect_resolved(conn) {
+            self.close(conn, super::CloseReason::SetupFailed(error.clone()), false);
+            return Err(error.into());
         }
         Ok(())
     }

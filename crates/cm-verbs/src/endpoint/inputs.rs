@@ -644,8 +644,18 @@ impl<T: Transport> Endpoint<T> {
             }
             CmEventType::RouteResolved => {
                 let now = self.transport.now();
-                if let Some(c) = self.live_mut(conn) {
+                let application_qp = self.live_mut(conn).is_some_and(|c| {
                     c.times.mark(Step::RouteResolved, now);
+                    c.application_qp
+                });
+                if application_qp {
+                    // The application makes its QP, then connects.
+                    if let Some(c) = self.live_mut(conn) {
+                        c.state = ConnState::AwaitingQp;
+                        c.pending.route_resolved = true;
+                    }
+                    self.mark_ready(conn);
+                    return;
                 }
                 self.connect_resolved(conn)
             }

@@ -80,6 +80,10 @@ pub const APPLICATION_WR_ID: u64 = 1 << 63;
 pub enum ConnState {
     /// Active side: resolving the address, then the route.
     Resolving,
+    /// Active side, the application's QP ([`ConnectOptions::application_qp`]): the
+    /// route is resolved, the application makes its QP
+    /// ([`Event::RouteResolved`]).
+    AwaitingQp,
     /// Active side: REQ sent, waiting for the REP.
     Connecting,
     /// Passive side: the request waits for the application's answer, or (auto
@@ -644,6 +648,7 @@ impl<T: Transport> Endpoint<T> {
         entry.rare.set_private(options.private_data);
         entry.rare.set_params(options.params);
         entry.resolve_timeout = Micros::new(options.resolve_timeout);
+        entry.application_qp = options.application_qp;
         let conn = self.insert(entry);
         trace::step(conn, "resolving the address");
         if let Some(deadline) = self.live(conn).and_then(|c| c.deadline.get()) {

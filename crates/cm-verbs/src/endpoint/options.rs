@@ -188,11 +188,19 @@ pub struct ConnectOptions<A> {
     /// and the REQ, so both QPs' traffic class is this one; the ACK timeout is this
     /// side's QP's.
     pub id_options: IdOptions,
+    /// The application makes the connection's QP itself (its own completion queues,
+    /// protection domain and memory): once the route is resolved the endpoint reports
+    /// [`Event::RouteResolved`](crate::Event::RouteResolved) and waits; the application
+    /// creates its QP on [`Endpoint::cm_id`](crate::Endpoint::cm_id) and calls
+    /// [`Endpoint::connect_application_qp`](crate::Endpoint::connect_application_qp).
+    /// The endpoint then makes nothing for the connection and never reads its queues;
+    /// it stays its CM (REQ, REP, DREQ, events). `caps` is unused.
+    pub application_qp: bool,
 }
 
 impl<A> Default for ConnectOptions<A> {
     /// No source address, default queues, no private data, 2 s resolution, no deadline,
-    /// default connection parameters, no id options.
+    /// default connection parameters, no id options, the endpoint's own QP.
     fn default() -> Self {
         ConnectOptions {
             source: None,
@@ -202,6 +210,7 @@ impl<A> Default for ConnectOptions<A> {
             timeout: None,
             params: ConnectionParams::default(),
             id_options: IdOptions::default(),
+            application_qp: false,
         }
     }
 }

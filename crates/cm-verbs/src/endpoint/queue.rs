@@ -58,6 +58,9 @@ pub(super) struct Pending {
     /// [`Event::AddressChanged`] not yet taken (several ADDR_CHANGEs before it is taken
     /// are one event).
     pub(super) address_changed: bool,
+    /// [`Event::RouteResolved`] not yet taken (an active connection whose QP the
+    /// application makes).
+    pub(super) route_resolved: bool,
 }
 
 /// A connection that ended but whose end the application has not heard of yet: its
@@ -276,6 +279,9 @@ impl<T: Transport> Endpoint<T> {
                 private_data: entry.rare.private(),
             });
         }
+        if std::mem::take(&mut entry.pending.route_resolved) {
+            return Some(Event::RouteResolved { conn });
+        }
         if entry.pending.established {
             entry.pending.established = false;
             return Some(Event::Established {
@@ -309,6 +315,7 @@ impl<T: Transport> Endpoint<T> {
         if let Some(entry) = self.live(conn) {
             let p = &entry.pending;
             return p.request
+                || p.route_resolved
                 || p.established
                 || entry.rare.notify_failed().is_some()
                 || p.address_changed

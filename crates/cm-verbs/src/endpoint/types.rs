@@ -303,6 +303,16 @@ pub enum Event {
         /// The REQ's private data.
         private_data: PrivateData,
     },
+    /// An active connection made with
+    /// [`ConnectOptions::application_qp`](crate::ConnectOptions::application_qp): its route is
+    /// resolved, and it waits for the application to make its QP on
+    /// [`Endpoint::cm_id`](crate::Endpoint::cm_id) and call
+    /// [`Endpoint::connect_application_qp`](crate::Endpoint::connect_application_qp),
+    /// which sends the REQ (until then the connection's `timeout` runs).
+    RouteResolved {
+        /// The connection.
+        conn: ConnectionId,
+    },
     /// The connection is established: reported exactly once per connection, whichever
     /// of RTU, COMM_EST and receive completion came first.
     Established {
@@ -402,6 +412,7 @@ impl Event {
     pub fn conn(&self) -> Option<ConnectionId> {
         match self {
             Event::Request { conn, .. }
+            | Event::RouteResolved { conn }
             | Event::Established { conn, .. }
             | Event::Sent { conn, .. }
             | Event::Received { conn, .. }

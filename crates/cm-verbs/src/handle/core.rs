@@ -516,6 +516,13 @@ impl<T: Transport> Core<T> {
         dst: T::Addr,
         options: ConnectOptions<T::Addr>,
     ) -> Result<ConnectionId, ConnError> {
+        if options.application_qp {
+            // Its RouteResolved would wait for a call no handle makes.
+            return Err(ConnError::InvalidOptions(
+                "a connection over the application's QP is made on the Endpoint \
+                 (Event::RouteResolved, Endpoint::connect_application_qp)",
+            ));
+        }
         let conn = self.endpoint.connect(dst, options)?;
         self.hold(conn);
         Ok(conn)

@@ -300,7 +300,9 @@ impl<T: Transport> EndpointHandle<T> {
     }
 
     /// Starts connecting to `dst` (see [`Endpoint::connect`]); the connection is usable
-    /// once [`Connection::established`] answers.
+    /// once [`Connection::established`] answers. A connection over the application's own
+    /// QP ([`ConnectOptions::application_qp`]) is made on the [`Endpoint`] instead
+    /// ([`ConnError::InvalidOptions`] here).
     pub fn connect(
         &self,
         dst: T::Addr,
