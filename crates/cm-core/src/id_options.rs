@@ -4,6 +4,34 @@
 
 use crate::CmError;
 
+/// The port space an id is created in (`rdma_create_id`'s `ps`): ports of one space do
+/// not meet those of another (a REQ reaches only a listener of its own space), and the
+/// IB CM's service ID is the space's number, then the port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP` (0x0106): reliable-connected ids, the space of most RDMA services.
+    #[default]
+    Tcp,
+    /// `RDMA_PS_IB` (0x013F): any QP type, the space native InfiniBand services use.
+    Ib,
+}
+
+impl PortSpace {
+    /// Its number (`enum rdma_port_space`).
+    pub const fn raw(self) -> u32 {
+        match self {
+            PortSpace::Tcp => 0x0106,
+            PortSpace::Ib => 0x013F,
+        }
+    }
+
+    /// The service ID of `port` in this space (`RDMA_IB_IP_PS_*`: the space's number,
+    /// then the port in the low 16 bits), as the REQ carries it.
+    pub const fn service_id(self, port: u16) -> u64 {
+        ((self.raw() as u64) << 16) | port as u64
+    }
+}
+
 /// One `rdma_set_option(id, RDMA_OPTION_ID, name, value)` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IdOption {
@@ -77,6 +105,9 @@ pub struct IdOptions {
     pub reuse_addr: bool,
     /// [`IdOption::Ipv6Only`] (`None`: the sysctl `net.ipv6.bindv6only` decides).
     pub ipv6_only: Option<bool>,
+    /// The port space the id is created in (not an `rdma_set_option` call: it is
+    /// `rdma_create_id`'s argument). A listener and its clients must agree.
+    pub port_space: PortSpace,
 }
 
 impl IdOptions {
@@ -107,6 +138,20 @@ impl IdOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_spaces_number_their_service_ids_as_librdmacm_does() {
+        assert_eq!(PortSpace::default(), PortSpace::Tcp);
+        assert_eq!(PortSpace::Tcp.service_id(7471), 0x0106_1D2F);
+        assert_eq!(PortSpace::Ib.service_id(7471), 0x013F_1D2F);
+        assert!(IdOptions {
+            port_space: PortSpace::Ib,
+            ..IdOptions::default()
+        }
+        .calls()
+        .next()
+        .is_none());
+    }
 
     #[test]
     fn numbers_are_librdmacm_s() {
@@ -140,6 +185,7 @@ mod tests {
             ack_timeout: Some(14),
             reuse_addr: true,
             ipv6_only: Some(false),
+            port_space: PortSpace::Tcp,
         };
         let calls: Vec<_> = options.calls().collect();
         assert_eq!(

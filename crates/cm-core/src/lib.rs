@@ -52,7 +52,7 @@ pub use completion::{WcOpcode, WcStatus};
 pub use conn_params::ConnectionParams;
 pub use error::{errno, notify_result_from_errno, CmError, Errno, NotifyError, NotifyOutcome};
 pub use event::{AsyncEvent, AsyncEventType, EventElement, EventObject};
-pub use id_options::{IdOption, IdOptions};
+pub use id_options::{IdOption, IdOptions, PortSpace};
 pub use routing::{Route, RoutingPolicy};
 pub use state::{CmIdState, IbCmState};
 pub use transport::{

@@ -11,7 +11,9 @@ use core::fmt::Debug;
 use core::hash::Hash;
 use core::time::Duration;
 
-use crate::{AsyncEvent, CmError, CmEvent, CmId, ConnectionParams, IdOption, QpNum, WcStatus};
+use crate::{
+    AsyncEvent, CmError, CmEvent, CmId, ConnectionParams, IdOption, PortSpace, QpNum, WcStatus,
+};
 
 /// Which of a connection's two completion queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -221,8 +223,16 @@ pub trait Transport {
 
     // ----- the CM ----------------------------------------------------------------
 
-    /// A new id on the transport's channel.
+    /// A new id on the transport's channel, in [`PortSpace::Tcp`].
     fn create_id(&mut self) -> Result<Self::Id, CmError>;
+    /// A new id in `space`. The default makes [`PortSpace::Tcp`] ids only and refuses
+    /// another space (EPROTONOSUPPORT, as a kernel without it answers).
+    fn create_id_in(&mut self, space: PortSpace) -> Result<Self::Id, CmError> {
+        match space {
+            PortSpace::Tcp => self.create_id(),
+            PortSpace::Ib => Err(CmError::from_errno("rdma_create_id", 93)),
+        }
+    }
     /// A number naming the id among the live ids of this transport (its address, its
     /// table index), to find an event's owner without comparing handles.
     fn id_key(&self, id: &Self::Id) -> usize;

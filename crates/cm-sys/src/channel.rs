@@ -148,17 +148,21 @@ impl EventChannel {
     /// `rdma_create_id(channel, …, RDMA_PS_TCP)`: a new reliable-connected id whose events
     /// arrive on this channel.
     pub fn create_id(&self) -> Result<CmId, CmError> {
+        self.create_id_in(cm_core::PortSpace::Tcp)
+    }
+
+    /// `rdma_create_id(channel, …, space)`: a new id in `space` whose events arrive on
+    /// this channel (its QP reliable-connected, as every QP this crate makes).
+    pub fn create_id_in(&self, space: cm_core::PortSpace) -> Result<CmId, CmError> {
+        let ps = match space {
+            cm_core::PortSpace::Tcp => ffi::rdma_port_space::RDMA_PS_TCP,
+            cm_core::PortSpace::Ib => ffi::rdma_port_space::RDMA_PS_IB,
+        };
         let mut raw = ptr::null_mut();
         // SAFETY: the channel is live; `raw` receives the new id; the context is set by
         // CmId::from_new_raw before any event for the id can be read.
-        let ret = unsafe {
-            ffi::rdma_create_id(
-                self.inner.as_ptr(),
-                &mut raw,
-                ptr::null_mut(),
-                ffi::rdma_port_space::RDMA_PS_TCP,
-            )
-        };
+        let ret =
+            unsafe { ffi::rdma_create_id(self.inner.as_ptr(), &mut raw, ptr::null_mut(), ps) };
         if ret != 0 {
             return Err(CmError::from_errno("rdma_create_id", ffi::last_errno()));
         }

@@ -444,6 +444,10 @@ impl Transport for RdmaTransport {
         self.channel.create_id()
     }
 
+    fn create_id_in(&mut self, space: cm_core::PortSpace) -> Result<CmId, CmError> {
+        self.channel.create_id_in(space)
+    }
+
     fn id_key(&self, id: &CmId) -> usize {
         id.as_raw() as usize
     }

@@ -170,6 +170,7 @@ fn id_options_reach_the_ids_they_are_for() {
         reuse_addr: true,
         ipv6_only: Some(false),
         type_of_service: Some(0x20),
+        ..IdOptions::default()
     };
     let options = ListenOptions {
         id_options: listen_options,
@@ -181,6 +182,7 @@ fn id_options_reach_the_ids_they_are_for() {
         ack_timeout: Some(18),
         reuse_addr: true,
         ipv6_only: None,
+        ..IdOptions::default()
     };
     let options = ConnectOptions {
         id_options: connect_options,

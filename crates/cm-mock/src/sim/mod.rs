@@ -484,8 +484,15 @@ pub struct SimChannel {
 impl SimChannel {
     /// Creates an id on this channel (`rdma_create_id`, RDMA_PS_TCP).
     pub fn create_id(&self) -> SimCmId {
+        self.create_id_in(cm_core::PortSpace::Tcp)
+    }
+
+    /// Creates an id in `space` on this channel: it listens for, and its REQs reach,
+    /// only ids of the same space.
+    pub fn create_id_in(&self, space: cm_core::PortSpace) -> SimCmId {
         let mut fabric = self.fabric.lock();
         let key = fabric.create_id(self.index);
+        fabric.set_port_space(key, space);
         if fabric.channel_closed(self.index) {
             // rdma_create_id on a closed channel fails; the handle returned here is
             // already destroyed, so every call on it answers `CmError::Gone`.

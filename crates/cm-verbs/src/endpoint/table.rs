@@ -17,7 +17,7 @@ impl<T: Transport> Endpoint<T> {
     /// A new id with `options` set (`rdma_set_option`, only for what is set); an id
     /// whose options the transport refuses is released, not leaked.
     pub(super) fn create_id_with(&mut self, options: &IdOptions) -> Result<T::Id, CmError> {
-        let id = self.transport.create_id()?;
+        let id = self.transport.create_id_in(options.port_space)?;
         for option in options.calls() {
             if let Err(error) = self.transport.set_option(&id, option) {
                 self.transport.release_id(id);

@@ -208,13 +208,19 @@ impl Fabric {
         }
         let (place, port) = (id.place, id.port());
         let at = (self.node_of(key.index, place), port);
-        if self.listener(at).is_some() {
+        let space = self.port_space(key);
+        if self.listener(at, space).is_some() {
             return Err(os(OP, EADDRINUSE));
         }
         if let Some(id) = self.id_mut(key) {
             id.state.set_cm(CmIdState::Listen);
         }
-        self.listeners.push(Listener { at, key, backlog });
+        self.listeners.push(Listener {
+            at,
+            space,
+            key,
+            backlog,
+        });
         self.set_ib(key, IbCmState::Listen);
         Ok(())
     }
@@ -397,7 +403,7 @@ impl Fabric {
         let walked = self.channels[self.channel_of(key.index, id.place)]
             .queue
             .len() as u64;
-        let (ib, qp, port) = (id.state.ib(), id.qp.get(), id.port());
+        let (ib, qp) = (id.state.ib(), id.qp.get());
         let from_req = id.remote().filter(|_| id.state.has(IdState::FROM_REQ));
         // What ib_destroy_cm_id tells the peer, by state.
         use IbCmState as S;
@@ -415,8 +421,8 @@ impl Fabric {
             ) => self.send_to_peer(key, MsgKind::Rej, REJ_CONSUMER_DEFINED),
             _ => {}
         }
-        if ib == Some(S::Listen) && self.listener((node, port)) == Some(key) {
-            self.listeners.retain(|l| l.at != (node, port));
+        if ib == Some(S::Listen) {
+            self.listeners.retain(|l| l.key != key);
         }
         if let Some(from) = from_req {
             self.remote_reqs.remove(from.0, from.1);

@@ -181,6 +181,21 @@ impl Fabric {
         self.id_extras.get(&index).copied().unwrap_or_default()
     }
 
+    /// Records the port space id `key` was created in (the default takes no entry).
+    pub(crate) fn set_port_space(&mut self, key: SimIdKey, space: cm_core::PortSpace) {
+        if self.id(key).is_some() {
+            self.update_extras(key.index, |extras| extras.options.port_space = space);
+        }
+    }
+
+    /// The port space of id `key` (`Tcp` for one gone).
+    pub(crate) fn port_space(&self, key: SimIdKey) -> cm_core::PortSpace {
+        match self.id(key) {
+            Some(_) => self.extras(key.index).options.port_space,
+            None => cm_core::PortSpace::Tcp,
+        }
+    }
+
     /// Changes the rare parts of live id slot `index`; defaults take no entry.
     pub(super) fn update_extras(&mut self, index: u32, change: impl FnOnce(&mut IdExtras)) {
         let mut extras = self.extras(index);

@@ -298,6 +298,8 @@ impl Fabric {
 struct Listener {
     /// (node, port) listened on.
     at: (NodeId, u16),
+    /// The listening id's port space: a REQ of another space does not reach it.
+    space: cm_core::PortSpace,
     key: SimIdKey,
     /// CONNECT_REQUESTs that may still be queued unread.
     backlog: u32,
@@ -498,11 +500,11 @@ impl Fabric {
         self.any_odds = self.odds.iter().any(|o| !o.is_zero());
     }
 
-    /// The id listening on `at`.
-    fn listener(&self, at: (NodeId, u16)) -> Option<SimIdKey> {
+    /// The id listening on `at` in `space`.
+    fn listener(&self, at: (NodeId, u16), space: cm_core::PortSpace) -> Option<SimIdKey> {
         self.listeners
             .iter()
-            .find_map(|l| (l.at == at).then_some(l.key))
+            .find_map(|l| (l.at == at && l.space == space).then_some(l.key))
     }
 
     /// Takes one of the listener's backlog for a CONNECT_REQUEST about to be queued

@@ -425,8 +425,11 @@ impl Fabric {
             }
             return;
         }
+        // The REQ's service ID names its sender's port space: only a listener of that
+        // space answers it.
+        let space = self.port_space(src);
         let listener = self
-            .listener((msg.to, msg.port))
+            .listener((msg.to, msg.port), space)
             .filter(|l| self.id(*l).and_then(|id| id.state.ib()) == Some(IbCmState::Listen));
         let Some(listener) = listener else {
             let mut rej = Message::new(MsgKind::Rej, msg.conn, msg.to, msg.from);

@@ -27,6 +27,10 @@ impl Transport for SimTransport {
         Ok(self.channel.create_id())
     }
 
+    fn create_id_in(&mut self, space: cm_core::PortSpace) -> Result<SimCmId, CmError> {
+        Ok(self.channel.create_id_in(space))
+    }
+
     fn id_key(&self, id: &SimCmId) -> usize {
         let key = id.key();
         (key.generation as usize) << 32 | key.index as usize
