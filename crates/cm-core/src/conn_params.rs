@@ -42,6 +42,15 @@ pub struct ConnectionParams {
     /// [`WcStatus::RnrRetryExcErr`](crate::WcStatus::RnrRetryExcErr) once the retries are spent and the connection fails.
     /// Each side's value bounds the retries of the *other* side's sends.
     pub rnr_retry_count: u8,
+    /// The RNR NAK timer this side's QP advertises: how long a peer whose send found no
+    /// receive posted here waits before it retries (the IB encoding, 0 to 31: 1 is
+    /// 0.01 ms, 14 is 1.28 ms, 31 is 491.52 ms, 0 is 655.36 ms). `None`: the IB CM's
+    /// choice at RTR. Set on this side's QP once it is in RTS (after `rdma_accept`
+    /// returns on the passive side, at ESTABLISHED on the active side), since librdmacm
+    /// moves the QP through RTR itself; a receive refused before then is answered
+    /// with the CM's value. Not used on iWARP, which has no RNR NAK, nor on a QP the
+    /// application made.
+    pub min_rnr_timer: Option<u8>,
 }
 
 impl Default for ConnectionParams {
@@ -52,6 +61,7 @@ impl Default for ConnectionParams {
             initiator_depth: 1,
             retry_count: 7,
             rnr_retry_count: 7,
+            min_rnr_timer: None,
         }
     }
 }
@@ -60,6 +70,8 @@ impl ConnectionParams {
     /// The largest retry count (3 bits on the wire); for `rnr_retry_count` it means
     /// forever.
     pub const MAX_RETRY: u8 = 7;
+    /// The largest RNR NAK timer encoding (5 bits).
+    pub const MAX_MIN_RNR_TIMER: u8 = 31;
 
     /// librdmacm's `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: as a depth, the
     /// device's maximum (`max_qp_rd_atom`, `max_qp_init_rd_atom`).
@@ -79,6 +91,12 @@ impl ConnectionParams {
         }
         if self.rnr_retry_count > Self::MAX_RETRY {
             return invalid("rnr_retry_count above 7");
+        }
+        if self
+            .min_rnr_timer
+            .is_some_and(|t| t > Self::MAX_MIN_RNR_TIMER)
+        {
+            return invalid("min_rnr_timer above 31");
         }
         Ok(())
     }
@@ -111,7 +129,7 @@ mod tests {
     }
 
     #[test]
-    fn retry_counts_above_seven_are_refused() {
+    fn retry_counts_above_seven_and_timers_above_31_are_refused() {
         for bad in [
             ConnectionParams {
                 retry_count: 8,
@@ -119,6 +137,10 @@ mod tests {
             },
             ConnectionParams {
                 rnr_retry_count: 255,
+                ..ConnectionParams::default()
+            },
+            ConnectionParams {
+                min_rnr_timer: Some(32),
                 ..ConnectionParams::default()
             },
         ] {
@@ -132,6 +154,7 @@ mod tests {
             initiator_depth: 0,
             retry_count: 0,
             rnr_retry_count: 0,
+            min_rnr_timer: Some(ConnectionParams::MAX_MIN_RNR_TIMER),
         };
         assert_eq!(edge.validate(), Ok(()));
         assert!(!edge.rnr_retries_forever());

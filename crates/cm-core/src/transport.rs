@@ -269,6 +269,16 @@ pub trait Transport {
             reason: "this transport takes no id options",
         })
     }
+    /// Sets the RNR NAK timer of `id`'s QP, in RTS (`ibv_modify_qp` RTS to RTS with
+    /// `IBV_QP_MIN_RNR_TIMER`; see [`ConnectionParams::min_rnr_timer`]). A transport
+    /// without RNR NAKs refuses it (the default).
+    fn set_min_rnr_timer(&mut self, id: &Self::Id, timer: u8) -> Result<(), CmError> {
+        let _ = (id, timer);
+        Err(CmError::InvalidArgument {
+            op: "ibv_modify_qp",
+            reason: "this transport has no RNR NAK timer",
+        })
+    }
     /// `rdma_resolve_addr` (ADDR_RESOLVED or ADDR_ERROR follows).
     fn resolve_addr(
         &mut self,

@@ -448,6 +448,10 @@ impl Transport for RdmaTransport {
         self.channel.create_id_in(space)
     }
 
+    fn set_min_rnr_timer(&mut self, id: &CmId, timer: u8) -> Result<(), CmError> {
+        id.set_min_rnr_timer(timer)
+    }
+
     fn id_key(&self, id: &CmId) -> usize {
         id.as_raw() as usize
     }

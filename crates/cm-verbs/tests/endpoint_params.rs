@@ -28,6 +28,7 @@ const CLIENT: ConnectionParams = ConnectionParams {
     initiator_depth: 4,
     retry_count: 5,
     rnr_retry_count: 3,
+    min_rnr_timer: Some(9),
 };
 
 const SERVER: ConnectionParams = ConnectionParams {
@@ -35,6 +36,7 @@ const SERVER: ConnectionParams = ConnectionParams {
     initiator_depth: 2,
     retry_count: 0,
     rnr_retry_count: 6,
+    min_rnr_timer: None,
 };
 
 /// Runs the fabric until nothing is left, accepting manual requests; returns the
@@ -119,8 +121,9 @@ fn the_default_is_one_read_each_way_and_rnr_retries_forever() {
     );
 }
 
-/// A retry count above 7 is refused by `connect` and `listen` with a typed error, and
-/// nothing is created: no connection, no listener, no message on the fabric.
+/// A retry count above 7 (or an RNR NAK timer above 31) is refused by `connect` and
+/// `listen` with a typed error, and nothing is created: no connection, no listener, no
+/// message on the fabric.
 #[test]
 fn out_of_range_retry_counts_are_refused_and_create_nothing() {
     let (fabric, mut server, mut client) = endpoints(92);
@@ -148,6 +151,24 @@ fn out_of_range_retry_counts_are_refused_and_create_nothing() {
     let refused = client.connect(addr, bad_connect);
     assert!(
         matches!(refused, Err(ConnError::Cm(CmError::InvalidArgument { .. }))),
+        "{refused:?}"
+    );
+    let bad_timer = ConnectOptions {
+        params: ConnectionParams {
+            min_rnr_timer: Some(32),
+            ..ConnectionParams::default()
+        },
+        ..ConnectOptions::default()
+    };
+    let refused = client.connect(addr, bad_timer);
+    assert!(
+        matches!(
+            refused,
+            Err(ConnError::Cm(CmError::InvalidArgument {
+                reason: "min_rnr_timer above 31",
+                ..
+            }))
+        ),
         "{refused:?}"
     );
     assert_eq!(client.stats().connections, 0);

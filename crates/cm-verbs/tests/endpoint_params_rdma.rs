@@ -35,6 +35,7 @@ const ACTIVE: ConnectionParams = ConnectionParams {
     initiator_depth: 4,
     retry_count: 5,
     rnr_retry_count: 3,
+    min_rnr_timer: Some(12),
 };
 
 /// The accepting side's answer, each value distinct from the request's so that the
@@ -44,6 +45,7 @@ const PASSIVE: ConnectionParams = ConnectionParams {
     initiator_depth: 2,
     retry_count: 6,
     rnr_retry_count: 6,
+    min_rnr_timer: Some(20),
 };
 
 /// Listens on `listen` with `listen_options`, connects to it with `connect_options`,
@@ -116,6 +118,9 @@ fn each_qp_holds_what_the_cm_negotiated_from_both_sides_parameters() {
         (PASSIVE.responder_resources, PASSIVE.initiator_depth),
         "active QP: the REP's depths, crossed"
     );
+    // Each side's RNR NAK timer on its own QP, set once it was in RTS.
+    assert_eq!(active.min_rnr_timer, 12, "active QP min_rnr_timer");
+    assert_eq!(passive.min_rnr_timer, 20, "passive QP min_rnr_timer");
     // The REQ's transport retry count, on both QPs.
     assert_eq!(active.retry_cnt, ACTIVE.retry_count, "active QP retry_cnt");
     assert_eq!(

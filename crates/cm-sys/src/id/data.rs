@@ -339,7 +339,7 @@ impl CmId {
     }
 
     /// The live QP; callers hold the ops lock.
-    fn qp_ptr(&self, op: &'static str) -> Result<*mut ffi::ibv_qp, CmError> {
+    pub(super) fn qp_ptr(&self, op: &'static str) -> Result<*mut ffi::ibv_qp, CmError> {
         // SAFETY: live id; `qp` is written only by create_qp under the ops lock, which
         // the caller holds.
         let qp = unsafe { (*self.inner.as_ptr()).qp };

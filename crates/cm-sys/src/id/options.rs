@@ -1,10 +1,11 @@
-//! `rdma_set_option` on an id: the options of level `RDMA_OPTION_ID`.
+//! `rdma_set_option` on an id: the options of level `RDMA_OPTION_ID`; and the RNR NAK
+//! timer of its QP, which no option sets.
 
 use std::ffi::c_void;
 
-use cm_core::{CmError, IdOption};
+use cm_core::{CmError, ConnectionParams, IdOption};
 
-use super::{check, CmId};
+use super::{check, verbs_result, CmId};
 use crate::ffi;
 
 impl CmId {
@@ -47,5 +48,31 @@ impl CmId {
         // Both are read through `value`'s pointer above.
         let _ = (byte, flag);
         check("rdma_set_option", ret)
+    }
+
+    /// Sets the RNR NAK timer of the id's QP (`ibv_modify_qp` with only
+    /// `IBV_QP_MIN_RNR_TIMER`: allowed for an RC QP in RTR and RTS, which keep their
+    /// state). [`CmError::InvalidArgument`] for a timer above 31 or an id without a QP
+    /// (nothing is called); the device's errno otherwise.
+    pub fn set_min_rnr_timer(&self, timer: u8) -> Result<(), CmError> {
+        const OP: &str = "ibv_modify_qp";
+        if timer > ConnectionParams::MAX_MIN_RNR_TIMER {
+            return Err(CmError::InvalidArgument {
+                op: OP,
+                reason: "min_rnr_timer above 31",
+            });
+        }
+        let ops = self.inner.lock_ops();
+        let _fields = ops.fields();
+        let qp = self.qp_ptr(OP)?;
+        // SAFETY: ibv_qp_attr is integers and small structs; all zeroes is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.min_rnr_timer = timer;
+        // One low bit: it fits a C int.
+        let mask = i32::try_from(ffi::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0).unwrap_or(i32::MAX);
+        // SAFETY: the id's live QP (destroyed only with the id, whose ops lock is held);
+        // `attr` is valid for the call, which reads only the masked field.
+        let ret = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) };
+        verbs_result(OP, ret)
     }
 }

@@ -94,6 +94,27 @@ impl<T: Transport> Endpoint<T> {
         Ok(())
     }
 
+    /// Sets `timer` ([`ConnectionParams::min_rnr_timer`](crate::ConnectionParams::min_rnr_timer))
+    /// on `conn`'s QP, in RTS: not on a QP the application made, nor on iWARP (no RNR
+    /// NAK there, and its CM forces nothing either: [`crate::core::CmId::notify_forces`]).
+    pub(super) fn apply_min_rnr_timer(
+        &mut self,
+        conn: ConnectionId,
+        timer: Option<u8>,
+    ) -> Result<(), cm_core::CmError> {
+        let Some(timer) = timer else {
+            return Ok(());
+        };
+        let Some(entry) = self.live(conn).filter(|c| !c.application_qp) else {
+            return Ok(());
+        };
+        let id = entry.id.clone();
+        if !cm_core::CmId::notify_forces(&id) {
+            return Ok(());
+        }
+        self.transport.set_min_rnr_timer(&id, timer)
+    }
+
     /// Whether `conn`'s QP is the application's (see the module's documentation).
     pub fn has_application_qp(&self, conn: ConnectionId) -> Result<bool, ConnError> {
         Ok(self.conn(conn)?.application_qp)

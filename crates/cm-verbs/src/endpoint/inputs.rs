@@ -524,6 +524,7 @@ impl<T: Transport> Endpoint<T> {
         }
         let called = self.transport.now();
         self.transport.accept(&id, private_data, &params)?;
+        self.apply_min_rnr_timer(conn, params.min_rnr_timer)?;
         super::trace::step(conn, "accepted");
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
@@ -726,6 +727,11 @@ impl<T: Transport> Endpoint<T> {
         super::trace::step(conn, "connecting");
         let now = self.transport.now();
         if let Some(entry) = self.live_mut(conn) {
+            // Set once the QP is in RTS: at ESTABLISHED.
+            entry.rare.set_params(cm_core::ConnectionParams {
+                min_rnr_timer: params.min_rnr_timer,
+                ..cm_core::ConnectionParams::default()
+            });
             entry.times.mark(Step::ConnectCalled, called);
             entry.times.mark(Step::ConnectReturned, now);
             entry.state = ConnState::Connecting;
@@ -741,6 +747,16 @@ impl<T: Transport> Endpoint<T> {
         if entry.state == ConnState::Established {
             return; // exactly once, whatever the CM says twice
         }
+        if entry.role == Role::Active {
+            let timer = entry.rare.take_params().min_rnr_timer;
+            if let Err(error) = self.apply_min_rnr_timer(conn, timer) {
+                self.close(conn, CloseReason::SetupFailed(error), false);
+                return;
+            }
+        }
+        let Some(entry) = self.live_mut(conn) else {
+            return;
+        };
         let via = entry.via.unwrap_or(EstablishedVia::Handshake);
         entry.via = Some(via);
         super::trace::established(conn, via);

@@ -31,6 +31,24 @@ impl Transport for SimTransport {
         Ok(self.channel.create_id_in(space))
     }
 
+    /// The simulated wire has no RNR NAK: a QP's timer changes nothing there, so it is
+    /// taken (checked as the device would, for a QP that exists) and not kept.
+    fn set_min_rnr_timer(&mut self, id: &SimCmId, timer: u8) -> Result<(), CmError> {
+        if timer > cm_core::ConnectionParams::MAX_MIN_RNR_TIMER {
+            return Err(CmError::InvalidArgument {
+                op: "ibv_modify_qp",
+                reason: "min_rnr_timer above 31",
+            });
+        }
+        match cm_core::CmId::qp_num(id) {
+            Some(_) => Ok(()),
+            None => Err(CmError::InvalidArgument {
+                op: "ibv_modify_qp",
+                reason: "the id has no QP yet",
+            }),
+        }
+    }
+
     fn id_key(&self, id: &SimCmId) -> usize {
         let key = id.key();
         (key.generation as usize) << 32 | key.index as usize
