@@ -1,15 +1,18 @@
 //! Driving the endpoint: one pass over every source (CM events first, then the
 //! devices' asynchronous events and completions, deadlines last), and the loop of a
-//! waiting call around it (wait before read, reads stopped at the answer, busy polling).
+//! waiting call around it (wait before read, reads stopped at the answer, busy polling);
+//! and the application's calls that drive it (`poll`, `next_event`, the blocking waits).
 
 use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cm_core::Transport;
 
 use super::{
-    CloseReason, ConnError, ConnectionId, Endpoint, Event, DEFERRED_DESTROY_MAX, PASS_BATCH,
+    CloseReason, ConnError, ConnectionId, Endpoint, EndpointWaker, EstablishedVia, Event,
+    DEFERRED_DESTROY_MAX, PASS_BATCH,
 };
 
 impl<T: Transport> Endpoint<T> {
@@ -389,5 +392,77 @@ impl Spin {
             self.still = 0;
         }
         now < until && self.still < Self::STILL_ROUNDS
+    }
+}
+
+/// The calls an application drives the endpoint with: a pass, or a wait for what it
+/// asks.
+impl<T: Transport> Endpoint<T> {
+    /// Handles what is ready now (one bounded pass, see [`PASS_BATCH`]), without
+    /// waiting, and returns the oldest thing to report, if any. O(1) per event handled.
+    pub fn poll(&mut self) -> Result<Option<Event>, ConnError> {
+        self.process()?;
+        Ok(self.try_next_event())
+    }
+
+    /// The next event, waiting at most `timeout` (`None`: as long as it takes). As
+    /// every waiting call: [`ConnError::Timeout`] when the timeout passed,
+    /// [`ConnError::Woken`] when an [`EndpointWaker`] ended the wait. Events come in
+    /// order per connection; connections with something to report take turns. O(1)
+    /// amortised. On the simulated fabric, a wait with no timeout when nothing is
+    /// pending at all (no message, event or timer) answers
+    /// [`CmError::Idle`](crate::CmError::Idle) at once instead of hanging.
+    pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Event, ConnError> {
+        self.wait_for(timeout, |ep| ep.try_next_event().map(Ok))
+    }
+
+    /// A handle that wakes this endpoint's waiting call from another thread (see
+    /// [`EndpointWaker`]). The real transport makes its wake-up socket on the first
+    /// call. O(1).
+    pub fn waker(&mut self) -> Result<EndpointWaker, ConnError> {
+        Ok(EndpointWaker {
+            woken: Arc::clone(&self.woken),
+            transport: self.transport.waker()?,
+        })
+    }
+
+    /// Waits for the next accepted connection to be established (on any listener) and
+    /// returns it; its [`Event::Established`] is consumed, nothing else is. Ends with
+    /// [`ConnError::Timeout`], or [`ConnError::ListenerClosed`] when a listener ended
+    /// (its device was removed) and no established connection is waiting. O(1)
+    /// amortised.
+    pub fn accept(&mut self, timeout: Option<Duration>) -> Result<ConnectionId, ConnError> {
+        self.wait_for(timeout, Self::try_accept)
+    }
+
+    /// Waits for `conn` to be established (after [`Endpoint::connect`] or an accept)
+    /// and says how it got there; its [`Event::Established`] is consumed (asking again
+    /// answers the same from the connection's state). Ends with [`ConnError::Closed`]
+    /// if it failed; answers at once with [`ConnError::UnknownConnection`] for a handle
+    /// that names nothing. O(1).
+    pub fn established(
+        &mut self,
+        conn: ConnectionId,
+        timeout: Option<Duration>,
+    ) -> Result<EstablishedVia, ConnError> {
+        if let Some(answer) = self.try_established(conn) {
+            return answer;
+        }
+        self.wait_for(timeout, |ep| ep.try_established(conn))
+    }
+
+    /// Waits for the next message on `conn` (taking it posts its receive again);
+    /// nothing else is consumed except the connection's [`Event::Established`]. After
+    /// the last message of a connection that closed, answers [`ConnError::Closed`]
+    /// once, then [`ConnError::UnknownConnection`]: both at once, never a wait. O(1).
+    pub fn recv(
+        &mut self,
+        conn: ConnectionId,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u8>, ConnError> {
+        if let Some(answer) = self.try_recv(conn) {
+            return answer;
+        }
+        self.wait_for(timeout, |ep| ep.try_recv(conn))
     }
 }
