@@ -32,7 +32,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cm_benches::endpoint::{
-    soak, EchoFixture, ECHO_IDLE_POINTS, SOAK_QUEUED_END, SOAK_RSS_END_OVER_MIDDLE,
+    soak, EchoFixture, ECHO_IDLE_POINTS, ECHO_THREADS_TWO_OVER_ONE, SOAK_QUEUED_END,
+    SOAK_RSS_END_OVER_MIDDLE,
 };
 use cm_benches::results::{record, Figure};
 use cm_benches::sim::{
@@ -344,6 +345,47 @@ fn endpoint_echo(c: &mut Criterion) {
     group.finish();
 }
 
+/// Echo round trips per second with one endpoint driven by one thread, and with two,
+/// each its own endpoint pair on its own thread (one per core, as a server shards its
+/// listeners), measured in one run: the ratio says what a second core buys, which only
+/// state shared between endpoints (or the allocator) would take away.
+fn endpoint_echo_threads(_c: &mut Criterion) {
+    let rounds: u32 = if smoke_mode() { 20_000 } else { 200_000 };
+    let per_second = |threads: u32| -> f64 {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(threads as usize + 1));
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let start = std::sync::Arc::clone(&start);
+                std::thread::spawn(move || {
+                    let mut fixture = EchoFixture::new(0);
+                    start.wait();
+                    for _ in 0..rounds {
+                        black_box(fixture.echo(black_box(b"ping")));
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let began = Instant::now();
+        for worker in workers {
+            worker.join().expect("echo thread");
+        }
+        f64::from(threads * rounds) / began.elapsed().as_secs_f64()
+    };
+    let one = per_second(1);
+    let two = per_second(2);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    record(&Figure::measured(
+        ECHO_THREADS_TWO_OVER_ONE,
+        two / one,
+        "ratio",
+        &format!(
+            "{rounds} round trips per thread, {cores} cores: 1 thread {one:.0}/s, \
+             2 threads {two:.0}/s"
+        ),
+    ));
+}
+
 /// A soak of the connection API (untimed): 10M messages echoed over 1k connections
 /// (100k in smoke mode); what the server holds and the process's memory at the start,
 /// the middle and the end.
@@ -514,7 +556,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, endpoint_soak, million, real
+    targets = notify_through_the_trait, pump_one_event, qp_lookup, scale, endpoint_echo, endpoint_echo_threads, endpoint_soak, million, real
 }
 
 fn main() {

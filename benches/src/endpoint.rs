@@ -9,6 +9,9 @@ use cm_verbs::{ConnError, ConnectOptions, ConnectionId, Endpoint, Event, ListenO
 
 /// Figure key: the soak's resident memory at its end over its middle.
 pub const SOAK_RSS_END_OVER_MIDDLE: &str = "soak/rss_end_over_middle";
+/// Figure key: echo round trips per second with two endpoints on two threads over one
+/// endpoint on one (simulated fabric).
+pub const ECHO_THREADS_TWO_OVER_ONE: &str = "echo_threads/two_over_one";
 /// Figure key: what the soak's server still holds at its end (queued + held).
 pub const SOAK_QUEUED_END: &str = "soak/queued_end";
 

@@ -164,6 +164,15 @@ impl Steps {
                 note.lines().next().unwrap_or("")
             );
         }
+        // A failure's further lines (a VM entry's last output) come after the table, where
+        // they are still in the end of the output that CI keeps.
+        for r in &self.results {
+            if let Outcome::Failed(note) = &r.outcome {
+                for line in note.lines().skip(1) {
+                    println!("{}: {line}", r.name);
+                }
+            }
+        }
         let failed: Vec<&str> = self
             .results
             .iter()

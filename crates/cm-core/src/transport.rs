@@ -326,6 +326,20 @@ pub trait Transport {
         &mut self,
         device: &mut Self::Device,
     ) -> Result<Option<AsyncEvent>, CmError>;
+    /// The caller owns `qp` on `id` (a QP it made, or the application's it adopted):
+    /// the device's asynchronous events about it are the caller's. Called before the
+    /// QP takes part in a connection. The default does nothing: a transport that is the
+    /// only reader of its devices' events gets them all anyway (the real backend shares
+    /// a device's events among the endpoints of a process on that device and routes
+    /// them by these claims).
+    fn claim_qp(&mut self, id: &Self::Id, qp: QpNum) {
+        let _ = (id, qp);
+    }
+    /// The caller is done with `qp` on `id` ([`Transport::claim_qp`]). The default does
+    /// nothing.
+    fn release_qp(&mut self, id: &Self::Id, qp: QpNum) {
+        let _ = (id, qp);
+    }
     /// Takes back the reader of a device that went away, once nothing of the caller's
     /// uses the device any more. The default drops it.
     fn release_device(&mut self, device: Self::Device) {

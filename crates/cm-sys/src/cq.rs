@@ -62,7 +62,14 @@ pub(crate) struct ChannelCore {
     /// Held across each `ibv_get_cq_event` and the count that follows it, and across the
     /// final acknowledgement and destroy of each CQ on the channel.
     events: Mutex<()>,
+    /// The completion vector of every CQ on the channel (its interrupt, so its core).
+    vector: i32,
 }
+
+/// The next channel's completion vector, before the device's count is applied: each
+/// channel takes the next, so endpoints (one channel each per device, one per core)
+/// spread their CQs' interrupts over the device's vectors.
+static NEXT_VECTOR: AtomicU32 = AtomicU32::new(0);
 
 // SAFETY: the channel is a heap struct holding an fd and its context, written only at
 // creation and freed only in Drop; reads of completion events go through `events`, and
@@ -141,7 +148,13 @@ impl OwnedCq {
         // SAFETY: live context and channel of the same device (caller); the context
         // pointer stays valid as long as the CQ (freed after it is destroyed).
         let cq = unsafe {
-            ffi::ibv_create_cq(context.as_ptr(), cqe, cq_context, channel.raw.as_ptr(), 0)
+            ffi::ibv_create_cq(
+                context.as_ptr(),
+                cqe,
+                cq_context,
+                channel.raw.as_ptr(),
+                channel.vector,
+            )
         };
         match NonNull::new(cq) {
             Some(cq) => Ok(OwnedCq {
@@ -230,11 +243,15 @@ impl CompletionChannel {
         // SAFETY: the context is open while `device` is, which the channel keeps.
         let raw = unsafe { ffi::ibv_create_comp_channel(context.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| CmError::from_errno(OP, ffi::last_errno()))?;
+        // SAFETY: the context is open (above); the count is set once at open.
+        let vectors = unsafe { (*context.as_ptr()).num_comp_vectors }.max(1);
+        let vector = (NEXT_VECTOR.fetch_add(1, Ordering::Relaxed) % vectors.unsigned_abs()) as i32;
         let core = Arc::new(ChannelCore {
             raw,
             context,
             _device: device,
             events: Mutex::new(()),
+            vector,
         });
         // On failure `core` drops and destroys the fresh channel.
         ffi::set_nonblocking(core.fd(), true)
@@ -249,6 +266,22 @@ impl CompletionChannel {
     /// The device the channel is on.
     pub fn device_key(&self) -> DeviceKey {
         self.core.device_key()
+    }
+
+    /// The completion vector of the CQs made on this channel: each channel of the
+    /// process takes the next of its device's vectors (`num_comp_vectors`), so that
+    /// endpoints driven by different cores have their completions signalled on
+    /// different vectors.
+    pub fn vector(&self) -> u32 {
+        self.core.vector.unsigned_abs()
+    }
+
+    /// How many completion vectors the device has (`num_comp_vectors`, at least 1).
+    pub fn device_vectors(&self) -> u32 {
+        // SAFETY: the context is open while the channel is; the count is set once.
+        unsafe { (*self.core.context.as_ptr()).num_comp_vectors }
+            .max(1)
+            .unsigned_abs()
     }
 
     /// One `ibv_get_cq_event`: the token of the CQ that had a completion event (as given

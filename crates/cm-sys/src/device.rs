@@ -45,6 +45,10 @@ pub struct AsyncEvents {
 // SAFETY: the context is only used for ibv_get_async_event/ibv_ack_async_event and
 // fcntl/poll on its async_fd, all thread-safe in libibverbs; `device` keeps it open.
 unsafe impl Send for AsyncEvents {}
+// SAFETY: every method takes `&self` and writes nothing but the atomic `nonblocking`;
+// concurrent `ibv_get_async_event` calls each read their own event (or EAGAIN) and each
+// acknowledge it, which libibverbs counts under its own lock.
+unsafe impl Sync for AsyncEvents {}
 
 impl std::fmt::Debug for AsyncEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

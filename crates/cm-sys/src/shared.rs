@@ -353,6 +353,13 @@ impl SharedQueues {
         unsafe { (*self.core.srq()).handle }
     }
 
+    /// A completion queue's handle, as the device's asynchronous events about it name it
+    /// (`EventElement::Cq`: `CQ_ERR`).
+    pub fn cq_handle(&self, which: CqKind) -> u32 {
+        // SAFETY: live CQ while the core is; `handle` is set at creation.
+        unsafe { (*self.core.cq(which)).handle }
+    }
+
     /// `ibv_post_srq_recv` of receive buffer `slot` (0..recv_slots), completing with
     /// `wr_id` on the receive CQ, on whichever QP a message arrives.
     ///

@@ -13,7 +13,7 @@ use cm_sys::{
     poll_readable, CmId, Completion, CompletionChannel, ConnParams, CqKind, EventChannel,
     MemoryRegion, QpCaps,
 };
-use common::{addresses, expect_event, listener_on, resolved_to, wait_completion, WAIT};
+use common::{addresses, expect_event, listener_on, report, resolved_to, wait_completion, WAIT};
 
 /// Bytes of each message.
 const MESSAGE: usize = 32;
@@ -160,6 +160,46 @@ fn a_send_makes_the_channel_readable_and_yields_the_token() {
             .expect("poll"),
         0
     );
+}
+
+#[test]
+fn channels_take_the_next_completion_vector_and_each_signals_its_own_cqs() {
+    let Some(setup) =
+        addresses("channels_take_the_next_completion_vector_and_each_signals_its_own_cqs")
+    else {
+        return;
+    };
+    let server_channel = EventChannel::new().expect("server channel");
+    let listener = listener_on(&server_channel, setup.addr_a, 4);
+    let first = CompletionChannel::new(&listener).expect("first channel");
+    let second = CompletionChannel::new(&listener).expect("second channel");
+    let vectors = first.device_vectors();
+    report(&format!(
+        "completion vectors: device has {vectors}, channels on {} and {}",
+        first.vector(),
+        second.vector()
+    ));
+    assert!(first.vector() < vectors && second.vector() < vectors);
+    assert_eq!(
+        second.vector(),
+        (first.vector() + 1) % vectors,
+        "the next vector"
+    );
+    // The QP's CQs on the second channel's vector: its completions signal there only.
+    let conn = connect(
+        &listener,
+        &server_channel,
+        setup.addr_b,
+        &QpCaps::default(),
+        1,
+        |id| id.create_qp_on(&QpCaps::default(), &second, 0xbeef),
+    );
+    conn.send(7);
+    assert_eq!(next_token(&second), 0xbeef);
+    assert_eq!(first.try_next().expect("read"), None);
+    let mut out = Vec::with_capacity(8);
+    assert_eq!(rearm_and_drain(&conn.passive, &mut out), 1);
+    assert!(out[0].is_success(), "{}", out[0].status_str());
 }
 
 #[test]

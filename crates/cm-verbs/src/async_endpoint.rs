@@ -79,9 +79,12 @@ impl AsyncWait for crate::rdma::RdmaTransport {
         &'a self,
         devices: &'a [Self::Device],
     ) -> Option<impl Iterator<Item = (BorrowedFd<'a>, u64)> + 'a> {
-        // The channel and the monitor live as long as the transport: serial 0. The
-        // monitor comes second (`MONITOR_PLACE`): `note_readable` knows it by that.
-        let fixed = std::iter::once(self.channel_fd()).chain(self.monitor_fd());
+        // The channel, the monitor and the wake-up socket live as long as the
+        // transport: serial 0. The monitor comes second (`MONITOR_PLACE`), the wake-up
+        // socket after it: `note_readable` knows them by that.
+        let fixed = std::iter::once(self.channel_fd())
+            .chain(self.monitor_fd())
+            .chain(std::iter::once(self.wake_fd()));
         Some(
             fixed
                 .map(|fd| (fd, 0))
@@ -96,8 +99,13 @@ impl AsyncWait for crate::rdma::RdmaTransport {
 
     fn note_readable(&self, index: usize) {
         // The monitor is read only when a wait found it readable, as after `poll(2)`.
-        if index == MONITOR_PLACE && self.monitor_fd().is_some() {
+        let monitor = self.monitor_fd().is_some();
+        if index == MONITOR_PLACE && monitor {
             self.note_monitor_readable();
+        }
+        // Another endpoint's mail for this one (device events): drained, then read.
+        if index == MONITOR_PLACE + usize::from(monitor) {
+            self.note_wake_readable();
         }
     }
 }

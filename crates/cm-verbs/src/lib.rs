@@ -95,6 +95,8 @@ pub use cm_sys as sys;
 pub mod async_endpoint;
 #[cfg(all(feature = "tokio", feature = "rdma"))]
 pub mod async_loop;
+#[cfg(any(feature = "rdma", test))]
+mod device_events;
 mod endpoint;
 mod event_loop;
 pub mod handle;
@@ -104,6 +106,8 @@ mod qp_table;
 pub mod rdma;
 #[cfg(feature = "rdma")]
 mod rdma_transport;
+#[cfg(feature = "rdma")]
+mod removal_retry;
 mod tracing_gate;
 mod wake;
 

@@ -249,7 +249,7 @@ fn duplicate(fd: impl AsFd) -> Result<OwnedFd, CmError> {
         .map_err(|e| io_error("dup", &e))
 }
 
-fn io_error(op: &'static str, error: &std::io::Error) -> CmError {
+pub(crate) fn io_error(op: &'static str, error: &std::io::Error) -> CmError {
     CmError::from_io(op, error)
 }
 

@@ -26,7 +26,8 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cm_core::{
@@ -34,114 +35,39 @@ use cm_core::{
     Transport, WorkCompletion,
 };
 
+use crate::device_events::{hub_of, DeviceHub, Object};
 use crate::rdma::WakeReader;
+use crate::removal_retry::{RemovalRetry, ANNOUNCED_RETRY_FOR};
 use cm_sys::{
-    AsyncEvents, CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey,
-    DeviceMonitor, EventChannel, MemoryRegion, QpCaps, SharedQueues,
+    CmEvent, CmId, Completion, CompletionChannel, ConnParams, DeviceKey, DeviceMonitor,
+    EventChannel, MemoryRegion, QpCaps, SharedQueues,
 };
 
-/// How soon a pending device removal is first retried; each retry then waits twice as
-/// long, up to [`REMOVAL_RETRY_MAX`].
-const REMOVAL_RETRY_FIRST: Duration = Duration::from_millis(50);
-/// The longest wait between two retries.
-const REMOVAL_RETRY_MAX: Duration = Duration::from_secs(2);
-/// How long retries go on before they are given up: a device that failed without
-/// being removed (DEVICE_FATAL) stays in the device list and is not polled forever.
-const REMOVAL_RETRY_FOR: Duration = Duration::from_secs(120);
-/// How long refreshes go on after the kernel announced a removal: the device may be one
-/// librdmacm never opened, so this gives up sooner.
-const ANNOUNCED_RETRY_FOR: Duration = Duration::from_secs(10);
-
-/// The retries of a pending removal: quick at first (the kernel's removal waits for
-/// the context to close), then ever slower, then given up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct RemovalRetry {
-    /// Time waited so far.
-    spent: Duration,
-    /// The next wait.
-    next: Duration,
-    /// When the retries are given up.
-    limit: Duration,
-}
-
-impl RemovalRetry {
-    /// The retries of a removal just begun.
-    fn begin() -> Self {
-        Self::for_at_most(REMOVAL_RETRY_FOR)
-    }
-
-    /// Retries that end once `limit` is spent.
-    fn for_at_most(limit: Duration) -> Self {
-        RemovalRetry {
-            spent: Duration::ZERO,
-            next: REMOVAL_RETRY_FIRST,
-            limit,
-        }
-    }
-
-    /// How long to wait before the next retry; `None` once they are given up.
-    fn after(&mut self) -> Option<Duration> {
-        if self.spent >= self.limit {
-            return None;
-        }
-        let wait = self.next;
-        self.spent += wait;
-        self.next = (self.next * 2).min(REMOVAL_RETRY_MAX);
-        Some(wait)
-    }
-}
-
-/// The reader of one device context: its asynchronous events and its completion
-/// channel, each read by this endpoint only. It keeps the device context open, and no
-/// CM id.
+/// One endpoint's hold on a device context: its subscription to the device's
+/// asynchronous events (shared by every endpoint of the process on the device, routed
+/// to the one that owns each object) and its own completion channel. It keeps the
+/// device context open, and no CM id.
 #[derive(Debug)]
 pub struct RdmaDevice {
-    events: AsyncEvents,
+    hub: Arc<DeviceHub>,
+    /// This endpoint's number among the hub's subscribers.
+    subscriber: u64,
     completions: CompletionChannel,
-    /// Holds the device's place in [`READERS`] while this reader lives.
-    _claim: ReaderClaim,
 }
 
-/// The device contexts an endpoint of this process reads. A device's asynchronous
-/// events form one stream per context: two readers would each get part of them, and a
-/// COMM_EST read by the wrong one would never reach its connection's CM. So a second
-/// endpoint on a device is refused, with a typed error, instead of losing events.
-static READERS: std::sync::Mutex<Vec<DeviceKey>> = std::sync::Mutex::new(Vec::new());
-
-/// One device context's entry in [`READERS`], removed on drop.
-#[derive(Debug)]
-struct ReaderClaim(DeviceKey);
-
-impl ReaderClaim {
-    fn take(key: DeviceKey) -> Result<ReaderClaim, CmError> {
-        let mut readers = READERS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if readers.contains(&key) {
-            return Err(CmError::Busy {
-                op: "open_device",
-                reason: "another endpoint of this process reads this device's events: \
-                         share one Endpoint among the listeners and connections on a device",
-            });
-        }
-        readers.push(key);
-        Ok(ReaderClaim(key))
-    }
-}
-
-impl Drop for ReaderClaim {
+impl Drop for RdmaDevice {
     fn drop(&mut self) {
-        let mut readers = READERS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        readers.retain(|key| *key != self.0);
+        self.hub.unsubscribe(self.subscriber);
     }
 }
+
+/// The next subscriber number: one per transport, unique in the process.
+static NEXT_SUBSCRIBER: AtomicU64 = AtomicU64::new(1);
 
 impl RdmaDevice {
-    /// The asynchronous event descriptor.
+    /// The asynchronous event descriptor (the device's, shared by the endpoints on it).
     pub fn async_fd(&self) -> BorrowedFd<'_> {
-        self.events.as_fd()
+        self.hub.fd()
     }
 
     /// The completion channel's descriptor.
@@ -153,7 +79,7 @@ impl RdmaDevice {
     /// removed and opened again gets a new one even if its descriptors reuse the old
     /// numbers (what a caller watching the descriptors compares).
     pub fn serial(&self) -> u64 {
-        self.events.device_serial()
+        self.hub.serial()
     }
 }
 
@@ -203,9 +129,16 @@ pub struct RdmaTransport {
     /// Refreshes after an announced removal: the devices listed before it, and the
     /// retries.
     announced: Option<(Vec<String>, RemovalRetry)>,
-    /// The wake-up socket of [`Transport::waker`], made on first use and waited on
-    /// with the other descriptors.
-    wake: Option<WakeReader>,
+    /// The wake-up socket of [`Transport::waker`] and of other endpoints' mail for this
+    /// one (device events), waited on with the other descriptors.
+    wake: WakeReader,
+    /// A wait on the reactor found the wake-up socket readable: the next read of a
+    /// device's events drains it first (then looks at the mailbox).
+    wake_noted: AtomicBool,
+    /// This transport's number among the subscribers of its devices' events.
+    subscriber: u64,
+    /// The hubs of the devices this transport holds, to claim objects on.
+    hubs: Vec<Arc<DeviceHub>>,
 }
 
 impl RdmaTransport {
@@ -214,6 +147,9 @@ impl RdmaTransport {
     pub fn new() -> Result<Self, CmError> {
         let channel = EventChannel::new()?;
         channel.set_nonblocking(true)?;
+        // Made now, not with the first device: the descriptors a device's open takes
+        // stay one (its completion channel), as a server near its RLIMIT_NOFILE needs.
+        let (wake, _) = WakeReader::new()?;
         Ok(RdmaTransport {
             channel,
             origin: Instant::now(),
@@ -231,7 +167,10 @@ impl RdmaTransport {
             },
             monitor_ready: AtomicBool::new(false),
             announced: None,
-            wake: None,
+            wake,
+            wake_noted: AtomicBool::new(false),
+            subscriber: NEXT_SUBSCRIBER.fetch_add(1, Ordering::Relaxed),
+            hubs: Vec::new(),
         })
     }
 
@@ -268,6 +207,41 @@ impl RdmaTransport {
             }
             Err(e) => tracing::debug!("reading device announcements: {e}"),
         }
+    }
+
+    /// The wake-up socket's descriptor: wait on it with the others.
+    pub fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+
+    /// Notes that a wait outside [`Transport::wait`] (on tokio's reactor) found the
+    /// wake-up socket readable: the next read of device events drains it.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn note_wake_readable(&self) {
+        self.wake_noted.store(true, Ordering::Relaxed);
+    }
+
+    /// Drains the wake-up socket if a wait on the reactor found it readable. Before the
+    /// mailbox is looked at: mail posted after the drain wakes the next wait.
+    fn drain_wake_noted(&mut self) -> Result<(), CmError> {
+        if std::mem::take(self.wake_noted.get_mut()) {
+            self.wake.drain()?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the hub of a device given back (its subscription ends with it).
+    fn forget_hub(&mut self, device: &RdmaDevice) {
+        self.hubs.retain(|hub| !Arc::ptr_eq(hub, &device.hub));
+    }
+
+    /// The hub of the device `id` is on, if this transport holds it.
+    fn hub_of_id(&self, id: &CmId) -> Option<&DeviceHub> {
+        let key = id.device_key()?;
+        self.hubs
+            .iter()
+            .find(|hub| hub.key() == key)
+            .map(|hub| &**hub)
     }
 
     /// The CM event channel's descriptor.
@@ -341,14 +315,14 @@ impl RdmaTransport {
         let channel = self.channel.as_fd();
         let extra = [
             self.monitor.as_ref().map(AsFd::as_fd),
-            self.wake.as_ref().map(AsFd::as_fd),
+            Some(self.wake.as_fd()),
         ];
         if devices.len() <= 2 {
             // On the stack: the unused places hold the channel again, never passed.
             let mut fds = [channel; 7];
             let mut n = 1;
             for device in devices {
-                fds[n] = device.events.as_fd();
+                fds[n] = device.async_fd();
                 fds[n + 1] = device.completions.as_fd();
                 n += 2;
             }
@@ -361,7 +335,7 @@ impl RdmaTransport {
         let mut fds = Vec::with_capacity(3 + 2 * devices.len());
         fds.push(channel);
         for device in devices {
-            fds.push(device.events.as_fd());
+            fds.push(device.async_fd());
             fds.push(device.completions.as_fd());
         }
         fds.extend(extra.into_iter().flatten());
@@ -413,6 +387,15 @@ fn append_message(out: &mut Vec<u8>, message: Vec<u8>) {
     }
 }
 
+/// The objects of shared queues their device's events name: the SRQ and both CQs.
+fn shared_objects(shared: &SharedQueues) -> [Object; 3] {
+    [
+        Object::Srq(shared.srq_handle()),
+        Object::Cq(shared.cq_handle(cm_sys::CqKind::Send)),
+        Object::Cq(shared.cq_handle(cm_sys::CqKind::Recv)),
+    ]
+}
+
 fn sys_kind(kind: CqKind) -> cm_sys::CqKind {
     match kind {
         CqKind::Send => cm_sys::CqKind::Send,
@@ -446,6 +429,18 @@ impl Transport for RdmaTransport {
 
     fn create_id_in(&mut self, space: cm_core::PortSpace) -> Result<CmId, CmError> {
         self.channel.create_id_in(space)
+    }
+
+    fn claim_qp(&mut self, id: &CmId, qp: QpNum) {
+        if let Some(hub) = self.hub_of_id(id) {
+            hub.claim(self.subscriber, Object::Qp(qp.0));
+        }
+    }
+
+    fn release_qp(&mut self, id: &CmId, qp: QpNum) {
+        if let Some(hub) = self.hub_of_id(id) {
+            hub.release(self.subscriber, Object::Qp(qp.0));
+        }
     }
 
     fn set_min_rnr_timer(&mut self, id: &CmId, timer: u8) -> Result<(), CmError> {
@@ -538,35 +533,46 @@ impl Transport for RdmaTransport {
     fn open_device(&mut self, id: &CmId) -> Result<RdmaDevice, CmError> {
         // The context, not the id: the reader outlives the id that found the device.
         let events = id.async_events()?;
-        let claim = ReaderClaim::take(events.device_key())?;
-        events.set_nonblocking(true)?;
         let completions = events.completion_channel()?;
+        // Another endpoint's mail for us wakes our wait through the wake-up socket.
+        let waker = self.waker()?.expect("the real backend has a waker");
+        let hub = hub_of(events)?;
+        hub.subscribe(self.subscriber, waker);
+        self.hubs.push(Arc::clone(&hub));
         Ok(RdmaDevice {
-            events,
+            hub,
+            subscriber: self.subscriber,
             completions,
-            _claim: claim,
         })
     }
 
     fn next_async_event(&mut self, device: &mut RdmaDevice) -> Result<Option<AsyncEvent>, CmError> {
-        if self.take_idle(device.events.as_raw_fd()) {
-            return Ok(None);
-        }
-        device.events.try_next_event()
+        self.drain_wake_noted()?;
+        // The mailbox is read whatever the wait found: another endpoint fills it.
+        let read_stream = !self.take_idle(device.async_fd().as_raw_fd());
+        device.hub.next_for(self.subscriber, read_stream)
     }
 
     fn release_device(&mut self, device: RdmaDevice) {
-        let fds = [device.events.as_raw_fd(), device.completions.as_raw_fd()];
+        let fds = [
+            device.async_fd().as_raw_fd(),
+            device.completions.as_raw_fd(),
+        ];
         self.idle.retain(|fd| !fds.contains(fd));
-        self.removed.push(device.events.device_name());
+        self.forget_hub(&device);
+        self.removed.push(device.hub.name().to_string());
         // A new removal retries quickly again.
         self.removal_retry = RemovalRetry::begin();
         drop(device);
     }
 
     fn close_device(&mut self, device: RdmaDevice) {
-        let fds = [device.events.as_raw_fd(), device.completions.as_raw_fd()];
+        let fds = [
+            device.async_fd().as_raw_fd(),
+            device.completions.as_raw_fd(),
+        ];
         self.idle.retain(|fd| !fds.contains(fd));
+        self.forget_hub(&device);
         // The device is still there: nothing to retry. Its context stays open in
         // librdmacm until a refresh finds it gone, which the monitor brings about.
         drop(device);
@@ -689,7 +695,11 @@ impl Transport for RdmaTransport {
         token: u64,
         caps: &SharedCaps,
     ) -> Result<SharedQueues, CmError> {
-        SharedQueues::new(id, &device.completions, token, caps)
+        let shared = SharedQueues::new(id, &device.completions, token, caps)?;
+        for object in shared_objects(&shared) {
+            device.hub.claim(self.subscriber, object);
+        }
+        Ok(shared)
     }
 
     fn create_qp_shared(
@@ -764,6 +774,12 @@ impl Transport for RdmaTransport {
     }
 
     fn release_shared(&mut self, shared: SharedQueues) {
+        let key = shared.device_key();
+        if let Some(hub) = self.hubs.iter().find(|hub| hub.key() == key) {
+            for object in shared_objects(&shared) {
+                hub.release(self.subscriber, object);
+            }
+        }
         // Only the handle: QPs still on the queues keep them until they are destroyed.
         drop(shared);
     }
@@ -773,15 +789,7 @@ impl Transport for RdmaTransport {
     }
 
     fn waker(&mut self) -> Result<Option<std::task::Waker>, CmError> {
-        let shared = match &self.wake {
-            Some(wake) => wake.shared(),
-            None => {
-                let (reader, shared) = WakeReader::new()?;
-                self.wake = Some(reader);
-                shared
-            }
-        };
-        Ok(Some(std::task::Waker::from(shared)))
+        Ok(Some(std::task::Waker::from(self.wake.shared())))
     }
 
     fn wait(&mut self, devices: &[RdmaDevice], timeout: Option<Duration>) -> Result<bool, CmError> {
@@ -795,7 +803,7 @@ impl Transport for RdmaTransport {
         self.channel_idle = !ready.is_ready(0);
         for (index, device) in devices.iter().enumerate() {
             if !ready.is_ready(1 + 2 * index) {
-                self.idle.push(device.events.as_raw_fd());
+                self.idle.push(device.async_fd().as_raw_fd());
             }
             if !ready.is_ready(2 + 2 * index) {
                 self.idle.push(device.completions.as_raw_fd());
@@ -808,27 +816,9 @@ impl Transport for RdmaTransport {
             }
             next += 1;
         }
-        if let Some(wake) = self.wake.as_mut().filter(|_| ready.is_ready(next)) {
-            wake.drain()?;
+        if ready.is_ready(next) {
+            self.wake.drain()?;
         }
         Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn removal_retries_slow_down_and_end() {
-        let mut retry = RemovalRetry::begin();
-        let waits: Vec<Duration> = std::iter::from_fn(|| retry.after()).collect();
-        assert_eq!(waits[0], REMOVAL_RETRY_FIRST);
-        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
-        assert!(waits.iter().all(|w| *w <= REMOVAL_RETRY_MAX));
-        let total: Duration = waits.iter().sum();
-        assert!(total >= REMOVAL_RETRY_FOR && total < REMOVAL_RETRY_FOR + REMOVAL_RETRY_MAX);
-        assert!(waits.len() < 80, "{} retries", waits.len());
-        assert_eq!(retry.after(), None, "given up for good");
     }
 }

@@ -134,9 +134,9 @@ fn a_peer_killed_mid_exchange_is_one_closed_connection_and_the_other_is_served()
         .listen(listen, ListenOptions::default())
         .expect("listen");
     let src = addrs.addr_b;
-    // The peers, one after the other (one endpoint per device in a process): the one
-    // that dies sends one message, then its whole endpoint goes without a disconnect (ids
-    // destroyed, as when its process is killed); the other is served as usual.
+    // The peers, one after the other: the one that dies sends one message, then its
+    // whole endpoint goes without a disconnect (ids destroyed, as when its process is
+    // killed); the other is served as usual.
     let peers = std::thread::spawn(move || {
         let mut doomed = common::endpoint();
         let conn = common::connected(&mut doomed, src, listen);

@@ -142,41 +142,6 @@ fn two_listeners_on_one_device_both_get_their_rescues() {
 }
 
 #[test]
-fn a_second_endpoint_on_a_device_is_refused_rather_than_losing_its_events() {
-    const TEST: &str = "a_second_endpoint_on_a_device_is_refused_rather_than_losing_its_events";
-    let Some(addrs) = addresses(TEST) else {
-        return;
-    };
-    let mut first = common::endpoint();
-    first
-        .listen(
-            SocketAddr::new(addrs.addr_a, 7520),
-            ListenOptions::default(),
-        )
-        .expect("the first endpoint listens");
-    let mut second = common::endpoint();
-    let refused = second.listen(
-        SocketAddr::new(addrs.addr_a, 7521),
-        ListenOptions::default(),
-    );
-    assert!(
-        matches!(
-            refused,
-            Err(cm_verbs::ConnError::Cm(cm_verbs::CmError::Busy { .. }))
-        ),
-        "{refused:?}"
-    );
-    // Once the first endpoint is gone, the device is free to read again.
-    drop(first);
-    second
-        .listen(
-            SocketAddr::new(addrs.addr_a, 7522),
-            ListenOptions::default(),
-        )
-        .expect("the device is free again");
-}
-
-#[test]
 fn a_waker_on_another_thread_ends_a_blocking_wait() {
     const TEST: &str = "a_waker_on_another_thread_ends_a_blocking_wait";
     let Some(addrs) = addresses(TEST) else {

@@ -196,6 +196,11 @@ impl Figures {
                 "< 1000",
             ),
             (
+                "echo round trips per second, 2 endpoints on 2 threads / 1 on 1 (simulated)",
+                "echo_threads/two_over_one",
+                "≥ 1.6",
+            ),
+            (
                 "soak: RSS end / middle",
                 "soak/rss_end_over_middle",
                 "≤ 1.05",

@@ -15,6 +15,9 @@ pub(crate) struct EntryResult {
     pub(crate) exit: Option<i32>,
     /// libtest counts, summed over its `test result:` lines.
     pub(crate) tests: TestCounts,
+    /// Its last output lines, kernel messages left out: what a failure report shows, as
+    /// CI keeps only the end of a run's output.
+    pub(crate) last_lines: Vec<String>,
 }
 
 impl EntryResult {
@@ -150,6 +153,19 @@ impl ConsoleReport {
         )
     }
 
+    /// The last output lines of every entry that failed or did not finish, one block per
+    /// entry; empty when every entry passed.
+    pub(crate) fn failed_entries_output(&self) -> String {
+        let mut text = String::new();
+        for entry in self.entries.iter().filter(|e| !e.passed()) {
+            text.push_str(&format!("`{}`, its last lines:\n", entry.name));
+            for line in &entry.last_lines {
+                text.push_str(&format!("    {line}\n"));
+            }
+        }
+        text
+    }
+
     /// Every reason the run does not pass; empty when it passed. `expected` lists the
     /// entries the payload asked for, `packages` the packages whose tests must run.
     pub(crate) fn problems(&self, expected: &[String], packages: &[String]) -> Vec<String> {
@@ -237,9 +253,17 @@ fn exit_code(rest: &str) -> Option<i32> {
         .and_then(|code| code.parse().ok())
 }
 
+/// How many of an entry's last output lines a failure report shows.
+const LAST_LINES: usize = 15;
+
 fn finish(mut entry: EntryResult, output: &str) -> EntryResult {
     entry.tests = TestCounts::parse(output);
     entry.tests.skipped = skip_lines(output);
+    let own: Vec<&str> = output.lines().filter(|l| !is_kernel_message(l)).collect();
+    entry.last_lines = own[own.len().saturating_sub(LAST_LINES)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
     entry
 }
 
@@ -310,6 +334,13 @@ test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
         assert!(
             problems[1].contains("skipped a test inside the VM"),
             "{problems:?}"
+        );
+        assert_eq!(
+            report.failed_entries_output(),
+            "`cargo-test cm-sys cm_sys-0123`, its last lines:\n    running 3 tests\n    \
+             test notify_forces_established ... ok\n    test lost_rtu ... lost_rtu: skipped: \
+             no RDMA device (rdma_cm missing)\n    ok\n    test reject ... FAILED\n    \
+             test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n"
         );
     }
 

@@ -319,10 +319,12 @@ fn conclude(prepared: &Prepared, ended: Ended) -> Result<String, String> {
     }
     println!("vm: console log: {}", config.console_log.display());
     if !problems.is_empty() {
+        // The first line is the summary's; the failed entries' output follows it.
         return Err(format!(
-            "{summary}: {} (console log: {})",
+            "{summary}: {} (console log: {})\n{}",
             problems.join("; "),
-            config.console_log.display()
+            config.console_log.display(),
+            report.failed_entries_output()
         ));
     }
     Ok(summary)

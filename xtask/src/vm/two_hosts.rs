@@ -45,7 +45,7 @@ pub(crate) fn run(options: &Options) -> Result<String, String> {
             }
         }
     }
-    let all = notes.join("; ");
+    let all = join_notes(&notes.iter().map(String::as_str).collect::<Vec<_>>(), "; ");
     if failed {
         Err(all)
     } else {
@@ -97,12 +97,29 @@ fn run_pair(options: &Options, server_kernel: &str, client_kernel: &str) -> Resu
     let client_note = client_ended.and_then(|ended| conclude(&client, ended));
     match (server_note, client_note) {
         (Ok(s), Ok(c)) => Ok(format!("server {s}, client {c}")),
-        (s, c) => Err(format!(
-            "server: {}; client: {}",
-            s.unwrap_or_else(|e| e),
-            c.unwrap_or_else(|e| e)
+        (s, c) => Err(join_notes(
+            &[
+                &format!("server: {}", s.unwrap_or_else(|e| e)),
+                &format!("client: {}", c.unwrap_or_else(|e| e)),
+            ],
+            "; ",
         )),
     }
+}
+
+/// Notes joined into one: their first lines (the summary's) on the first line, the
+/// further lines (failed entries' output) after it.
+fn join_notes(notes: &[&str], separator: &str) -> String {
+    let firsts: Vec<&str> = notes
+        .iter()
+        .map(|n| n.lines().next().unwrap_or(""))
+        .collect();
+    let mut joined = firsts.join(separator);
+    for line in notes.iter().flat_map(|n| n.lines().skip(1)) {
+        joined.push('\n');
+        joined.push_str(line);
+    }
+    joined
 }
 
 /// Gives `side` its NIC (MAC ending in `last_octet`: the two must differ, soft-RoCE
@@ -153,6 +170,18 @@ fn listens(table: &str, port: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_lines_are_joined_and_further_lines_follow() {
+        let joined = join_notes(
+            &["server: ok", "client: failed\n`x`, its last lines:\n    y"],
+            "; ",
+        );
+        assert_eq!(
+            joined,
+            "server: ok; client: failed\n`x`, its last lines:\n    y"
+        );
+    }
 
     #[test]
     fn a_listening_loopback_socket_is_found_in_the_tcp_table() {

@@ -27,6 +27,7 @@ impl<T: Transport> Endpoint<T> {
         role: Role,
     ) -> Result<(), cm_core::CmError> {
         self.by_qp.insert(qp, SlotIndex::of(conn));
+        self.transport.claim_qp(&id, qp);
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = QpSlot::new(qp);
         entry.application_qp = true;

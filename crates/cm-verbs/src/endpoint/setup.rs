@@ -133,6 +133,7 @@ impl<T: Transport> Endpoint<T> {
             }
         };
         self.by_qp.insert(qp, super::SlotIndex::of(conn));
+        self.transport.claim_qp(&id, qp);
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = super::QpSlot::new(qp);
         entry.buffers = buffers;

@@ -246,12 +246,14 @@ impl<T: Transport> Endpoint<T> {
             self.left_setup(entry.listener);
         }
         self.by_id.remove(&self.transport.id_key(&entry.id));
-        if let Some(key) = entry.device {
-            self.device_unuse(key);
-        }
+        // The QP's claim goes before the device may be given back with its last user.
         if let Some(qp) = entry.qp.get() {
             self.by_qp.remove(qp);
+            self.transport.release_qp(&entry.id, qp);
             drop(self.pump.unregister(qp));
+        }
+        if let Some(key) = entry.device {
+            self.device_unuse(key);
         }
         shrink(&mut self.by_id);
         Some(entry)

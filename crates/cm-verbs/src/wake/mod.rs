@@ -8,6 +8,11 @@
 //! - [`WakeFlag`]: the coalescing of wake-up requests into one byte on the wake-up
 //!   socket; no request is lost, however they interleave with the waiter's drain.
 //!
+//! The mailbox of a device's asynchronous events (`crate::device_events`), filled by
+//! another endpoint under the hub's lock and woken through a [`WakeFlag`], is modelled
+//! with them: no event routed to an endpoint is missed, however the routing interleaves
+//! with its wait.
+//!
 //! What the rest of the handles do (a call registering its waker, the driver routing
 //! news, a call's registration removed when it ends) happens under one mutex and is
 //! tested deterministically instead.

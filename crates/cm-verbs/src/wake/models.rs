@@ -184,3 +184,82 @@ fn settling_before_reading_loses_a_wake_up() {
         socket.read_all() || requested
     });
 }
+
+/// The wake-up of an endpoint's mailbox ([`crate::device_events`]) as the real backend
+/// makes it: the waker of a subscriber requests a wake-up byte through its [`WakeFlag`].
+struct MailWaker {
+    flag: Arc<WakeFlag>,
+    socket: Arc<Socket>,
+}
+
+impl std::task::Wake for MailWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        if self.flag.request() {
+            self.socket.write();
+        }
+    }
+}
+
+/// Two other endpoints each read one COMM_EST of the owner's QPs from the device's
+/// stream and route it (under the hub's lock, the real `Routes`); the owner waits on
+/// its wake-up socket and takes its mail, until it has both. As the real backend does,
+/// a wait that found the socket readable drains it (socket, then flag) before the pass
+/// looks at the mailbox. A COMM_EST posted while the owner looks at its mailbox, or
+/// while its wake-up is pending, must still reach it: a lost one leaves the owner
+/// blocked in `poll`, which loom reports.
+#[test]
+fn mail_routed_by_another_endpoint_is_never_missed() {
+    use crate::device_events::{Object, Routes};
+    use cm_core::{AsyncEvent, AsyncEventType, QpNum};
+
+    const OWNER: u64 = 1;
+    bounded().check(|| {
+        let flag = Arc::new(WakeFlag::new());
+        let socket = Arc::new(Socket {
+            bytes: AtomicUsize::new(0),
+            readable: Notify::new(),
+        });
+        let waker = std::task::Waker::from(std::sync::Arc::new(MailWaker {
+            flag: Arc::clone(&flag),
+            socket: Arc::clone(&socket),
+        }));
+        let noop = std::task::Waker::noop().clone();
+        let mut routes = Routes::default();
+        routes.subscribe(OWNER, waker);
+        for (reader, qp) in [(2, 10), (3, 11)] {
+            routes.subscribe(reader, noop.clone());
+            routes.claim(OWNER, Object::Qp(qp));
+        }
+        let hub = Arc::new(Mutex::new(routes));
+        let readers: Vec<_> = [(2, 10), (3, 11)]
+            .into_iter()
+            .map(|(reader, qp)| {
+                let hub = Arc::clone(&hub);
+                thread::spawn(move || {
+                    let event = AsyncEvent::qp(AsyncEventType::CommEst, QpNum(qp));
+                    let mine = hub.lock().unwrap().deliver(reader, event);
+                    assert_eq!(mine, None, "the owner's, not the reader's");
+                })
+            })
+            .collect();
+        let mut seen = 0;
+        loop {
+            while hub.lock().unwrap().take_mail(OWNER).is_some() {
+                seen += 1;
+            }
+            if seen == 2 {
+                break;
+            }
+            socket.poll();
+            socket.read_all();
+            flag.settle();
+        }
+        for reader in readers {
+            reader.join().unwrap();
+        }
+    });
+}
