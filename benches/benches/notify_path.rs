@@ -350,7 +350,7 @@ fn endpoint_echo(c: &mut Criterion) {
 /// listeners), measured in one run: the ratio says what a second core buys, which only
 /// state shared between endpoints (or the allocator) would take away.
 fn endpoint_echo_threads(_c: &mut Criterion) {
-    let rounds: u32 = if smoke_mode() { 20_000 } else { 200_000 };
+    let rounds: u32 = if smoke_mode() { 200_000 } else { 2_000_000 };
     let per_second = |threads: u32| -> f64 {
         let start = std::sync::Arc::new(std::sync::Barrier::new(threads as usize + 1));
         let workers: Vec<_> = (0..threads)

@@ -9,6 +9,8 @@
 //!   simulated connection, an id answering like the kernel) and the scale runs.
 //! - [`mod@reference`]: connection setup against rdma-core's `cmtime` server, with its own
 //!   client (`cm-bench-setup`, run in the VM).
+//! - [`mod@shards`]: accepts per second of a `cmnotify` server with one endpoint and
+//!   with two on their own threads.
 //! - [`count`]: the scenarios whose instructions `cargo xtask bench --count` counts
 //!   under callgrind (the `cm-bench-count` binary runs one).
 //! - `real` (feature `rdma`): measurements on a real RDMA device: cm-sys notify, the
@@ -32,6 +34,7 @@ pub mod count;
 pub mod endpoint;
 pub mod reference;
 pub mod results;
+pub mod shards;
 pub mod sim;
 
 /// Whether the benches run in smoke mode (`CMNOTIFY_BENCH_SMOKE=1`, set by the CI smoke

@@ -197,7 +197,7 @@ impl Server {
                 c
             }
             Server::Cmnotify | Server::CmnotifyOwnQueues | Server::CmnotifyOnRequest => {
-                let mut c = Command::new("cmnotify");
+                let mut c = cmnotify_server(&addr, &port, &n);
                 match self {
                     Server::CmnotifyOwnQueues => {
                         c.arg("--own-queues");
@@ -207,17 +207,6 @@ impl Server {
                     }
                     _ => {}
                 }
-                c.args([
-                    "--backend",
-                    "rdma",
-                    "-s",
-                    "-b",
-                    &addr,
-                    "-p",
-                    &port,
-                    "-c",
-                    &n,
-                ]);
                 c
             }
         };
@@ -227,6 +216,13 @@ impl Server {
             .spawn()
             .map_err(|e| format!("{}: {e}", self.name()))
     }
+}
+
+/// `cmnotify --backend rdma -s` on `addr` and `port`, accepting `n` connections.
+pub(crate) fn cmnotify_server(addr: &str, port: &str, n: &str) -> Command {
+    let mut command = Command::new("cmnotify");
+    command.args(["--backend", "rdma", "-s", "-b", addr, "-p", port, "-c", n]);
+    command
 }
 
 /// What one server did with N connections of one client.
@@ -239,7 +235,7 @@ pub struct ServerRun {
 }
 
 /// Waits until `rdma resource show cm_id` lists a listener on `port`.
-fn wait_listening(port: u16) -> Result<(), String> {
+pub(crate) fn wait_listening(port: u16) -> Result<(), String> {
     let until = Instant::now() + LISTEN_WAIT;
     let suffix = format!(":{port}");
     while Instant::now() < until {
@@ -262,7 +258,7 @@ fn wait_listening(port: u16) -> Result<(), String> {
 }
 
 /// Waits for `child` at most [`RUN_WAIT`], killing it past that.
-fn wait_bounded(mut child: Child, what: &str) -> Result<Output, String> {
+pub(crate) fn wait_bounded(mut child: Child, what: &str) -> Result<Output, String> {
     let until = Instant::now() + RUN_WAIT;
     loop {
         match child.try_wait() {

@@ -1,6 +1,7 @@
 //! `cm-bench-setup`: connection setup against the reference C server (see
 //! `cm_benches::reference`): rdma-core's `cmtime` client opens N connections to
-//! `cmtime`'s server, then to a `cmnotify` server, for each N given; prints a table,
+//! `cmtime`'s server, then to a `cmnotify` server, for each N given, then to a `cmnotify`
+//! server of one endpoint and of two on their own threads at the first N; prints a table,
 //! writes the figures to the results file (`CMNOTIFY_BENCH_OUT`) and echoes each on
 //! stderr for the VM's console.
 //!
@@ -18,7 +19,9 @@ fn main() -> ExitCode {
         points.push(100);
     }
     let machine = cm_benches::machine_label();
-    let figures = cm_benches::reference::measure(&points);
+    let mut figures = cm_benches::reference::measure(&points);
+    // One endpoint and two on their own threads, at the first N.
+    figures.extend(cm_benches::shards::measure(points[0]));
     for figure in &figures {
         cm_benches::results::record(figure);
     }

@@ -20,6 +20,9 @@ pub mod keys {
     /// Connection setup with rdma-core's cmtime client: cmtime's server against
     /// cmnotify's (steps per connection, peak memory per connection, ratios).
     pub const REAL_SETUP_VS_CMTIME: &str = "real/setup_vs_cmtime";
+    /// Accepts per second of a cmnotify server with two endpoints, each on its own thread
+    /// (`--endpoints 2`), and with one, cmtime clients on each port at once.
+    pub const REAL_SETUP_ENDPOINTS: &str = "real/setup_endpoints";
     /// The data path, the Endpoint API against perftest (`ib_send_lat`, `ib_send_bw`)
     /// on the same devices in one run (ratios and their parts).
     pub const REAL_DATA_PATH: &str = "real/data_path";

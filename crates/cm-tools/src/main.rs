@@ -128,6 +128,12 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=31))]
     ack_timeout: Option<u8>,
 
+    /// (rdma) Endpoints of this process, each driven by its own thread (one per core):
+    /// endpoint i listens on (server) or connects to (client) port PORT + i, with its
+    /// share of the connections; one report [default: 1].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=64))]
+    endpoints: Option<u32>,
+
     /// Print one JSON document instead of the human summary.
     #[arg(long)]
     json: bool,
@@ -287,7 +293,14 @@ fn flags_fit_backend(cli: &Cli) -> Result<(), String> {
         (cli.port.is_some(), "--port"),
         (cli.size.is_some(), "--size"),
         (cli.ready_qps.is_some(), "--ready-qps"),
+        (cli.endpoints.is_some(), "--endpoints"),
     ];
+    if let Some(k) = cli.endpoints.filter(|&k| k > cli.connections) {
+        return Err(format!(
+            "--endpoints {k}: fewer connections (-c {}) than endpoints: each needs one",
+            cli.connections
+        ));
+    }
     if cli.own_queues && cli.ready_qps.is_some() {
         return Err("--ready-qps makes QPs on shared queues: not with --own-queues".into());
     }
@@ -432,6 +445,7 @@ fn run_rdma(cli: &Cli) -> ExitCode {
             ack_timeout: cli.ack_timeout,
             ..Default::default()
         },
+        endpoints: cli.endpoints.unwrap_or(1),
     })
 }
 
@@ -450,6 +464,11 @@ mod tests {
             (&["-p", "9000"][..], "--port"),
             (&["-S", "10"][..], "--size"),
             (&["--ready-qps", "4"][..], "--ready-qps"),
+            (&["--endpoints", "2"][..], "--endpoints"),
+            (
+                &["--backend", "rdma", "-s", "-c", "1", "--endpoints", "2"][..],
+                "--endpoints 2: fewer connections",
+            ),
             (
                 &[
                     "--backend",

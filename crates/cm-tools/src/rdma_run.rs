@@ -27,6 +27,7 @@
 
 mod report;
 mod session;
+mod shards;
 
 use std::net::IpAddr;
 use std::process::ExitCode;
@@ -35,6 +36,7 @@ use std::time::Duration;
 pub use crate::steps::{Span, Step, StepStats};
 pub use report::{human, PumpJson, RealReport};
 pub use session::run;
+pub use shards::MAX_ENDPOINTS;
 
 /// What a real-device run does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +72,10 @@ pub struct RealRun {
     pub ready_qps: Option<u32>,
     /// `rdma_set_option` choices (`--tos`, `--ack-timeout`).
     pub id_options: cm_verbs::core::IdOptions,
+    /// Endpoints, each driven by its own thread (`--endpoints`): endpoint `i` listens on
+    /// (server) or connects to (client) port `port + i`, with its share of the
+    /// connections.
+    pub endpoints: u32,
 }
 
 impl Default for RealRun {
@@ -89,6 +95,7 @@ impl Default for RealRun {
             own_queues: false,
             ready_qps: None,
             id_options: cm_verbs::core::IdOptions::default(),
+            endpoints: 1,
         }
     }
 }

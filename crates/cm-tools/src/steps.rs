@@ -196,6 +196,32 @@ impl StepTotals {
         self.count
     }
 
+    /// Adds `other`'s connections, whose clock runs `shift` behind this one's (another
+    /// endpoint's, made `shift` later).
+    pub fn merge(&mut self, other: &StepTotals, shift: Duration) {
+        if other.count == 0 {
+            return;
+        }
+        self.min_us = if self.count == 0 {
+            other.min_us
+        } else {
+            self.min_us.min(other.min_us)
+        };
+        self.max_us = self.max_us.max(other.max_us);
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        self.count += other.count;
+        let start = other.first_start.map(|s| s + shift);
+        let end = other.last_end.map(|e| e + shift);
+        self.first_start = match (self.first_start, start) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_end = match (self.last_end, end) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
     /// The summary over a run of `connections`, named `step`.
     pub fn stats(&self, step: &'static str, connections: u32) -> StepStats {
         let (Some(first), Some(last)) = (self.first_start, self.last_end) else {
@@ -250,6 +276,30 @@ pub(crate) mod tests {
         assert_eq!(stats.sum_us, 400);
         assert_eq!(stats.us_per_conn, 100);
         assert_eq!((stats.max_us, stats.min_us), (300, 100));
+    }
+
+    #[test]
+    fn totals_of_two_endpoints_merge_on_one_clock() {
+        let us = Duration::from_micros;
+        let mut first = StepTotals::default();
+        first.add(us(0), us(100));
+        let mut second = StepTotals::default();
+        second.add(us(10), us(60)); // its clock starts 200 µs after the first's
+        second.add(us(20), us(320));
+        first.merge(&second, us(200));
+        first.merge(&StepTotals::default(), us(999));
+        let stats = first.stats("connect", 3);
+        assert_eq!(stats.count, 3);
+        assert_eq!(stats.total_us, 520, "0 to 320 + 200");
+        assert_eq!(stats.sum_us, 100 + 50 + 300);
+        assert_eq!((stats.max_us, stats.min_us), (300, 50));
+        let mut empty = StepTotals::default();
+        empty.merge(&second, us(0));
+        assert_eq!(
+            empty.stats("connect", 2).min_us,
+            50,
+            "an empty side takes the other's"
+        );
     }
 
     #[test]

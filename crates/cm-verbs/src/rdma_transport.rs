@@ -244,6 +244,11 @@ impl RdmaTransport {
             .map(|hub| &**hub)
     }
 
+    /// When the transport was made: the origin of [`Transport::now`].
+    pub fn origin(&self) -> Instant {
+        self.origin
+    }
+
     /// The CM event channel's descriptor.
     pub fn channel_fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()

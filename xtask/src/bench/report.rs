@@ -348,6 +348,11 @@ impl Figures {
                 "cmtime client: cmnotify server against cmtime server",
                 "≤ 1.0",
             ),
+            (
+                cm_testkit::figure_keys::REAL_SETUP_ENDPOINTS,
+                "accepts per second: cmnotify server, 2 endpoints on 2 threads / 1",
+                "report",
+            ),
         ] {
             let is_part = |k: &str| k == key || k.starts_with(&format!("{key}/"));
             let matching: Vec<(&String, &Figure, &str)> = self

@@ -21,6 +21,8 @@ pub struct RealReport {
     pub remote: Option<String>,
     /// Connections asked for.
     pub connections: u32,
+    /// Endpoints the run used, each on its own thread (`--endpoints`).
+    pub endpoints: u32,
     /// Whether the pump ran.
     pub pump: bool,
     /// Messages per connection this side sent first (0 on an echoing server).
@@ -104,6 +106,21 @@ pub struct PumpJson {
     pub not_forcible: u64,
 }
 
+impl PumpJson {
+    /// Adds another endpoint's counters.
+    pub fn add(&mut self, other: &PumpJson) {
+        self.forced += other.forced;
+        self.already_established += other.already_established;
+        self.notify_failed += other.notify_failed;
+        self.rejected += other.rejected;
+        self.receive_triggers += other.receive_triggers;
+        self.unrouted += other.unrouted;
+        self.passed_through += other.passed_through;
+        self.comm_est += other.comm_est;
+        self.not_forcible += other.not_forcible;
+    }
+}
+
 impl From<PumpCounters> for PumpJson {
     fn from(c: PumpCounters) -> Self {
         PumpJson {
@@ -125,7 +142,7 @@ pub fn human(r: &RealReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "cmnotify: rdma {} {}{}, {} connection(s), {}, pump {}",
+        "cmnotify: rdma {} {}{}, {} connection(s){}, {}, pump {}",
         r.role,
         r.local.as_deref().unwrap_or("-"),
         r.remote
@@ -133,6 +150,11 @@ pub fn human(r: &RealReport) -> String {
             .map(|a| format!(" {} {a}", if r.role == "server" { "<-" } else { "->" }))
             .unwrap_or_default(),
         r.connections,
+        if r.endpoints > 1 {
+            format!(" over {} endpoints on their own threads", r.endpoints)
+        } else {
+            String::new()
+        },
         match (r.role, r.messages) {
             ("server", 0) => "echoing what clients send".to_string(),
             (_, 0) => "no data".to_string(),
@@ -207,6 +229,7 @@ mod tests {
             local: None,
             remote: Some("10.77.1.1:7471".into()),
             connections: 2,
+            endpoints: 1,
             pump: false,
             messages: 1,
             message_size: 100,
@@ -243,6 +266,7 @@ mod tests {
             "local",
             "remote",
             "connections",
+            "endpoints",
             "pump",
             "messages",
             "message_size",
@@ -300,6 +324,7 @@ mod tests {
             local: Some("10.77.1.1:7471".into()),
             remote: None,
             connections: 1,
+            endpoints: 2,
             pump: true,
             messages: 0,
             message_size: 100,
@@ -327,6 +352,7 @@ mod tests {
         let text = human(&report);
         for needle in [
             "rdma server 10.77.1.1:7471",
+            "1 connection(s) over 2 endpoints on their own threads",
             "echoing",
             "create_qp",
             "accept",

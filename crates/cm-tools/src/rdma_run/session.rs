@@ -2,7 +2,7 @@
 //! and its report.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cm_core::CmError;
 use cm_verbs::rdma::RdmaTransport;
@@ -11,7 +11,7 @@ use cm_verbs::{CloseReason, Endpoint, EstablishedVia, Trigger};
 use super::report::RealReport;
 use super::{RealRun, CONNECT_WINDOW, ESTABLISH_TIMEOUT, RESOLVE_ATTEMPTS, RESOLVE_TIMEOUT};
 use crate::session::{cm_error, endpoint_options, queue_caps, Plan, Session};
-use crate::steps::{Span, Step};
+use crate::steps::{Span, Step, StepStats, StepTotals};
 
 /// Runs the server or the client to the end and reports. Errors are what stops the run
 /// before it starts (no device, the listen address unusable) or a failure of the
@@ -29,8 +29,26 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
             reason: "the client needs the server's address (-a)",
         });
     }
+    if config.endpoints <= 1 {
+        return run_one(config).map(|shard| shard.report);
+    }
+    super::shards::run(config)
+}
+
+/// What one endpoint's run found: its report, its steps summed up and when its clock
+/// began (to merge the steps of several endpoints on one clock).
+pub(super) struct Shard {
+    pub(super) report: RealReport,
+    pub(super) totals: Vec<StepTotals>,
+    pub(super) origin: Instant,
+}
+
+/// One endpoint's session, driven to its end on this thread.
+pub(super) fn run_one(config: &RealRun) -> Result<Shard, CmError> {
     let options = endpoint_options(config.own_queues, config.message_size, config.ready_qps);
-    let endpoint = Endpoint::with_options(RdmaTransport::new()?, options);
+    let transport = RdmaTransport::new()?;
+    let origin = transport.origin();
+    let endpoint = Endpoint::with_options(transport, options);
     let mut session = Session::new(endpoint, plan(config));
     session.start()?;
     session.drive().map_err(cm_error)?;
@@ -38,7 +56,15 @@ pub fn run(config: &RealRun) -> Result<RealReport, CmError> {
     if let Some(path) = &config.timeline {
         write_timeline(path, config, &session)?;
     }
-    Ok(report(config, &session, took))
+    let totals = Step::ALL
+        .iter()
+        .map(|&step| session.step_totals(step))
+        .collect();
+    Ok(Shard {
+        report: report(config, &session, took),
+        totals,
+        origin,
+    })
     // The endpoint goes with the session: every connection left, then the listener.
 }
 
@@ -157,12 +183,10 @@ fn server_addr(config: &RealRun) -> SocketAddr {
     )
 }
 
-/// What the finished run found.
-fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) -> RealReport {
-    let server = config.server;
-    let messages = config.messages();
-    let conns = session.conns();
-    let steps = Step::ALL
+/// The steps a run of `config` reports, from each step's totals.
+pub(super) fn step_stats(config: &RealRun, totals: impl Fn(Step) -> StepTotals) -> Vec<StepStats> {
+    let (server, messages) = (config.server, config.messages());
+    Step::ALL
         .iter()
         .filter(|step| match step {
             Step::ResolveAddr | Step::ResolveRoute => !server,
@@ -171,12 +195,16 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
             Step::Disconnect => !server || messages > 0,
             _ => true,
         })
-        .map(|&step| {
-            session
-                .step_totals(step)
-                .stats(step.name(server), config.connections)
-        })
-        .collect();
+        .map(|&step| totals(step).stats(step.name(server), config.connections))
+        .collect()
+}
+
+/// What the finished run found.
+fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) -> RealReport {
+    let server = config.server;
+    let messages = config.messages();
+    let conns = session.conns();
+    let steps = step_stats(config, |step| session.step_totals(step));
     let count = |pick: fn(EstablishedVia) -> bool| {
         conns
             .iter()
@@ -202,6 +230,7 @@ fn report(config: &RealRun, session: &Session<RdmaTransport>, took: Duration) ->
         local: session.local().map(|a| a.to_string()),
         remote: remote.map(|a| a.to_string()),
         connections: config.connections,
+        endpoints: 1,
         pump: config.pump,
         messages,
         message_size: config.message_size,
