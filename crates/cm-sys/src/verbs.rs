@@ -127,7 +127,7 @@ impl RegisteredMemory {
             .map(|memory| RegisteredMemory { len, ..memory })
             .inspect_err(|_| {
                 // SAFETY: the buffer came from allocate_zeroed(len) and was not registered.
-                drop(unsafe { Self::reclaim(buffer, len) });
+                unsafe { Self::reclaim(buffer, len) };
             })
     }
 
@@ -169,13 +169,14 @@ impl RegisteredMemory {
         crate::id::verbs_result("ibv_dereg_mr", ret)
     }
 
+    /// Frees a buffer of [`allocate_zeroed`].
+    ///
     /// # Safety
-    /// `buffer` came from [`allocate_zeroed`]`(len)` (the layout of a `Box<[u8]>` of
-    /// `len.max(1)` bytes), not freed.
-    unsafe fn reclaim(buffer: NonNull<u8>, len: usize) -> Box<[u8]> {
-        let slice = std::ptr::slice_from_raw_parts_mut(buffer.as_ptr(), len.max(1));
-        // SAFETY: forwarded from the caller.
-        unsafe { Box::from_raw(slice) }
+    /// `buffer` came from [`allocate_zeroed`]`(len)`, not freed.
+    unsafe fn reclaim(buffer: NonNull<u8>, len: usize) {
+        let layout = registered_layout(len).expect("the layout it was allocated with");
+        // SAFETY: forwarded from the caller: allocated with this very layout.
+        unsafe { std::alloc::dealloc(buffer.as_ptr(), layout) }
     }
 
     /// Deregisters and frees.
@@ -208,7 +209,7 @@ impl RegisteredMemory {
         }
         // SAFETY: allocated in `register` with this length; the device no longer
         // accesses it.
-        drop(unsafe { Self::reclaim(self.buffer, self.len) });
+        unsafe { Self::reclaim(self.buffer, self.len) };
         Ok(())
     }
 
@@ -280,15 +281,28 @@ impl RegisteredMemory {
     }
 }
 
-/// Allocates `len.max(1)` zeroed bytes (at least one, so that the pointer is a real
-/// allocation), as a `Box<[u8]>` of that length would; a length no allocation can have is
-/// ENOMEM, not an abort.
+/// The layout of registered memory of `len` bytes: at least one (so that the pointer is
+/// a real allocation), aligned to the page. Registration pins whole pages: an aligned
+/// buffer shares none with other heap data, and a transfer crosses a page boundary only
+/// where the buffer's own offsets do (soft-iWARP on Linux 6.1 placed only the bytes
+/// before a page boundary of a 21-byte RDMA WRITE into a buffer that straddled one).
+fn registered_layout(len: usize) -> Option<std::alloc::Layout> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096);
+    std::alloc::Layout::from_size_align(len.max(1), page).ok()
+}
+
+/// Allocates zeroed registered memory of `len` bytes ([`registered_layout`]); a length
+/// no allocation can have is ENOMEM, not an abort.
 fn allocate_zeroed(len: usize) -> Result<NonNull<u8>, CmError> {
     let no_memory = CmError::Os {
         op: "ibv_reg_mr",
         errno: cm_core::Errno(libc::ENOMEM),
     };
-    let layout = std::alloc::Layout::array::<u8>(len.max(1)).map_err(|_| no_memory.clone())?;
+    let layout = registered_layout(len).ok_or(no_memory.clone())?;
     // SAFETY: the layout has a non-zero size.
     let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
     NonNull::new(buffer).ok_or(no_memory)
@@ -400,6 +414,7 @@ mod tests {
             }
         }
         let buffer = allocate_zeroed(0).expect("one byte");
+        assert_eq!(buffer.as_ptr() as usize % 4096, 0, "page-aligned");
         // SAFETY: allocate_zeroed(0) gives one zeroed byte; reclaimed as such below.
         assert_eq!(unsafe { *buffer.as_ptr() }, 0);
         // SAFETY: a fake registration wrapping the real buffer; the MR pointer is never
@@ -429,7 +444,7 @@ mod tests {
         // SAFETY: the buffer was leaked by the failed release, so it is still allocated.
         assert_eq!(unsafe { *buffer.as_ptr() }, 0);
         // SAFETY: still ours; freed here as register would have.
-        drop(unsafe { RegisteredMemory::reclaim(buffer, 8) });
+        unsafe { RegisteredMemory::reclaim(buffer, 8) };
         // A negative return has no errno to keep: EIO.
         let memory = RegisteredMemory {
             mr: NonNull::dangling(),

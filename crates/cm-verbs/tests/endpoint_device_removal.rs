@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, skip, FaultRow};
-use cm_verbs::{CloseReason, Event, ListenOptions};
+use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, FaultRow};
+use cm_verbs::ListenOptions;
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -24,14 +24,8 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
     let Some(addrs) = addresses(TEST) else {
         return;
     };
-    let (Ok(device), Ok(netdev)) = (
-        std::env::var(cm_testkit::env::DEV_A),
-        std::env::var(cm_testkit::env::NETDEV_A),
-    ) else {
-        return skip(
-            TEST,
-            "CMNOTIFY_DEV_A/CMNOTIFY_NETDEV_A name no device to remove",
-        );
+    let Some((device, netdev)) = common::device_to_remove(TEST) else {
+        return;
     };
     let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
     let mut server = common::endpoint();
@@ -54,47 +48,13 @@ fn removing_the_device_closes_listener_and_connection_and_the_removal_completes(
         device: device.clone(),
         netdev: netdev.clone(),
     };
-    let removal = {
-        let device = device.clone();
-        std::thread::spawn(move || common::rdma(&["link", "delete", &device]))
-    };
-    let (mut listener_closed, mut conn_closed) = (false, false);
-    while !(listener_closed && conn_closed) {
-        match server
-            .next_event(WAIT)
-            .expect("the removal within the wait")
-        {
-            Event::ListenerClosed {
-                listener: l,
-                reason,
-            } => {
-                assert_eq!((l, reason), (listener, CloseReason::DeviceRemoved));
-                listener_closed = true;
-            }
-            Event::Closed { conn: c, reason } => {
-                assert_eq!((c, reason), (conn, CloseReason::DeviceRemoved));
-                conn_closed = true;
-            }
-            other => report(&format!("removal: also saw {other:?}")),
-        }
-    }
+    let removal = common::remove_device(&device);
+    common::closed_by_removal(&mut server, listener, conn);
     assert_eq!(server.device_count(), 0, "the device's reader is closed");
     assert_eq!(server.connection_count(), 0);
     assert_eq!(server.listener_count(), 0);
     // The kernel's removal waits for our ids: it completes now that they are gone.
-    let (done, deleted) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(removal.join());
-    });
-    let output = deleted
-        .recv_timeout(Duration::from_secs(60))
-        .expect("rdma link delete returned: the removal did not hang on us")
-        .expect("removal thread");
-    assert!(
-        output.status.success(),
-        "rdma link delete: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    common::removal_completes(removal);
     report(&format!(
         "removal: listener and connection closed, `rdma link delete {device}` returned; client saw {:?}",
         client_end.recv_timeout(Duration::from_secs(90)).ok()

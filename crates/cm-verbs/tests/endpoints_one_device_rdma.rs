@@ -2,8 +2,9 @@
 //! per core, as a server shards its listeners): each rescues its own connections whose
 //! RTU nftables drops. The device's asynchronous events are one stream whoever reads
 //! it; on the device that raises COMM_EST each endpoint must get the COMM_EST of each of
-//! its own QPs, whichever endpoint read it, and none of another's. Without a device each
-//! test records a skip.
+//! its own QPs, whichever endpoint read it, and none of another's. The device removed
+//! under both: each closes what it has on it and lets go of the device, and the kernel's
+//! removal completes. Without a device each test records a skip.
 #![cfg(feature = "rdma")]
 
 mod common;
@@ -11,7 +12,7 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use cm_testkit::{addresses, report, CmMadRule};
+use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, CmMadRule, FaultRow};
 use cm_verbs::{EstablishedVia, Event, ListenOptions, PumpCounters};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
@@ -135,4 +136,93 @@ fn two_endpoints_on_one_device_each_rescue_their_own_connections() {
         let comm_est = if raises_comm_est { EACH as u64 } else { 0 };
         assert_eq!(counters.comm_est, comm_est, "{counters:?}");
     }
+}
+
+/// A server endpoint on its own thread that accepts one connection on `listen`, says
+/// so, then waits until the device's removal closed its listener and its connection;
+/// how many devices, connections and listeners it still holds then.
+fn removed_under(
+    listen: SocketAddr,
+    accepted: std::sync::mpsc::Sender<()>,
+) -> std::thread::JoinHandle<(usize, usize, usize)> {
+    std::thread::spawn(move || {
+        let mut server = common::endpoint();
+        let listener = server
+            .listen(listen, ListenOptions::default())
+            .expect("listen");
+        let conn = server.accept(WAIT).expect("accept");
+        accepted.send(()).expect("the test waits");
+        common::closed_by_removal(&mut server, listener, conn);
+        (
+            server.device_count(),
+            server.connection_count(),
+            server.listener_count(),
+        )
+    })
+}
+
+#[test]
+fn the_device_removed_under_two_endpoints_closes_both_and_the_removal_completes() {
+    const TEST: &str =
+        "the_device_removed_under_two_endpoints_closes_both_and_the_removal_completes";
+    let Some(addrs) = addresses(TEST) else {
+        return;
+    };
+    let Some((device, netdev)) = common::device_to_remove(TEST) else {
+        return;
+    };
+    let baseline = kernel_cm_ids().expect("the rdma tool lists CM ids");
+    let listens = [
+        SocketAddr::new(addrs.addr_a, 7532),
+        SocketAddr::new(addrs.addr_a, 7533),
+    ];
+    let (accepted, each_accepted) = std::sync::mpsc::channel();
+    let servers: Vec<_> = listens
+        .iter()
+        .map(|&listen| removed_under(listen, accepted.clone()))
+        .collect();
+    let src = addrs.addr_b;
+    let client = std::thread::spawn(move || {
+        let mut client = common::endpoint();
+        let conns: Vec<_> = listens
+            .iter()
+            .map(|&dst| common::connected(&mut client, src, dst))
+            .collect();
+        // Until the peer's removal reaches this side, in any form (bounded).
+        for conn in conns {
+            let _ = client.recv(conn, Some(Duration::from_secs(60)));
+        }
+    });
+    for _ in &listens {
+        each_accepted.recv().expect("a server accepted");
+    }
+    let _add_back = common::AddBack {
+        device: device.clone(),
+        netdev,
+    };
+    let removal = common::remove_device(&device);
+    for server in servers {
+        let held = server.join().expect("server thread");
+        assert_eq!(
+            held,
+            (0, 0, 0),
+            "devices, connections, listeners still held"
+        );
+    }
+    // Both endpoints let go of the device: the kernel's removal completes.
+    common::removal_completes(removal);
+    client.join().expect("client thread");
+    report(&format!(
+        "removal under two endpoints: both closed their listener and connection, \
+         `rdma link delete {device}` returned"
+    ));
+    FaultRow {
+        fault: "device removed under two endpoints of one process".into(),
+        connections: 2,
+        established: 2,
+        rescued: 0,
+        failed: 2,
+        leaked_ids: leaked_cm_ids(baseline),
+    }
+    .report();
 }

@@ -246,6 +246,18 @@ fn is_kernel_message(line: &str) -> bool {
         })
 }
 
+/// A line of a Rust backtrace: `  12: function` or `             at file:line`, and
+/// the note that ends one.
+fn is_backtrace_frame(line: &str) -> bool {
+    let trimmed = line.trim_start();
+    trimmed.starts_with("at ")
+        || trimmed.starts_with("note: Some details are omitted")
+        || trimmed == "stack backtrace:"
+        || trimmed
+            .split_once(": ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
 /// The `exit=N` field of an end marker.
 fn exit_code(rest: &str) -> Option<i32> {
     rest.split_whitespace()
@@ -259,7 +271,11 @@ const LAST_LINES: usize = 15;
 fn finish(mut entry: EntryResult, output: &str) -> EntryResult {
     entry.tests = TestCounts::parse(output);
     entry.tests.skipped = skip_lines(output);
-    let own: Vec<&str> = output.lines().filter(|l| !is_kernel_message(l)).collect();
+    // Backtrace frames left out: the panic's message and libtest's verdict are the news.
+    let own: Vec<&str> = output
+        .lines()
+        .filter(|l| !is_kernel_message(l) && !is_backtrace_frame(l))
+        .collect();
     entry.last_lines = own[own.len().saturating_sub(LAST_LINES)..]
         .iter()
         .map(|l| l.to_string())
@@ -341,6 +357,33 @@ test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
              test notify_forces_established ... ok\n    test lost_rtu ... lost_rtu: skipped: \
              no RDMA device (rdma_cm missing)\n    ok\n    test reject ... FAILED\n    \
              test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n"
+        );
+    }
+
+    #[test]
+    fn a_failure_report_leaves_backtrace_frames_out() {
+        let log = "\
+=== vm-init start\r
+=== vm-setup ok\r
+=== vm-entry begin cargo-test cm-verbs handles\r
+thread 'x' panicked at tests/handles.rs:365:5:\r
+assertion `left == right` failed\r
+stack backtrace:\r
+   0: __rustc::rust_begin_unwind\r
+             at /rustc/library/std/src/panicking.rs:689:5\r
+note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\r
+test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
+=== vm-entry end cargo-test cm-verbs handles exit=101 uptime=2.0\r
+=== vm-done entries=1 failed=1\r
+";
+        let report = ConsoleReport::parse(log);
+        assert_eq!(
+            report.entries[0].last_lines,
+            [
+                "thread 'x' panicked at tests/handles.rs:365:5:",
+                "assertion `left == right` failed",
+                "test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
+            ]
         );
     }
 

@@ -123,3 +123,75 @@ pub(crate) fn forced(rescued: u64) -> u64 {
         rescued
     }
 }
+
+/// The device under `listener` and `conn` removed: waits until `server` reported both
+/// closed with `DeviceRemoved` (other events are reported as seen).
+pub(crate) fn closed_by_removal(
+    server: &mut Endpoint<RdmaTransport>,
+    listener: cm_verbs::ListenerId,
+    conn: ConnectionId,
+) {
+    use cm_verbs::{CloseReason, Event};
+    let (mut listener_closed, mut conn_closed) = (false, false);
+    while !(listener_closed && conn_closed) {
+        match server
+            .next_event(WAIT)
+            .expect("the removal within the wait")
+        {
+            Event::ListenerClosed {
+                listener: l,
+                reason,
+            } => {
+                assert_eq!((l, reason), (listener, CloseReason::DeviceRemoved));
+                listener_closed = true;
+            }
+            Event::Closed { conn: c, reason } => {
+                assert_eq!((c, reason), (conn, CloseReason::DeviceRemoved));
+                conn_closed = true;
+            }
+            other => cm_testkit::report(&format!("removal: also saw {other:?}")),
+        }
+    }
+}
+
+/// `rdma link delete` of `device` on its own thread: its output once it returns.
+pub(crate) fn remove_device(device: &str) -> std::thread::JoinHandle<std::process::Output> {
+    let device = device.to_string();
+    std::thread::spawn(move || rdma(&["link", "delete", &device]))
+}
+
+/// Asserts that the removal `remove_device` started returns, successfully, within 60 s:
+/// the kernel's removal waits for every id and device context of ours on the device.
+pub(crate) fn removal_completes(removal: std::thread::JoinHandle<std::process::Output>) {
+    let (done, deleted) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(removal.join());
+    });
+    let output = deleted
+        .recv_timeout(Duration::from_secs(60))
+        .expect("rdma link delete returned: the removal did not hang on us")
+        .expect("removal thread");
+    assert!(
+        output.status.success(),
+        "rdma link delete: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Device A and its netdev, to remove and add back; `None` (a skip recorded for `test`)
+/// where the environment names none.
+pub(crate) fn device_to_remove(test: &str) -> Option<(String, String)> {
+    match (
+        std::env::var(cm_testkit::env::DEV_A),
+        std::env::var(cm_testkit::env::NETDEV_A),
+    ) {
+        (Ok(device), Ok(netdev)) => Some((device, netdev)),
+        _ => {
+            cm_testkit::skip(
+                test,
+                "CMNOTIFY_DEV_A/CMNOTIFY_NETDEV_A name no device to remove",
+            );
+            None
+        }
+    }
+}
