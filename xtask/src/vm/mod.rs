@@ -29,6 +29,9 @@ use qemu::{Accel, Ended, VmConfig};
 /// The script that records and draws a real lost-RTU ladder inside the VM (on PATH
 /// there as `ladder-capture`), relative to the workspace root.
 const LADDER_SCRIPT: &str = "ci/vm/ladder-capture";
+/// rping as a client, its own shutdown race told from a failure (on PATH in the VM as
+/// `rping-client`), relative to the workspace root.
+const RPING_CLIENT_SCRIPT: &str = "ci/vm/rping-client";
 /// Host packages this step needs, relative to the workspace root.
 const HOST_PACKAGES: &str = "ci/vm/host-packages.txt";
 /// Time from qemu's start until `/init` must have printed its first line. Boot takes
@@ -349,7 +352,8 @@ fn save_files(report: &ConsoleReport, kernel: &str) -> Result<(), String> {
 /// Builds (or takes from the cache) the COMM_EST-raising `rdma_rxe` and `siw` for
 /// `kernel` (its image unpacked as `release`) and puts them into the share as
 /// `rxe/rdma_rxe.ko` and `siw/siw.ko`, with `bin/rxe-reload` and `bin/rdma-devices`, the
-/// scripts that swap them in inside the VM.
+/// scripts that swap them in inside the VM, and the VM's other scripts (`ladder-capture`,
+/// `rping-client`).
 fn add_test_modules(
     cache: &std::path::Path,
     kernel: &Kernel,
@@ -371,9 +375,14 @@ fn add_test_modules(
         std::fs::copy(&script, share.join("bin").join(name))
             .map_err(|e| format!("{}: {e}", script.display()))?;
     }
-    let capture = workspace_root().join(LADDER_SCRIPT);
-    std::fs::copy(&capture, share.join("bin/ladder-capture"))
-        .map_err(|e| format!("{}: {e}", capture.display()))?;
+    for (script, name) in [
+        (LADDER_SCRIPT, "ladder-capture"),
+        (RPING_CLIENT_SCRIPT, "rping-client"),
+    ] {
+        let script = workspace_root().join(script);
+        std::fs::copy(&script, share.join("bin").join(name))
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+    }
     Ok(())
 }
 
