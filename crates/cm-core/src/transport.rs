@@ -136,7 +136,8 @@ pub struct SharedCaps {
     /// QPs the backend keeps made ahead of requests on these queues, so that an accept
     /// takes a ready QP instead of creating one while its peer waits for the REP (0:
     /// none; at most 1024). The real backend makes them on a thread of its own, started
-    /// with the first QP and refilled as they are taken; a backend with nothing to gain
+    /// by a listener on the device ([`Transport::prepare_qps_shared`]) or else with the
+    /// first QP, and refilled as they are taken; a backend with nothing to gain
     /// (the simulated fabric, which creates a QP at no cost) ignores it.
     pub ready_qps: u32,
 }
@@ -326,19 +327,19 @@ pub trait Transport {
         &mut self,
         device: &mut Self::Device,
     ) -> Result<Option<AsyncEvent>, CmError>;
-    /// The caller owns `qp` on `id` (a QP it made, or the application's it adopted):
-    /// the device's asynchronous events about it are the caller's. Called before the
-    /// QP takes part in a connection. The default does nothing: a transport that is the
-    /// only reader of its devices' events gets them all anyway (the real backend shares
-    /// a device's events among the endpoints of a process on that device and routes
-    /// them by these claims).
-    fn claim_qp(&mut self, id: &Self::Id, qp: QpNum) {
-        let _ = (id, qp);
+    /// The caller owns `qp` on `device` (a QP it made, or the application's it
+    /// adopted): the device's asynchronous events about it are the caller's. Called
+    /// before the QP takes part in a connection. The default does nothing: a transport
+    /// that is the only reader of its devices' events gets them all anyway (the real
+    /// backend shares a device's events among the endpoints of a process on that device
+    /// and routes them by these claims).
+    fn claim_qp(&mut self, device: &Self::Device, qp: QpNum) {
+        let _ = (device, qp);
     }
-    /// The caller is done with `qp` on `id` ([`Transport::claim_qp`]). The default does
-    /// nothing.
-    fn release_qp(&mut self, id: &Self::Id, qp: QpNum) {
-        let _ = (id, qp);
+    /// The caller is done with `qp` on `device` ([`Transport::claim_qp`]). The default
+    /// does nothing.
+    fn release_qp(&mut self, device: &Self::Device, qp: QpNum) {
+        let _ = (device, qp);
     }
     /// Takes back the reader of a device that went away, once nothing of the caller's
     /// uses the device any more. The default drops it.
@@ -523,6 +524,13 @@ pub trait Transport {
         let _ = (shared, limit);
         Ok(())
     }
+    /// Starts making QPs ahead on `shared` ([`SharedCaps::ready_qps`]) for connections
+    /// of `caps`, before any asks for one (a listener does so when it starts
+    /// listening). Otherwise the first [`Transport::create_qp_shared`] starts them.
+    /// The default does nothing (a backend that makes none ahead).
+    fn prepare_qps_shared(&mut self, shared: &Self::Shared, caps: &QueueCaps) {
+        let _ = (shared, caps);
+    }
     /// The QPs made ahead on `shared` ([`SharedCaps::ready_qps`]): how many are ready
     /// now, and how many connections took so far. The default: none (a backend that makes
     /// none ahead).
@@ -530,9 +538,10 @@ pub trait Transport {
         let _ = shared;
         (0, 0)
     }
-    /// Takes back shared queues nothing uses any more (every QP on them destroyed).
-    /// The default drops them.
-    fn release_shared(&mut self, shared: Self::Shared) {
+    /// Takes back `device`'s shared queues, which nothing uses any more (every QP on
+    /// them destroyed). The default drops them.
+    fn release_shared(&mut self, device: &Self::Device, shared: Self::Shared) {
+        let _ = device;
         drop(shared);
     }
 

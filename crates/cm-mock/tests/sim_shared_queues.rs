@@ -531,7 +531,7 @@ fn destroyed_qps_and_released_queues_take_their_traffic_with_them() {
     let pool = CAPS.pool_len().unwrap() as u64;
     assert_eq!(fabric.stats().registered_pools, pool);
     let old = shared.srq_handle();
-    server.release_shared(shared);
+    server.release_shared(&device, shared);
     assert_eq!(fabric.stats().registered_pools, 0);
     let again = server.create_shared(&spare, &device, TOKEN, &CAPS).unwrap();
     assert_ne!(again.srq_handle(), old);
@@ -616,7 +616,7 @@ fn registered_bytes_per_connection_and_shared() {
     for id in &ids {
         id.destroy().unwrap();
     }
-    server.release_shared(shared);
+    server.release_shared(&device, shared);
     let stats = fabric.stats();
     assert_eq!(
         (stats.registered_pools, stats.registered_pools_peak),

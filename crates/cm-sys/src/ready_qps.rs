@@ -6,12 +6,15 @@
 //! an accept (or a connect) takes one ([`CmId::create_qp_shared`](crate::CmId::create_qp_shared)),
 //! moves it to INIT for its id as librdmacm would, and answers the REQ sooner.
 //!
-//! The pool starts with the first QP asked of the queues (its send depth is learned
-//! then: only QPs of that depth are made ahead, others are made on the request) and
-//! refills as QPs are taken. It switches itself off, for good, where a QP made ahead
-//! would differ from one librdmacm makes on the request: on a device that negotiates
-//! ECE (librdmacm sets the peer's ECE options on a QP it makes for a request, through
-//! state an application cannot reach), or when the device refuses a QP.
+//! The pool starts when told the connections' send depth
+//! ([`SharedQueues::prepare_ready`](crate::SharedQueues::prepare_ready), which a
+//! listener calls as it starts listening), or else with the first QP asked of the
+//! queues (its depth learned then); only QPs of that depth are made ahead, others are
+//! made on the request. It refills as QPs are taken. It switches itself off, for good,
+//! where a QP made ahead would differ from one librdmacm makes on the request: on a
+//! device that negotiates ECE (librdmacm sets the peer's ECE options on a QP it makes
+//! for a request, through state an application cannot reach), or when the device
+//! refuses a QP.
 //!
 //! Lifetimes: the thread holds the queues' core until it has destroyed every QP it
 //! still has; dropping the pool (with its [`SharedQueues`](crate::SharedQueues)) stops
@@ -202,9 +205,8 @@ impl ReadyQps {
             Some(depth) if depth == max_send_wr => {}
             Some(_) => return None,
             None => {
-                stock.max_send_wr = Some(max_send_wr);
                 drop(stock);
-                self.start();
+                self.begin(max_send_wr);
                 return None;
             }
         }
@@ -212,6 +214,20 @@ impl ReadyQps {
         stock.taken += 1;
         self.state.refill.notify_one();
         Some(qp)
+    }
+
+    /// Starts the pool at `max_send_wr` if it has not started (nor been switched off).
+    pub(crate) fn begin(&self, max_send_wr: u32) {
+        if self.state.target == 0 {
+            return;
+        }
+        let mut stock = self.state.stock();
+        if stock.off.is_some() || stock.max_send_wr.is_some() {
+            return;
+        }
+        stock.max_send_wr = Some(max_send_wr);
+        drop(stock);
+        self.start();
     }
 
     fn start(&self) {

@@ -327,6 +327,13 @@ impl SharedQueues {
         self.ready.take(max_send_wr)
     }
 
+    /// Starts the pool of QPs made ahead ([`SharedCaps::ready_qps`]) at `max_send_wr`
+    /// send work requests before any is asked for (a server that knows its
+    /// connections' depth when it starts listening); nothing if it started already.
+    pub fn prepare_ready(&self, max_send_wr: u32) {
+        self.ready.begin(max_send_wr);
+    }
+
     /// What the QPs made ahead did: ready now, taken by accepts, or why the pool is off.
     pub fn ready_qps(&self) -> ReadyQpStats {
         self.ready.stats()

@@ -437,3 +437,44 @@ fn accepts_take_qps_made_ahead_and_the_pool_refills() {
     drop(shared);
     drop((first, ahead, other));
 }
+
+/// A server that knows its connections' send depth starts the pool of QPs made ahead
+/// before any request (`SharedQueues::prepare_ready`): it fills with nothing asked of
+/// it, the first accept takes a ready QP, and a second call changes nothing.
+#[test]
+fn a_pool_prepared_ahead_fills_before_the_first_request() {
+    const TEST: &str = "a_pool_prepared_ahead_fills_before_the_first_request";
+    let Some(setup) = addresses(TEST) else {
+        return;
+    };
+    let caps = SharedCaps {
+        ready_qps: 2,
+        ..CAPS
+    };
+    let server_channel = EventChannel::new().expect("server channel");
+    let listener = listener_on(&server_channel, setup.addr_a, 8);
+    let channel = CompletionChannel::new(&listener).expect("completion channel");
+    let shared = SharedQueues::new(&listener, &channel, TOKEN, &caps).expect("shared queues");
+    shared.prepare_ready(SEND_DEPTH);
+    shared.prepare_ready(SEND_DEPTH + 1);
+    let deadline = Instant::now() + WAIT;
+    while shared.ready_qps().ready < 2 {
+        assert_eq!(shared.ready_qps().off, None);
+        assert!(Instant::now() < deadline, "{:?}", shared.ready_qps());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for slot in 0..CAPS.recv_slots {
+        shared.post_recv(slot, u64::from(slot)).expect("post");
+    }
+    let first = Client::connect(&listener, &server_channel, setup.addr_b, &shared);
+    assert_eq!(
+        shared.ready_qps().taken,
+        1,
+        "the first accept took a QP made ahead, at the prepared depth"
+    );
+    let state = first.passive.query_qp().expect("ibv_query_qp").state;
+    assert_eq!(state, cm_sys::QpState::Rts);
+    report(&format!("{TEST}: {:?}", shared.ready_qps()));
+    drop(shared);
+    drop(first);
+}

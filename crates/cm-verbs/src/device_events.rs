@@ -132,14 +132,8 @@ impl Routes {
                 None
             }
             Route::Everyone => {
-                let others: Vec<u64> = self
-                    .subscribers
-                    .iter()
-                    .map(|s| s.id)
-                    .filter(|&id| id != reader)
-                    .collect();
-                for id in others {
-                    self.post(id, event);
+                for subscriber in self.subscribers.iter_mut().filter(|s| s.id != reader) {
+                    Self::post_to(subscriber, &mut self.dropped, event);
                 }
                 Some(event)
             }
@@ -171,11 +165,17 @@ impl Routes {
 
     /// Puts `event` in `id`'s mailbox and wakes it.
     fn post(&mut self, id: u64, event: AsyncEvent) {
-        let Some(subscriber) = self.subscribers.iter_mut().find(|s| s.id == id) else {
-            return;
-        };
+        if let Some(subscriber) = self.subscribers.iter_mut().find(|s| s.id == id) {
+            Self::post_to(subscriber, &mut self.dropped, event);
+        }
+    }
+
+    /// Puts `event` in `subscriber`'s mailbox and wakes it; past the bound, counts it
+    /// in `dropped` instead.
+    fn post_to(subscriber: &mut Subscriber, dropped: &mut u64, event: AsyncEvent) {
         if subscriber.mailbox.len() >= MAILBOX_MAX {
-            self.dropped += 1;
+            *dropped += 1;
+            let id = subscriber.id;
             tracing::warn!("{event}: dropped, the mailbox of endpoint {id} is full");
             return;
         }
@@ -194,15 +194,13 @@ mod hub {
     use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
     use cm_core::{AsyncEvent, CmError};
-    use cm_sys::{AsyncEvents, DeviceKey};
+    use cm_sys::AsyncEvents;
 
     use super::{Object, Routes};
 
     /// One device context's event stream and its routes.
     #[derive(Debug)]
     pub(crate) struct DeviceHub {
-        key: DeviceKey,
-        name: String,
         /// Read only under `routes`' lock (so one object's events keep their order);
         /// its descriptor is waited on without it.
         events: AsyncEvents,
@@ -218,13 +216,12 @@ mod hub {
         let key = events.device_key();
         let mut hubs = HUBS.lock().unwrap_or_else(PoisonError::into_inner);
         hubs.retain(|hub| hub.strong_count() > 0);
-        if let Some(hub) = hubs.iter().filter_map(Weak::upgrade).find(|h| h.key == key) {
+        let mut alive = hubs.iter().filter_map(Weak::upgrade);
+        if let Some(hub) = alive.find(|h| h.events.device_key() == key) {
             return Ok(hub);
         }
         events.set_nonblocking(true)?;
         let hub = Arc::new(DeviceHub {
-            key,
-            name: events.device_name(),
             events,
             routes: Mutex::new(Routes::default()),
         });
@@ -248,13 +245,8 @@ mod hub {
         }
 
         /// The device's name.
-        pub(crate) fn name(&self) -> &str {
-            &self.name
-        }
-
-        /// The device context.
-        pub(crate) fn key(&self) -> DeviceKey {
-            self.key
+        pub(crate) fn name(&self) -> String {
+            self.events.device_name()
         }
 
         /// Adds subscriber `id` (see [`Routes::subscribe`]).

@@ -137,8 +137,6 @@ pub struct RdmaTransport {
     wake_noted: AtomicBool,
     /// This transport's number among the subscribers of its devices' events.
     subscriber: u64,
-    /// The hubs of the devices this transport holds, to claim objects on.
-    hubs: Vec<Arc<DeviceHub>>,
 }
 
 impl RdmaTransport {
@@ -170,7 +168,6 @@ impl RdmaTransport {
             wake,
             wake_noted: AtomicBool::new(false),
             subscriber: NEXT_SUBSCRIBER.fetch_add(1, Ordering::Relaxed),
-            hubs: Vec::new(),
         })
     }
 
@@ -228,20 +225,6 @@ impl RdmaTransport {
             self.wake.drain()?;
         }
         Ok(())
-    }
-
-    /// Forgets the hub of a device given back (its subscription ends with it).
-    fn forget_hub(&mut self, device: &RdmaDevice) {
-        self.hubs.retain(|hub| !Arc::ptr_eq(hub, &device.hub));
-    }
-
-    /// The hub of the device `id` is on, if this transport holds it.
-    fn hub_of_id(&self, id: &CmId) -> Option<&DeviceHub> {
-        let key = id.device_key()?;
-        self.hubs
-            .iter()
-            .find(|hub| hub.key() == key)
-            .map(|hub| &**hub)
     }
 
     /// When the transport was made: the origin of [`Transport::now`].
@@ -436,16 +419,12 @@ impl Transport for RdmaTransport {
         self.channel.create_id_in(space)
     }
 
-    fn claim_qp(&mut self, id: &CmId, qp: QpNum) {
-        if let Some(hub) = self.hub_of_id(id) {
-            hub.claim(self.subscriber, Object::Qp(qp.0));
-        }
+    fn claim_qp(&mut self, device: &RdmaDevice, qp: QpNum) {
+        device.hub.claim(self.subscriber, Object::Qp(qp.0));
     }
 
-    fn release_qp(&mut self, id: &CmId, qp: QpNum) {
-        if let Some(hub) = self.hub_of_id(id) {
-            hub.release(self.subscriber, Object::Qp(qp.0));
-        }
+    fn release_qp(&mut self, device: &RdmaDevice, qp: QpNum) {
+        device.hub.release(self.subscriber, Object::Qp(qp.0));
     }
 
     fn set_min_rnr_timer(&mut self, id: &CmId, timer: u8) -> Result<(), CmError> {
@@ -543,7 +522,6 @@ impl Transport for RdmaTransport {
         let waker = self.waker()?.expect("the real backend has a waker");
         let hub = hub_of(events)?;
         hub.subscribe(self.subscriber, waker);
-        self.hubs.push(Arc::clone(&hub));
         Ok(RdmaDevice {
             hub,
             subscriber: self.subscriber,
@@ -564,8 +542,7 @@ impl Transport for RdmaTransport {
             device.completions.as_raw_fd(),
         ];
         self.idle.retain(|fd| !fds.contains(fd));
-        self.forget_hub(&device);
-        self.removed.push(device.hub.name().to_string());
+        self.removed.push(device.hub.name());
         // A new removal retries quickly again.
         self.removal_retry = RemovalRetry::begin();
         drop(device);
@@ -577,7 +554,6 @@ impl Transport for RdmaTransport {
             device.completions.as_raw_fd(),
         ];
         self.idle.retain(|fd| !fds.contains(fd));
-        self.forget_hub(&device);
         // The device is still there: nothing to retry. Its context stays open in
         // librdmacm until a refresh finds it gone, which the monitor brings about.
         drop(device);
@@ -717,6 +693,10 @@ impl Transport for RdmaTransport {
         id.create_qp_shared(shared, caps.send_depth + caps.work_depth)
     }
 
+    fn prepare_qps_shared(&mut self, shared: &SharedQueues, caps: &QueueCaps) {
+        shared.prepare_ready(caps.send_depth + caps.work_depth);
+    }
+
     fn ready_qps(&self, shared: &SharedQueues) -> (usize, u64) {
         let stats = shared.ready_qps();
         (stats.ready, stats.taken)
@@ -778,12 +758,9 @@ impl Transport for RdmaTransport {
         shared.arm_limit(limit)
     }
 
-    fn release_shared(&mut self, shared: SharedQueues) {
-        let key = shared.device_key();
-        if let Some(hub) = self.hubs.iter().find(|hub| hub.key() == key) {
-            for object in shared_objects(&shared) {
-                hub.release(self.subscriber, object);
-            }
+    fn release_shared(&mut self, device: &RdmaDevice, shared: SharedQueues) {
+        for object in shared_objects(&shared) {
+            device.hub.release(self.subscriber, object);
         }
         // Only the handle: QPs still on the queues keep them until they are destroyed.
         drop(shared);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cm_testkit::{addresses, report, CmMadRule};
 use cm_verbs::rdma::RdmaTransport;
-use cm_verbs::{Endpoint, EstablishedVia, Event, ListenOptions, Role};
+use cm_verbs::{Endpoint, EstablishedVia, ListenOptions, Role};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
@@ -67,15 +67,7 @@ fn a_server_on_the_api_rescues_lost_rtus_with_no_application_code() {
     };
     let mut server = common::endpoint();
     let listen = SocketAddr::new(addrs.addr_a, 7511);
-    server
-        .listen(
-            listen,
-            ListenOptions {
-                establish_timeout: Some(Duration::from_secs(40)),
-                ..ListenOptions::default()
-            },
-        )
-        .expect("listen");
+    common::listen_for_rescues(&mut server, listen);
     let client = echo_clients(addrs.addr_b, vec![listen; 3]);
     let vias = serve(&mut server, 3);
     let client_vias = client.join().expect("client thread");
@@ -92,15 +84,7 @@ fn a_server_on_the_api_rescues_lost_rtus_with_no_application_code() {
     assert_eq!(server.counters().forced, 3);
     // The clients disconnect: each connection closes exactly once, with nothing else
     // reported established.
-    let mut closed = 0;
-    while closed < 3 {
-        match server.next_event(WAIT).expect("a close within the wait") {
-            Event::Closed { .. } => closed += 1,
-            Event::Established { .. } => panic!("a second ESTABLISHED"),
-            _ => {}
-        }
-    }
-    assert_eq!(server.connection_count(), 0);
+    common::all_closed(&mut server, 3);
 }
 
 #[test]
@@ -174,10 +158,11 @@ fn a_waker_on_another_thread_ends_a_blocking_wait() {
     ));
 }
 
-/// QPs made ahead of requests (`SharedCaps::ready_qps`) on the real kernel: the first
-/// connection's QP is made on its request and starts the pool; once it is full, the
-/// next two accepts take ready QPs (`EndpointStats::ready_qps_taken`), and their
-/// connections carry messages both ways like any other.
+/// QPs made ahead of requests (`SharedCaps::ready_qps`) on the real kernel: a listener
+/// on the device's address makes its shared queues and fills the pool before any
+/// request (nothing taken yet); the next two accepts take ready QPs
+/// (`EndpointStats::ready_qps_taken`), and their connections carry messages both ways
+/// like any other.
 #[test]
 fn accepts_take_qps_made_ahead_of_their_requests() {
     const TEST: &str = "accepts_take_qps_made_ahead_of_their_requests";
@@ -194,23 +179,7 @@ fn accepts_take_qps_made_ahead_of_their_requests() {
     server
         .listen(listen, ListenOptions::default())
         .expect("listen");
-    let (go, gone) = std::sync::mpsc::channel::<()>();
-    let src = addrs.addr_b;
-    let client = std::thread::spawn(move || {
-        let mut client = common::endpoint();
-        // The first connection stays up: the shared queues, and their pool, with it.
-        let first = common::connected(&mut client, src, listen);
-        gone.recv().expect("the server's go");
-        let two = [0, 1].map(|_| common::connected(&mut client, src, listen));
-        for conn in two {
-            client.send(conn, b"ahead").expect("send");
-            assert_eq!(client.recv(conn, WAIT).expect("echo"), b"ahead");
-        }
-        for conn in two.into_iter().chain([first]) {
-            client.disconnect(conn).expect("disconnect");
-        }
-    });
-    let first = server.accept(WAIT).expect("accept");
+    assert_eq!(server.stats().shared_queue_devices, 1, "made at listen");
     let deadline = std::time::Instant::now() + WAIT.expect("a bound");
     while server.stats().ready_qps < 2 {
         assert!(
@@ -218,20 +187,26 @@ fn accepts_take_qps_made_ahead_of_their_requests() {
             "the pool never filled: {:?}",
             server.stats()
         );
-        server.process().expect("process");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(
-        server.stats().ready_qps_taken,
-        0,
-        "the first QP was made on its request"
-    );
-    go.send(()).expect("go");
+    assert_eq!(server.stats().ready_qps_taken, 0, "no request yet");
+    let src = addrs.addr_b;
+    let client = std::thread::spawn(move || {
+        let mut client = common::endpoint();
+        let two = [0, 1].map(|_| common::connected(&mut client, src, listen));
+        for conn in two {
+            client.send(conn, b"ahead").expect("send");
+            assert_eq!(client.recv(conn, WAIT).expect("echo"), b"ahead");
+        }
+        for conn in two {
+            client.disconnect(conn).expect("disconnect");
+        }
+    });
     let vias = serve(&mut server, 2);
     let taken = server.stats().ready_qps_taken;
     client.join().expect("client thread");
     report(&format!(
-        "{TEST}: accepts on QPs made ahead {taken}, established via {vias:?}, first {first:?}"
+        "{TEST}: accepts on QPs made ahead {taken}, established via {vias:?}"
     ));
     assert_eq!(taken, 2);
 }

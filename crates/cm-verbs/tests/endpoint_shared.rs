@@ -14,7 +14,8 @@ use cm_mock::sim::{
 use cm_verbs::core::{AsyncEvent, AsyncEventType, EventElement};
 use cm_verbs::{
     CloseReason, ConnError, ConnectOptions, ConnectionId, Endpoint, EndpointOptions,
-    EstablishedVia, Event, ListenOptions, QpErrorDetail, QueueCaps, SharedCaps, Trigger,
+    EstablishedVia, Event, ListenOptions, ListenerId, QpErrorDetail, QueueCaps, SharedCaps,
+    Trigger,
 };
 
 const PORT: u16 = 7495;
@@ -51,13 +52,13 @@ fn endpoints(config: SimConfig, seed: u64) -> (SimFabric, SimEndpoint, SimEndpoi
     )
 }
 
-fn listen(server: &mut SimEndpoint, caps: QueueCaps) {
+fn listen(server: &mut SimEndpoint, caps: QueueCaps) -> ListenerId {
     let addr = server.transport().addr(PORT);
     let options = ListenOptions {
         caps,
         ..ListenOptions::default()
     };
-    server.listen(addr, options).unwrap();
+    server.listen(addr, options).unwrap()
 }
 
 fn connect(server: &SimEndpoint, client: &mut SimEndpoint) -> ConnectionId {
@@ -89,6 +90,24 @@ fn run(
             return;
         }
     }
+}
+
+/// Steps the fabric until nothing is left; how many connections the server saw
+/// established. No client connection may close.
+fn run_established(
+    fabric: &SimFabric,
+    server: &mut SimEndpoint,
+    client: &mut SimEndpoint,
+) -> usize {
+    let mut established = 0;
+    run(
+        fabric,
+        server,
+        client,
+        |_, event| established += usize::from(matches!(event, Event::Established { .. })),
+        |_, event| assert!(!matches!(event, Event::Closed { .. }), "{event:?}"),
+    );
+    established
 }
 
 /// Twenty clients, every RTU lost, both sides on shared queues: each server connection
@@ -405,14 +424,7 @@ fn a_shared_receive_queue_error_ends_its_connections_and_the_next_get_their_own(
     for _ in 0..3 {
         connect(&server, &mut client);
     }
-    let mut established = 0;
-    run(
-        &fabric,
-        &mut server,
-        &mut client,
-        |_, event| established += usize::from(matches!(event, Event::Established { .. })),
-        |_, event| assert!(!matches!(event, Event::Closed { .. }), "{event:?}"),
-    );
+    let established = run_established(&fabric, &mut server, &mut client);
     assert_eq!((established, server.stats().shared_queue_devices), (3, 1));
     let error = AsyncEvent {
         event_type: AsyncEventType::SrqErr,
@@ -472,5 +484,48 @@ fn a_shared_receive_queue_error_ends_its_connections_and_the_next_get_their_own(
         },
     );
     assert_eq!(echoed, vec![b"again".to_vec()], "{conn}");
+    assert_eq!(server.stats().shared_queue_devices, 0);
+}
+
+#[test]
+fn a_listener_makes_its_devices_shared_queues_before_any_request() {
+    let (fabric, mut server, mut client) = endpoints(SimConfig::default(), 31);
+    let listener = listen(&mut server, CAPS);
+    assert_eq!(
+        server.stats().shared_queue_devices,
+        1,
+        "made at listen: the first request does not wait for them"
+    );
+    let conn = connect(&server, &mut client);
+    let established = run_established(&fabric, &mut server, &mut client);
+    assert_eq!(established, 1, "{conn}");
+    assert_eq!(server.stats().shared_queue_devices, 1, "the same set");
+    // The listener and the connection each hold the device: the queues stay until both
+    // are gone.
+    server.close_listener(listener).unwrap();
+    assert_eq!(
+        server.stats().shared_queue_devices,
+        1,
+        "the connection uses them"
+    );
+    client.disconnect(conn).unwrap();
+    run(&fabric, &mut server, &mut client, |_, _| {}, |_, _| {});
+    assert_eq!(
+        server.stats().shared_queue_devices,
+        0,
+        "given back with the last user of the device"
+    );
+}
+
+#[test]
+fn a_listener_whose_messages_exceed_the_pool_makes_no_shared_queues() {
+    let (_fabric, mut server, _client) = endpoints(SimConfig::default(), 32);
+    listen(
+        &mut server,
+        QueueCaps {
+            buffer_size: POOL.buffer_size * 2,
+            ..CAPS
+        },
+    );
     assert_eq!(server.stats().shared_queue_devices, 0);
 }

@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use cm_testkit::{addresses, kernel_cm_ids, leaked_cm_ids, report, CmMadRule, FaultRow};
-use cm_verbs::{EstablishedVia, Event, ListenOptions, PumpCounters};
+use cm_verbs::{EstablishedVia, ListenOptions, PumpCounters};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
 /// Connections per server endpoint.
@@ -30,15 +30,7 @@ fn server(
 ) -> std::thread::JoinHandle<(Vec<EstablishedVia>, PumpCounters)> {
     std::thread::spawn(move || {
         let mut server = common::endpoint();
-        server
-            .listen(
-                listen,
-                ListenOptions {
-                    establish_timeout: Some(Duration::from_secs(40)),
-                    ..ListenOptions::default()
-                },
-            )
-            .expect("listen");
+        common::listen_for_rescues(&mut server, listen);
         listening.send(()).expect("the test waits");
         let mut vias = Vec::new();
         for _ in 0..EACH {
@@ -53,15 +45,7 @@ fn server(
             let message = server.recv(conn, WAIT).expect("the client's message");
             server.send(conn, &message).expect("echo");
         }
-        let mut closed = 0;
-        while closed < EACH {
-            match server.next_event(WAIT).expect("a close within the wait") {
-                Event::Closed { .. } => closed += 1,
-                Event::Established { .. } => panic!("a second ESTABLISHED"),
-                _ => {}
-            }
-        }
-        assert_eq!(server.connection_count(), 0);
+        common::all_closed(&mut server, EACH);
         (vias, server.counters())
     })
 }

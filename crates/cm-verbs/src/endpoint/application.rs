@@ -23,11 +23,12 @@ impl<T: Transport> Endpoint<T> {
         &mut self,
         conn: ConnectionId,
         id: T::Id,
+        device_index: usize,
         qp: QpNum,
         role: Role,
     ) -> Result<(), cm_core::CmError> {
         self.by_qp.insert(qp, SlotIndex::of(conn));
-        self.transport.claim_qp(&id, qp);
+        self.transport.claim_qp(&self.devices[device_index], qp);
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = QpSlot::new(qp);
         entry.application_qp = true;

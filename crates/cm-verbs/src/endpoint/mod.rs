@@ -582,10 +582,13 @@ impl<T: Transport> Endpoint<T> {
         self.transport.listen(&id, options.backlog)?;
         // A listener bound to a device's address knows its device now: open its reader
         // before any request can arrive. It uses the reader until it is closed.
-        let device = self.device_for(&id)?.map(|(_, key)| key);
-        if let Some(key) = device {
+        // Its shared queues too: the first request does not wait for them.
+        let device = self.device_for(&id)?;
+        if let Some((index, key)) = device {
             self.device_use(key);
+            self.prepare_shared(&id, index, &options.caps);
         }
+        let device = device.map(|(_, key)| key);
         let index = match self.listeners.iter().position(Option::is_none) {
             Some(free) => free,
             None => {

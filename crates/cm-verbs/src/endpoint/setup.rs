@@ -103,7 +103,7 @@ impl<T: Transport> Endpoint<T> {
         }
         self.device_use(key);
         if let Some(qp) = application_qp {
-            return self.adopt_application_qp(conn, id, qp, role);
+            return self.adopt_application_qp(conn, id, device_index, qp, role);
         }
         let caps = self.live(conn).expect("live connection").caps;
         let shared = self.shared_for_setup(&id, device_index, &caps);
@@ -133,7 +133,7 @@ impl<T: Transport> Endpoint<T> {
             }
         };
         self.by_qp.insert(qp, super::SlotIndex::of(conn));
-        self.transport.claim_qp(&id, qp);
+        self.transport.claim_qp(&self.devices[device_index], qp);
         let entry = self.live_mut(conn).expect("live connection");
         entry.qp = super::QpSlot::new(qp);
         entry.buffers = buffers;

@@ -1,8 +1,9 @@
 //! Queues a device context's connections share ([`EndpointOptions::shared_queues`]):
 //! one shared receive queue with one registered pool of receive buffers, one pool of
-//! send buffers, and one send and one receive completion queue, made when the first
-//! connection on the device is set up and given back with its last (the device's
-//! reader closes then). A connection on them has only its QP: nothing is registered and
+//! send buffers, and one send and one receive completion queue, made when a listener
+//! starts listening on an address of the device or else when the first connection on
+//! it is set up, and given back with the last listener or connection on the device
+//! (the device's reader closes then). A connection on them has only its QP: nothing is registered and
 //! no completion queue created on its accept path; the receive queue grows by the
 //! connection's receive depth until the pool is all posted.
 //!
@@ -115,11 +116,39 @@ impl<T: Transport> SharedQueues<T> {
 
 impl<T: Transport> Endpoint<T> {
     /// The shared queues a connection of `conn_caps` being set up on `device_index`
-    /// uses: made on the first use (every receive posted), `None` when the endpoint
-    /// keeps per-connection queues, the connection's messages are larger than the
-    /// pool's buffers, or the device could not make them (its connections then keep
-    /// their own; the reason is logged once).
+    /// uses: made on the first use (a listener bound to the device made them already),
+    /// `None` when the endpoint keeps per-connection queues, the connection's messages
+    /// are larger than the pool's buffers, or the device could not make them (its
+    /// connections then keep their own; the reason is logged once).
     pub(super) fn shared_for_setup(
+        &mut self,
+        id: &T::Id,
+        device_index: usize,
+        conn_caps: &cm_core::QueueCaps,
+    ) -> Option<usize> {
+        let index = self.shared_set(id, device_index, conn_caps)?;
+        self.grow_receives(index, conn_caps.recv_depth);
+        Some(index)
+    }
+
+    /// Makes the shared queues of a listener's device when it starts listening (on an
+    /// address of the device), so that its first request does not wait for them: the
+    /// pool's registration, the queues and the first QPs made ahead are ready before
+    /// any client is. Nothing is posted yet (each connection brings its receives).
+    pub(super) fn prepare_shared(
+        &mut self,
+        id: &T::Id,
+        device_index: usize,
+        caps: &cm_core::QueueCaps,
+    ) {
+        if let Some(index) = self.shared_set(id, device_index, caps) {
+            self.transport
+                .prepare_qps_shared(&self.shared.sets[index].queues, caps);
+        }
+    }
+
+    /// The index of the shared set of `device_index`, made now if it is not yet.
+    fn shared_set(
         &mut self,
         id: &T::Id,
         device_index: usize,
@@ -130,41 +159,39 @@ impl<T: Transport> Endpoint<T> {
             return None;
         }
         let key = self.device_keys[device_index];
-        let index = match self.shared.index(key) {
-            Some(index) => index,
-            None if self.shared.refused.contains(&key) => return None,
-            None => {
-                let device = &self.devices[device_index];
-                match self
-                    .transport
-                    .create_shared(id, device, SHARED_TOKEN, &caps)
-                {
-                    Ok(queues) => {
-                        self.shared.sets.push(SharedSet {
-                            key,
-                            queues,
-                            caps,
-                            // Popped from the end: buffer 0 first.
-                            free_sends: (0..caps.send_slots).rev().collect(),
-                            posted: 0,
-                            limit_armed: false,
-                            waiters: std::collections::VecDeque::new(),
-                            limit_fired: false,
-                        });
-                        self.shared.sets.len() - 1
-                    }
-                    Err(error) => {
-                        tracing::warn!(
-                            "device {key:?}: no shared queues ({error}), each connection keeps its own"
-                        );
-                        self.shared.refused.push(key);
-                        return None;
-                    }
-                }
+        if let Some(index) = self.shared.index(key) {
+            return Some(index);
+        }
+        if self.shared.refused.contains(&key) {
+            return None;
+        }
+        let device = &self.devices[device_index];
+        match self
+            .transport
+            .create_shared(id, device, SHARED_TOKEN, &caps)
+        {
+            Ok(queues) => {
+                self.shared.sets.push(SharedSet {
+                    key,
+                    queues,
+                    caps,
+                    // Popped from the end: buffer 0 first.
+                    free_sends: (0..caps.send_slots).rev().collect(),
+                    posted: 0,
+                    limit_armed: false,
+                    waiters: std::collections::VecDeque::new(),
+                    limit_fired: false,
+                });
+                Some(self.shared.sets.len() - 1)
             }
-        };
-        self.grow_receives(index, conn_caps.recv_depth);
-        Some(index)
+            Err(error) => {
+                tracing::warn!(
+                    "device {key:?}: no shared queues ({error}), each connection keeps its own"
+                );
+                self.shared.refused.push(key);
+                None
+            }
+        }
     }
 
     /// Posts up to `by` more receives on set `index`'s queue (a connection joins it),
@@ -229,7 +256,13 @@ impl<T: Transport> Endpoint<T> {
         if let Some(index) = self.shared.index(key) {
             let set = self.shared.sets.swap_remove(index);
             self.shared.ready_taken_before += self.transport.ready_qps(&set.queues).1;
-            self.transport.release_shared(set.queues);
+            // Every caller gives the queues back before the device's reader.
+            match self.device_index(key) {
+                Some(index) => self
+                    .transport
+                    .release_shared(&self.devices[index], set.queues),
+                None => drop(set.queues),
+            }
         }
     }
 
@@ -336,9 +369,7 @@ impl<T: Transport> Endpoint<T> {
     fn arm_unarmed_shared(&mut self) -> bool {
         self.shared_unarmed = false;
         let keys = self.shared.sets.iter().map(|set| set.key);
-        let devices: Vec<usize> = keys
-            .filter_map(|key| self.device_keys.iter().position(|k| *k == key))
-            .collect();
+        let devices: Vec<usize> = keys.filter_map(|key| self.device_index(key)).collect();
         for device_index in devices {
             self.on_shared_cq_event(device_index);
         }

@@ -37,7 +37,7 @@ impl<T: Transport> Endpoint<T> {
         let Some(key) = self.transport.device_key(id) else {
             return Ok(None);
         };
-        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+        if let Some(index) = self.device_index(key) {
             return Ok(Some((index, key)));
         }
         let device = self.transport.open_device(id)?;
@@ -47,9 +47,14 @@ impl<T: Transport> Endpoint<T> {
         Ok(Some((self.devices.len() - 1, key)))
     }
 
+    /// Where the reader of `key` is in `devices`, if it is open. O(devices).
+    pub(super) fn device_index(&self, key: T::DeviceKey) -> Option<usize> {
+        self.device_keys.iter().position(|k| *k == key)
+    }
+
     /// A listener or connection uses the reader of `key` from now on.
     pub(super) fn device_use(&mut self, key: T::DeviceKey) {
-        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+        if let Some(index) = self.device_index(key) {
             self.device_users[index] += 1;
         }
     }
@@ -58,7 +63,7 @@ impl<T: Transport> Endpoint<T> {
     /// the reader is closed, so that nothing of ours keeps the device (a reader already
     /// given back after a removal is not there any more).
     pub(super) fn device_unuse(&mut self, key: T::DeviceKey) {
-        let Some(index) = self.device_keys.iter().position(|k| *k == key) else {
+        let Some(index) = self.device_index(key) else {
             return;
         };
         self.device_users[index] = self.device_users[index].saturating_sub(1);
@@ -83,7 +88,7 @@ impl<T: Transport> Endpoint<T> {
     pub(super) fn device_lost(&mut self, key: T::DeviceKey, reason: &CloseReason) {
         // The reader first, given back as lost: the closes below then find no reader to
         // close as unused.
-        if let Some(index) = self.device_keys.iter().position(|k| *k == key) {
+        if let Some(index) = self.device_index(key) {
             self.release_shared_of(key);
             self.device_keys.swap_remove(index);
             self.device_users.swap_remove(index);
@@ -249,7 +254,10 @@ impl<T: Transport> Endpoint<T> {
         // The QP's claim goes before the device may be given back with its last user.
         if let Some(qp) = entry.qp.get() {
             self.by_qp.remove(qp);
-            self.transport.release_qp(&entry.id, qp);
+            let device = entry.device.and_then(|key| self.device_index(key));
+            if let Some(index) = device {
+                self.transport.release_qp(&self.devices[index], qp);
+            }
             drop(self.pump.unregister(qp));
         }
         if let Some(key) = entry.device {

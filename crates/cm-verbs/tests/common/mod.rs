@@ -43,6 +43,30 @@ pub(crate) fn connected(
     conn
 }
 
+/// Listens on `addr` with an establish timeout long enough for a lost RTU's rescue
+/// under emulation (40 s).
+pub(crate) fn listen_for_rescues(server: &mut Endpoint<RdmaTransport>, addr: SocketAddr) {
+    let options = cm_verbs::ListenOptions {
+        establish_timeout: Some(Duration::from_secs(40)),
+        ..cm_verbs::ListenOptions::default()
+    };
+    server.listen(addr, options).expect("listen");
+}
+
+/// Waits until `n` connections of `server` have closed, each reported once and none
+/// established again meanwhile; then none is left.
+pub(crate) fn all_closed(server: &mut Endpoint<RdmaTransport>, n: usize) {
+    let mut closed = 0;
+    while closed < n {
+        match server.next_event(WAIT).expect("a close within the wait") {
+            cm_verbs::Event::Closed { .. } => closed += 1,
+            cm_verbs::Event::Established { .. } => panic!("a second ESTABLISHED"),
+            _ => {}
+        }
+    }
+    assert_eq!(server.connection_count(), 0);
+}
+
 /// Runs the `rdma` tool with `args`.
 pub(crate) fn rdma(args: &[&str]) -> std::process::Output {
     Command::new("rdma").args(args).output().expect("run rdma")

@@ -408,7 +408,7 @@ impl Transport for SimTransport {
         self.shared_arm_limit(shared, limit)
     }
 
-    fn release_shared(&mut self, shared: SimShared) {
+    fn release_shared(&mut self, _device: &SimDeviceReader, shared: SimShared) {
         self.shared_release(shared);
     }
 
