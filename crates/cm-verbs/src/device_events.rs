@@ -18,10 +18,11 @@
 //! - an event about the device or a port (device fatal, port down, GID change) goes to
 //!   every subscriber.
 //!
-//! An event for another subscriber lands in its mailbox and wakes its wait (the waker
-//! it subscribed with). A subscriber takes its mailbox before it reads the stream, and
-//! the stream is read under the hub's lock, so the events of one object reach their
-//! owner in the kernel's order. Events are acknowledged as they are read (cm-sys), so
+//! An event for another subscriber lands in its mailbox, raises its [`MailFlag`] and
+//! wakes its wait (the waker it subscribed with). A subscriber takes its mailbox before
+//! it reads the stream, and the stream is read under the hub's lock, so the events of
+//! one object reach their owner in the kernel's order; a pass that does not read the
+//! stream looks at the flag alone, without the lock. Events are acknowledged as they are read (cm-sys), so
 //! a QP's destruction never waits for a subscriber to take its mail.
 //!
 //! A mailbox holds at most [`MAILBOX_MAX`] events: its owner empties it on every pass,
@@ -31,6 +32,7 @@
 //! trigger, and the kernel's own event queue of a context has no bound either.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::task::Waker;
 
 use cm_core::{AsyncEvent, EventElement};
@@ -58,11 +60,34 @@ enum Route {
     Everyone,
 }
 
-/// One subscriber: its number, its mailbox and how to wake it.
+/// Whether a subscriber's mailbox may hold mail: raised with each event posted and
+/// lowered when the mailbox is emptied, both under the hub's lock; read without it, so
+/// that a pass with nothing posted takes no lock. A post raises it before it wakes the
+/// owner, so the pass after the wake-up sees it raised.
+#[derive(Debug, Clone)]
+pub(crate) struct MailFlag(Arc<crate::wake::sync::AtomicBool>);
+
+impl MailFlag {
+    fn new() -> Self {
+        MailFlag(Arc::new(crate::wake::sync::AtomicBool::new(false)))
+    }
+
+    fn set(&self, raised: bool) {
+        self.0.store(raised, crate::wake::sync::Ordering::Release);
+    }
+
+    /// Whether mail may be waiting.
+    pub(crate) fn raised(&self) -> bool {
+        self.0.load(crate::wake::sync::Ordering::Acquire)
+    }
+}
+
+/// One subscriber: its number, its mailbox, its flag and how to wake it.
 #[derive(Debug)]
 struct Subscriber {
     id: u64,
     mailbox: VecDeque<AsyncEvent>,
+    mail: MailFlag,
     waker: Waker,
 }
 
@@ -77,14 +102,18 @@ pub(crate) struct Routes {
 }
 
 impl Routes {
-    /// Adds subscriber `id`, woken with `waker` when an event lands in its mailbox.
-    pub(crate) fn subscribe(&mut self, id: u64, waker: Waker) {
+    /// Adds subscriber `id`, woken with `waker` when an event lands in its mailbox;
+    /// the flag raised then.
+    pub(crate) fn subscribe(&mut self, id: u64, waker: Waker) -> MailFlag {
         debug_assert!(self.subscribers.iter().all(|s| s.id != id));
+        let mail = MailFlag::new();
         self.subscribers.push(Subscriber {
             id,
             mailbox: VecDeque::new(),
+            mail: mail.clone(),
             waker,
         });
+        mail
     }
 
     /// Removes subscriber `id`, its claims and its mail; how many subscribers are left.
@@ -107,13 +136,14 @@ impl Routes {
         }
     }
 
-    /// The oldest event in `id`'s mailbox.
+    /// The oldest event in `id`'s mailbox (its flag lowered once it is empty).
     pub(crate) fn take_mail(&mut self, id: u64) -> Option<AsyncEvent> {
-        self.subscribers
-            .iter_mut()
-            .find(|s| s.id == id)?
-            .mailbox
-            .pop_front()
+        let subscriber = self.subscribers.iter_mut().find(|s| s.id == id)?;
+        let event = subscriber.mailbox.pop_front();
+        if subscriber.mailbox.is_empty() {
+            subscriber.mail.set(false);
+        }
+        event
     }
 
     /// How many events were dropped at a full mailbox.
@@ -180,6 +210,7 @@ impl Routes {
             return;
         }
         subscriber.mailbox.push_back(event);
+        subscriber.mail.set(true);
         subscriber.waker.wake_by_ref();
     }
 }
@@ -196,7 +227,7 @@ mod hub {
     use cm_core::{AsyncEvent, CmError};
     use cm_sys::AsyncEvents;
 
-    use super::{Object, Routes};
+    use super::{MailFlag, Object, Routes};
 
     /// One device context's event stream and its routes.
     #[derive(Debug)]
@@ -250,8 +281,8 @@ mod hub {
         }
 
         /// Adds subscriber `id` (see [`Routes::subscribe`]).
-        pub(crate) fn subscribe(&self, id: u64, waker: std::task::Waker) {
-            self.routes().subscribe(id, waker);
+        pub(crate) fn subscribe(&self, id: u64, waker: std::task::Waker) -> MailFlag {
+            self.routes().subscribe(id, waker)
         }
 
         /// Removes subscriber `id` with its claims and mail.
@@ -269,14 +300,19 @@ mod hub {
             self.routes().release(id, object);
         }
 
-        /// Subscriber `id`'s next event: from its mailbox, else from the stream when
-        /// `read_stream` (the last wait did not find the stream idle), routing what
-        /// belongs to others on the way. Never waits.
+        /// Subscriber `id`'s next event: from its mailbox (`mail`, its flag), else
+        /// from the stream when `read_stream` (the last wait did not find the stream
+        /// idle), routing what belongs to others on the way. Never waits; takes the
+        /// lock only when the flag is raised or the stream is to be read.
         pub(crate) fn next_for(
             &self,
             id: u64,
+            mail: &MailFlag,
             read_stream: bool,
         ) -> Result<Option<AsyncEvent>, CmError> {
+            if !read_stream && !mail.raised() {
+                return Ok(None);
+            }
             let mut routes = self.routes();
             if let Some(event) = routes.take_mail(id) {
                 return Ok(Some(event));
@@ -339,6 +375,24 @@ mod tests {
         assert_eq!(routes.take_mail(2), Some(comm_est(7)));
         assert_eq!(routes.deliver(2, comm_est(7)), Some(comm_est(7)), "its own");
         assert_eq!(routes.take_mail(2), None);
+    }
+
+    #[test]
+    fn the_mail_flag_is_raised_by_a_post_and_lowered_once_the_mailbox_is_empty() {
+        let mut routes = Routes::default();
+        routes.subscribe(1, Waker::noop().clone());
+        let mail = routes.subscribe(2, Waker::noop().clone());
+        routes.claim(2, Object::Qp(7));
+        assert!(!mail.raised());
+        routes.deliver(1, comm_est(7));
+        routes.deliver(1, comm_est(7));
+        assert!(mail.raised());
+        assert_eq!(routes.take_mail(2), Some(comm_est(7)));
+        assert!(mail.raised(), "one left");
+        assert_eq!(routes.take_mail(2), Some(comm_est(7)));
+        assert!(!mail.raised(), "emptied");
+        assert_eq!(routes.deliver(2, comm_est(7)), Some(comm_est(7)));
+        assert!(!mail.raised(), "its own read: nothing posted");
     }
 
     #[test]

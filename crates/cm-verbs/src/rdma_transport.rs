@@ -35,7 +35,7 @@ use cm_core::{
     Transport, WorkCompletion,
 };
 
-use crate::device_events::{hub_of, DeviceHub, Object};
+use crate::device_events::{hub_of, DeviceHub, MailFlag, Object};
 use crate::rdma::WakeReader;
 use crate::removal_retry::{RemovalRetry, ANNOUNCED_RETRY_FOR};
 use cm_sys::{
@@ -52,6 +52,8 @@ pub struct RdmaDevice {
     hub: Arc<DeviceHub>,
     /// This endpoint's number among the hub's subscribers.
     subscriber: u64,
+    /// Raised while this endpoint's mailbox on the hub may hold mail.
+    mail: MailFlag,
     completions: CompletionChannel,
 }
 
@@ -521,10 +523,11 @@ impl Transport for RdmaTransport {
         // Another endpoint's mail for us wakes our wait through the wake-up socket.
         let waker = self.waker()?.expect("the real backend has a waker");
         let hub = hub_of(events)?;
-        hub.subscribe(self.subscriber, waker);
+        let mail = hub.subscribe(self.subscriber, waker);
         Ok(RdmaDevice {
             hub,
             subscriber: self.subscriber,
+            mail,
             completions,
         })
     }
@@ -533,7 +536,9 @@ impl Transport for RdmaTransport {
         self.drain_wake_noted()?;
         // The mailbox is read whatever the wait found: another endpoint fills it.
         let read_stream = !self.take_idle(device.async_fd().as_raw_fd());
-        device.hub.next_for(self.subscriber, read_stream)
+        device
+            .hub
+            .next_for(self.subscriber, &device.mail, read_stream)
     }
 
     fn release_device(&mut self, device: RdmaDevice) {

@@ -9,9 +9,9 @@
 //!   socket; no request is lost, however they interleave with the waiter's drain.
 //!
 //! The mailbox of a device's asynchronous events (`crate::device_events`), filled by
-//! another endpoint under the hub's lock and woken through a [`WakeFlag`], is modelled
-//! with them: no event routed to an endpoint is missed, however the routing interleaves
-//! with its wait.
+//! another endpoint under the hub's lock, flagged for its owner's lock-free look and
+//! woken through a [`WakeFlag`], is modelled with them: no event routed to an endpoint
+//! is missed, however the routing interleaves with its wait.
 //!
 //! What the rest of the handles do (a call registering its waker, the driver routing
 //! news, a call's registration removed when it ends) happens under one mutex and is
@@ -29,9 +29,9 @@ pub(crate) use gate::LockGate;
 pub(crate) use wake_flag::WakeFlag;
 
 /// The atomics: std's, or loom's when the models run.
-mod sync {
+pub(crate) mod sync {
     #[cfg(cm_loom)]
-    pub(super) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     #[cfg(not(cm_loom))]
-    pub(super) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 }
