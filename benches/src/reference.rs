@@ -5,7 +5,9 @@
 //! and each server's peak memory from `/proc/PID/status`: resident (`VmHWM`) and pinned
 //! (`VmPin` + `VmLck`, sampled every 50 ms), divided by N; and its CPU time from
 //! `/proc/PID/stat` (user + system, every thread), divided by N: whether a slower server
-//! works more per connection or waits more.
+//! works more per connection or waits more. cmtime's server and the default cmnotify
+//! server then run [`PAIRED_ROUNDS`] times back to back in all, and the median of the
+//! rounds' ratios is reported beside the first round's.
 //!
 //! Needs `cmtime` and `cmnotify` on `PATH`, `/usr/bin/rdma` (to see the listener), and
 //! `CMNOTIFY_ADDR_A` / `CMNOTIFY_ADDR_B` on RDMA devices: the VM has them. Elsewhere every
@@ -442,6 +444,50 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
     figures
 }
 
+/// Rounds of cmtime's server and the default cmnotify server run back to back at each N
+/// (the first is the runs of [`figures`]). The VM's speed drifts from one run to the
+/// next by more than the servers differ (cmtime's own connect step measured 2.0 to
+/// 2.7 ms per connection at 1000 over three runs of one build), so a ratio of one pair
+/// says little; the median of the pairs' ratios is reported beside it.
+pub const PAIRED_ROUNDS: usize = 3;
+
+/// The median over paired rounds (cmtime's run, then ours, back to back) of the
+/// connect and disconnect ratios, ours / cmtime's: keys `…_ratio_median`, each round's
+/// ratio in the note.
+pub fn paired_figures(connections: u32, pairs: &[(ServerRun, ServerRun)]) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for step in ["connect", "disconnect"] {
+        let mut ratios: Vec<f64> = pairs
+            .iter()
+            .filter_map(|(cmtime, ours)| {
+                Some(ours.steps.get(step)?.us_per_conn / cmtime.steps.get(step)?.us_per_conn)
+            })
+            .collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        ratios.sort_by(f64::total_cmp);
+        let mid = ratios.len() / 2;
+        let median = if ratios.len() % 2 == 1 {
+            ratios[mid]
+        } else {
+            (ratios[mid - 1] + ratios[mid]) / 2.0
+        };
+        figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/{step}_ratio_median"),
+            median,
+            "ratio",
+            &format!(
+                "{step} step per connection, cmnotify server / cmtime server, median of {} rounds back to back ({})",
+                listed.len(),
+                listed.join(", ")
+            ),
+        ));
+    }
+    figures
+}
+
 /// A run's server CPU time, µs.
 fn cpu_us(run: &ServerRun) -> f64 {
     run.memory.cpu_ticks as f64 * 1e6 / TICKS_PER_SECOND
@@ -469,15 +515,31 @@ pub fn measure(points: &[u32]) -> Vec<Figure> {
             run(Server::CmnotifyOwnQueues),
             run(Server::CmnotifyOnRequest),
         ) {
-            (Ok(cmtime), Ok(shared), Ok(own), Ok(on_request)) => out.extend(figures(
-                n,
-                &cmtime,
-                &[
-                    (Server::Cmnotify, &shared),
-                    (Server::CmnotifyOwnQueues, &own),
-                    (Server::CmnotifyOnRequest, &on_request),
-                ],
-            )),
+            (Ok(cmtime), Ok(shared), Ok(own), Ok(on_request)) => {
+                out.extend(figures(
+                    n,
+                    &cmtime,
+                    &[
+                        (Server::Cmnotify, &shared),
+                        (Server::CmnotifyOwnQueues, &own),
+                        (Server::CmnotifyOnRequest, &on_request),
+                    ],
+                ));
+                let mut pairs = vec![(cmtime, shared)];
+                for _ in 1..PAIRED_ROUNDS {
+                    match (run(Server::Cmtime), run(Server::Cmnotify)) {
+                        (Ok(cmtime), Ok(ours)) => pairs.push((cmtime, ours)),
+                        (Err(e), _) | (_, Err(e)) => {
+                            out.push(Figure::skipped(
+                                &format!("{KEY}/{n}/paired"),
+                                &format!("failed: {e}"),
+                            ));
+                            break;
+                        }
+                    }
+                }
+                out.extend(paired_figures(n, &pairs));
+            }
             (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => {
                 out.push(Figure::skipped(
                     &format!("{KEY}/{n}"),
@@ -591,6 +653,32 @@ destroy      :       2.00       0.10       1.00       2.00
             "100 ticks / 100"
         );
         assert_eq!(value("cpu_ratio"), Some(3.0));
+    }
+
+    #[test]
+    fn the_paired_ratio_is_the_median_of_the_rounds() {
+        let run = |connect: f64| ServerRun {
+            steps: [("connect".to_string(), row(connect))]
+                .into_iter()
+                .collect(),
+            memory: ServerUsage::default(),
+        };
+        let pairs = [
+            (run(100.0), run(150.0)),
+            (run(200.0), run(180.0)),
+            (run(100.0), run(80.0)),
+        ];
+        let figures = paired_figures(7, &pairs);
+        assert_eq!(figures.len(), 1, "no disconnect rows, no disconnect figure");
+        assert_eq!(figures[0].key, format!("{KEY}/7/connect_ratio_median"));
+        assert_eq!(figures[0].value, Some(0.9));
+        assert!(
+            figures[0].note.contains("1.50, 0.90, 0.80"),
+            "{}",
+            figures[0].note
+        );
+        let even = paired_figures(7, &pairs[..2]);
+        assert_eq!(even[0].value, Some(1.2), "two rounds: the mean of both");
     }
 
     fn row(us_per_conn: f64) -> StepRow {
