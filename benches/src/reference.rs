@@ -5,7 +5,11 @@
 //! and each server's peak memory from `/proc/PID/status`: resident (`VmHWM`) and pinned
 //! (`VmPin` + `VmLck`, sampled every 50 ms), divided by N; and its CPU time from
 //! `/proc/PID/stat` (user + system, every thread), divided by N: whether a slower server
-//! works more per connection or waits more. cmtime's server and the default cmnotify
+//! works more per connection or waits more; and its system calls of the read and write
+//! kinds from `/proc/PID/io` (`syscr` + `syscw`), divided by N: each librdmacm command
+//! is one `write(2)` to the CM device and each event or wake-up read one `read(2)`, so
+//! this counts the CM work a server asks for per connection, the same on every run
+//! where time is not (libibverbs' commands go through `ioctl(2)` and are not in it). cmtime's server and the default cmnotify
 //! server then run [`PAIRED_ROUNDS`] times back to back in all, and the median of the
 //! rounds' ratios is reported beside the first round's.
 //!
@@ -91,6 +95,9 @@ pub struct ServerUsage {
     /// CPU time, user and system, of all its threads at the last reading, in clock
     /// ticks (`/proc/PID/stat` fields 14 and 15; USER_HZ, 100 a second on Linux).
     pub cpu_ticks: u64,
+    /// System calls of the read and write kinds, all its threads, at the last reading
+    /// (`/proc/PID/io`: `syscr` + `syscw`).
+    pub syscalls: u64,
 }
 
 /// Clock ticks a second in `/proc/PID/stat` (USER_HZ: 100 on every Linux ABI).
@@ -108,6 +115,18 @@ impl ServerUsage {
         };
         self.rss_kib = self.rss_kib.max(field("VmHWM"));
         self.pinned_kib = self.pinned_kib.max(field("VmPin") + field("VmLck"));
+    }
+
+    /// Folds one reading of `/proc/PID/io` in: its read and write system calls so far.
+    pub fn add_io(&mut self, io: &str) {
+        let count = |name: &str| -> Option<u64> {
+            io.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        if let (Some(reads), Some(writes)) = (count("syscr"), count("syscw")) {
+            self.syscalls = self.syscalls.max(reads + writes);
+        }
     }
 
     /// Folds one reading of `/proc/PID/stat` in: its CPU time so far (`utime` +
@@ -141,6 +160,7 @@ impl Sampler {
             let mut peak = ServerUsage::default();
             let path = format!("/proc/{pid}/status");
             let stat = format!("/proc/{pid}/stat");
+            let io = format!("/proc/{pid}/io");
             while !stopped.load(Ordering::Relaxed) {
                 match std::fs::read_to_string(&path) {
                     Ok(status) => peak.add_status(&status),
@@ -148,6 +168,9 @@ impl Sampler {
                 }
                 if let Ok(text) = std::fs::read_to_string(&stat) {
                     peak.add_stat(&text);
+                }
+                if let Ok(text) = std::fs::read_to_string(&io) {
+                    peak.add_io(&text);
                 }
                 thread::sleep(Duration::from_millis(50));
             }
@@ -383,6 +406,15 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
             ),
         ));
         figures.push(Figure::measured(
+            &format!("{KEY}/{connections}/syscalls_per_conn/{name}"),
+            run.memory.syscalls as f64 / n,
+            "calls",
+            &format!(
+                "{name} server read and write system calls (every thread) {} / {connections}",
+                run.memory.syscalls
+            ),
+        ));
+        figures.push(Figure::measured(
             &format!("{KEY}/{connections}/pinned_per_conn/{name}"),
             (run.memory.pinned_kib as f64 * 1024.0 / n).round(),
             "bytes",
@@ -414,6 +446,14 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
                 cpu_us(run) / cpu_us(cmtime),
                 "ratio",
                 &format!("server CPU time, {name} / cmtime"),
+            ));
+        }
+        if cmtime.memory.syscalls > 0 {
+            figures.push(Figure::measured(
+                &format!("{KEY}/{connections}/syscalls_ratio{suffix}"),
+                run.memory.syscalls as f64 / cmtime.memory.syscalls as f64,
+                "ratio",
+                &format!("server read and write system calls, {name} / cmtime"),
             ));
         }
         let rss = |run: &ServerRun| run.memory.rss_kib as f64;
@@ -596,8 +636,12 @@ destroy      :       2.00       0.10       1.00       2.00
                 rss_kib: 2048,
                 pinned_kib: 128,
                 cpu_ticks: 0,
+                syscalls: 0,
             }
         );
+        peak.add_io("rchar: 10\nwchar: 20\nsyscr: 7\nsyscw: 35\nread_bytes: 0\n");
+        peak.add_io("rchar: 1\nsyscr: 1\nsyscw: 2\n");
+        assert_eq!(peak.syscalls, 42, "the highest reading: syscr + syscw");
         // A command name with a space and a parenthesis: fields count after the last `)`.
         let stat = "42 (cm (x) y) S 1 42 42 0 -1 4194304 10 0 0 0 150 25 0 0 20 0 3 0";
         peak.add_stat(stat);
@@ -618,6 +662,7 @@ destroy      :       2.00       0.10       1.00       2.00
                 rss_kib,
                 pinned_kib: 0,
                 cpu_ticks: rss_kib / 10,
+                syscalls: rss_kib * 2,
             },
         };
         let (shared, own, on_request) = (run(750.0, 3000), run(400.0, 1500), run(1000.0, 3000));
@@ -653,6 +698,8 @@ destroy      :       2.00       0.10       1.00       2.00
             "100 ticks / 100"
         );
         assert_eq!(value("cpu_ratio"), Some(3.0));
+        assert_eq!(value("syscalls_per_conn/cmtime"), Some(20.0));
+        assert_eq!(value("syscalls_ratio_own"), Some(1.5));
     }
 
     #[test]
