@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLockReadGuard, Weak};
 use std::time::Duration;
 
@@ -106,6 +106,9 @@ pub(crate) struct IdInner {
     qp_num: AtomicU32,
     /// CM events for this id read but not yet acknowledged.
     events_out: AtomicUsize,
+    /// Set once the id sent a REQ or a REP: from then on the kernel may hold its destroy
+    /// while a CM message is outstanding, so the destroy goes to the reaper.
+    sent_cm_messages: AtomicBool,
     /// Memory registered for the id's QP; deregistered after the QP is destroyed.
     regions: Mutex<Vec<RegisteredMemory>>,
     /// The completion queues of [`CmId::create_qp_on`] (send, receive); destroyed after
@@ -214,6 +217,7 @@ impl IdInner {
                 ops: Mutex::new(()),
                 qp_num: AtomicU32::new(NO_QP),
                 events_out: AtomicUsize::new(0),
+                sent_cm_messages: AtomicBool::new(false),
                 regions: Mutex::new(Vec::new()),
                 cqs: Mutex::new(Vec::new()),
                 shared: OnceLock::new(),
@@ -225,16 +229,15 @@ impl IdInner {
 impl Drop for IdInner {
     fn drop(&mut self) {
         let raw = self.raw.as_ptr();
-        // No event read on the channel may write into the id while it is torn down. Never
-        // dropped under that lock: an event read drops what it cannot hand out only after
-        // releasing it. rdma_destroy_id below waits only for events already read, which
-        // are acknowledged without this lock.
+        // No event read on the channel may write into the id while its QP is torn down.
+        // Never dropped under that lock: an event read drops what it cannot hand out only
+        // after releasing it.
         let channel = Arc::clone(
             self.channel
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner),
         );
-        let _fields = channel.fields_shared();
+        let fields = channel.fields_shared();
         // SAFETY: last owner: no other thread uses the id. Order matters: the QP first
         // (it references the memory regions and the CQs), then the regions (they
         // reference the device's PD, which the id keeps, or the shared queues' PD,
@@ -262,15 +265,47 @@ impl Drop for IdInner {
         }
         // SAFETY: reading our own context pointer of the live id.
         let context = unsafe { (*raw).context }.cast_const().cast::<IdInner>();
+        let doomed = Doomed {
+            raw: self.raw,
+            context,
+        };
+        if *self.sent_cm_messages.get_mut() {
+            // The kernel may hold this destroy for up to a minute (see `reaper`): not on
+            // this thread. Events of the id read meanwhile find no owner and are acked at
+            // once; librdmacm's destroy waits for those acks, not for our lock.
+            drop(fields);
+            crate::reaper::run_later(Box::new(move || doomed.destroy(channel)));
+        } else {
+            doomed.destroy(Arc::clone(&channel));
+            drop(fields);
+        }
+    }
+}
+
+/// An id whose QP and memory are gone, with its leaked context, to destroy.
+struct Doomed {
+    raw: NonNull<ffi::rdma_cm_id>,
+    context: *const IdInner,
+}
+
+// SAFETY: the id has no owner left (its `IdInner` is being dropped); librdmacm's id calls
+// may run on any thread, and the context pointer is only reclaimed, never read through.
+unsafe impl Send for Doomed {}
+
+impl Doomed {
+    /// `rdma_destroy_id`, then the context reclaimed. `channel` is the id's: kept open
+    /// until its id is gone.
+    fn destroy(self, channel: Arc<ChannelInner>) {
         // SAFETY: every event of this id is acknowledged (each holds an owner, and there
         // is none left), so rdma_destroy_id cannot wait on one of ours; an event read
         // concurrently by another thread fails to upgrade and is acked at once.
-        let ret = unsafe { ffi::rdma_destroy_id(raw) };
-        if ret == 0 && !context.is_null() {
+        let ret = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+        if ret == 0 && !self.context.is_null() {
             // SAFETY: the id is gone, so no event can name it any more: reclaim the Weak
             // leaked in IdInner::new.
-            drop(unsafe { Weak::from_raw(context) });
+            drop(unsafe { Weak::from_raw(self.context) });
         }
+        drop(channel);
     }
 }
 
@@ -434,6 +469,7 @@ impl CmId {
         let mut raw = params.to_raw("rdma_connect")?;
         let ops = self.inner.lock_ops();
         let _fields = ops.fields();
+        self.inner.sent_cm_messages.store(true, Ordering::Relaxed);
         // SAFETY: live id; `raw` and its private data outlive the call.
         let ret = unsafe { ffi::rdma_connect(self.inner.as_ptr(), &mut raw) };
         check("rdma_connect", ret)
@@ -445,6 +481,7 @@ impl CmId {
         let mut raw = params.to_raw("rdma_accept")?;
         let ops = self.inner.lock_ops();
         let _fields = ops.fields();
+        self.inner.sent_cm_messages.store(true, Ordering::Relaxed);
         // SAFETY: live id; `raw` and its private data outlive the call.
         let ret = unsafe { ffi::rdma_accept(self.inner.as_ptr(), &mut raw) };
         check("rdma_accept", ret)
