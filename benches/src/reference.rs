@@ -9,9 +9,10 @@
 //! kinds from `/proc/PID/io` (`syscr` + `syscw`), divided by N: each librdmacm command
 //! is one `write(2)` to the CM device and each event or wake-up read one `read(2)`, so
 //! this counts the CM work a server asks for per connection, the same on every run
-//! where time is not (libibverbs' commands go through `ioctl(2)` and are not in it). cmtime's server and the default cmnotify
-//! server then run [`PAIRED_ROUNDS`] times back to back in all, and the median of the
-//! rounds' ratios is reported beside the first round's.
+//! where time is not (libibverbs' commands go through `ioctl(2)` and are not in it).
+//! cmtime's server and the default cmnotify server then run [`PAIRED_ROUNDS`] times
+//! back to back in all, and the median of the rounds' ratios is reported beside the
+//! first round's.
 //!
 //! Needs `cmtime` and `cmnotify` on `PATH`, `/usr/bin/rdma` (to see the listener), and
 //! `CMNOTIFY_ADDR_A` / `CMNOTIFY_ADDR_B` on RDMA devices: the VM has them. Elsewhere every

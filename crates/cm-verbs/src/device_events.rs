@@ -22,8 +22,9 @@
 //! wakes its wait (the waker it subscribed with). A subscriber takes its mailbox before
 //! it reads the stream, and the stream is read under the hub's lock, so the events of
 //! one object reach their owner in the kernel's order; a pass that does not read the
-//! stream looks at the flag alone, without the lock. Events are acknowledged as they are read (cm-sys), so
-//! a QP's destruction never waits for a subscriber to take its mail.
+//! stream looks at the flag alone, without the lock. Events are acknowledged as they
+//! are read (cm-sys), so a QP's destruction never waits for a subscriber to take its
+//! mail.
 //!
 //! A mailbox holds at most [`MAILBOX_MAX`] events: its owner empties it on every pass,
 //! and it only fills while its owner's thread is not driving it. Past the bound an

@@ -3,9 +3,9 @@
 //! send buffers, and one send and one receive completion queue, made when a listener
 //! starts listening on an address of the device or else when the first connection on
 //! it is set up, and given back with the last listener or connection on the device
-//! (the device's reader closes then). A connection on them has only its QP: nothing is registered and
-//! no completion queue created on its accept path; the receive queue grows by the
-//! connection's receive depth until the pool is all posted.
+//! (the device's reader closes then). A connection on them has only its QP: nothing is
+//! registered and no completion queue created on its accept path; the receive queue
+//! grows by the connection's receive depth until the pool is all posted.
 //!
 //! Receives: a receive completion names its QP, and the QP table its connection. The
 //! message is copied out and the receive posted again at once, so one connection never
@@ -249,20 +249,17 @@ impl<T: Transport> Endpoint<T> {
         (shared && self.shared.index(key).is_some()).then_some(key)
     }
 
-    /// A device nothing uses any more, or lost: its shared queues go (the transport
-    /// keeps them until the last QP on them is destroyed).
-    pub(super) fn release_shared_of(&mut self, key: T::DeviceKey) {
+    /// The device at `device_index`, nothing uses any more, failed or lost: its shared
+    /// queues go (the transport keeps them until the last QP on them is destroyed).
+    /// Called while its reader is still open: a set never outlives its device's reader.
+    pub(super) fn release_shared_of(&mut self, device_index: usize) {
+        let key = self.device_keys[device_index];
         self.shared.refused.retain(|k| *k != key);
         if let Some(index) = self.shared.index(key) {
             let set = self.shared.sets.swap_remove(index);
             self.shared.ready_taken_before += self.transport.ready_qps(&set.queues).1;
-            // Every caller gives the queues back before the device's reader.
-            match self.device_index(key) {
-                Some(index) => self
-                    .transport
-                    .release_shared(&self.devices[index], set.queues),
-                None => drop(set.queues),
-            }
+            self.transport
+                .release_shared(&self.devices[device_index], set.queues);
         }
     }
 
@@ -577,7 +574,10 @@ impl<T: Transport> Endpoint<T> {
         for conn in on_shared {
             self.close(conn, CloseReason::QpError { detail }, true);
         }
-        self.release_shared_of(key);
+        // Closing its connections may have closed the device, its queues with it.
+        if let Some(device_index) = self.device_index(key) {
+            self.release_shared_of(device_index);
+        }
         self.shared.refused.push(key);
     }
 

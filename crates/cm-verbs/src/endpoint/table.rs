@@ -68,7 +68,7 @@ impl<T: Transport> Endpoint<T> {
         };
         self.device_users[index] = self.device_users[index].saturating_sub(1);
         if self.device_users[index] == 0 {
-            self.release_shared_of(key);
+            self.release_shared_of(index);
             self.device_keys.swap_remove(index);
             self.device_users.swap_remove(index);
             let device = self.devices.swap_remove(index);
@@ -89,7 +89,7 @@ impl<T: Transport> Endpoint<T> {
         // The reader first, given back as lost: the closes below then find no reader to
         // close as unused.
         if let Some(index) = self.device_index(key) {
-            self.release_shared_of(key);
+            self.release_shared_of(index);
             self.device_keys.swap_remove(index);
             self.device_users.swap_remove(index);
             let device = self.devices.swap_remove(index);
