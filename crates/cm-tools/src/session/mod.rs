@@ -211,7 +211,10 @@ impl<T: Transport> Session<T> {
             return;
         }
         let window = self.plan.connect_window.unwrap_or(usize::MAX);
-        while self.conns.len() < self.wanted() && self.conns.len() - self.settled < window {
+        while self.conns.len() < self.wanted()
+            && self.conns.len() - self.settled < window
+            && self.aborted.is_none()
+        {
             self.connect(self.conns.len(), 1);
         }
     }
@@ -325,6 +328,15 @@ impl<T: Transport> Session<T> {
                 ConnRecord::new(Some(handle), attempt)
             }
             Err(error) => {
+                // The device under the source address is gone (removed while earlier
+                // connections resolved or closed, with none of them left to report it):
+                // every later connect would fail the same way.
+                if matches!(&error, ConnError::Cm(cm) if cm.is_no_device())
+                    && self.aborted.is_none()
+                {
+                    let addr = self.local_text();
+                    self.abort(format!("no RDMA device under {addr} any more: {error}"));
+                }
                 // No handle: nothing will be reported for it.
                 let mut conn = ConnRecord::new(None, attempt);
                 conn.set_failure(format!("connection {index}: connect: {error}"));
@@ -499,22 +511,14 @@ fn log_line(line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cm_mock::sim::{SimConfig, SimTransport, SimTransports};
+    use cm_mock::sim::{SimAddr, SimConfig, SimTransport, SimTransports};
 
-    /// The real mode's exchange (the client sends, the server echoes, the client
-    /// disconnects once its messages came back) on the simulated transport.
-    #[test]
-    fn the_real_modes_exchange_runs_on_the_simulated_transport() {
-        let SimTransports {
-            fabric,
-            server,
-            client,
-        } = SimTransports::new(SimConfig::default(), 3);
-        let addr = server.addr(7471);
-        let plan = |server: bool| Plan {
+    /// Five connections; the client sends two messages on each, the server echoes.
+    fn plan(server: bool, addr: SimAddr, source: Option<SimAddr>) -> Plan<SimAddr> {
+        Plan {
             server,
             addr,
-            source: None,
+            source,
             connections: 5,
             notify: true,
             messages: if server { 0 } else { 2 },
@@ -526,9 +530,21 @@ mod tests {
             disconnect_when_done: true,
             connect_window: None,
             id_options: IdOptions::default(),
-        };
-        let mut server = Session::new(Endpoint::new(server), plan(true));
-        let mut client = Session::new(Endpoint::new(client), plan(false));
+        }
+    }
+
+    /// The real mode's exchange (the client sends, the server echoes, the client
+    /// disconnects once its messages came back) on the simulated transport.
+    #[test]
+    fn the_real_modes_exchange_runs_on_the_simulated_transport() {
+        let SimTransports {
+            fabric,
+            server,
+            client,
+        } = SimTransports::new(SimConfig::default(), 3);
+        let addr = server.addr(7471);
+        let mut server = Session::new(Endpoint::new(server), plan(true, addr, None));
+        let mut client = Session::new(Endpoint::new(client), plan(false, addr, None));
         server.start().unwrap();
         client.start().unwrap();
         let ready = |s: &mut Session<SimTransport>| s.handle_ready(&mut |_, _| None).unwrap();
@@ -544,5 +560,28 @@ mod tests {
         assert!(client.first_span(Step::Exchange).duration().is_some());
         assert_eq!(client.endpoint().connection_count(), 0);
         assert_eq!(server.endpoint().connection_count(), 0);
+    }
+
+    /// A client whose device went while none of its connections was bound to it (all
+    /// closed, or still resolving) hears of it from its next connect only: the run stops
+    /// there, with a line naming the source address, instead of failing every connection
+    /// left.
+    #[test]
+    fn a_connect_that_finds_no_device_stops_the_run() {
+        let SimTransports { server, client, .. } = SimTransports::new(SimConfig::default(), 3);
+        let addr = server.addr(7471);
+        let source = client.addr(0);
+        client.node().remove_device().unwrap();
+        let mut client = Session::new(Endpoint::new(client), plan(false, addr, Some(source)));
+        client.start().unwrap();
+        assert!(client.finished());
+        let why = client.aborted().expect("the run stopped");
+        assert!(why.starts_with("no RDMA device under"), "{why}");
+        assert!(why.contains(&format!("{source:?}")), "{why}");
+        assert_eq!(
+            client.conns().len(),
+            1,
+            "no connect after the first refusal"
+        );
     }
 }

@@ -239,6 +239,11 @@ impl Fabric {
             });
         }
         let delay = nanos(self.config.resolve_delay);
+        let place = self.live(key, OP)?.place;
+        if self.device_removed(self.node_of(key.index, place)) {
+            // The source address has no RDMA device under it any more.
+            return Err(CmError::from_errno(OP, errno::ENODEV));
+        }
         let id = self.live(key, OP)?;
         if !matches!(id.state.cm(), CmIdState::Idle | CmIdState::AddrBound) {
             return Err(os(OP, errno::EINVAL));

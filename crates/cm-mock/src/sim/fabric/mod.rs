@@ -205,6 +205,8 @@ pub(crate) struct ReadEvent {
 struct Node {
     kind: DeviceKind,
     going_down: bool,
+    /// The device was removed: addresses resolved from the node find no device.
+    removed: bool,
     /// The device raised DEVICE_FATAL: nothing it sends leaves any more.
     fatal: bool,
     /// QPs the node may still create (`None`: no limit); at 0 `rdma_create_qp` answers
@@ -421,6 +423,11 @@ impl Fabric {
         (node.0 as usize) < self.nodes.len()
     }
 
+    /// Whether `node`'s device was removed.
+    pub(crate) fn device_removed(&self, node: NodeId) -> bool {
+        self.nodes.get(node.0 as usize).is_some_and(|n| n.removed)
+    }
+
     /// The node `node` names, for the call `op`.
     fn node_mut(&mut self, node: NodeId, op: &'static str) -> Result<&mut Node, CmError> {
         self.nodes
@@ -447,9 +454,11 @@ impl Fabric {
 
     /// The node's device goes away, as `rdma link delete` does: every id bound to it
     /// gets RDMA_CM_EVENT_DEVICE_REMOVAL (the kernel then waits for the ids to be
-    /// destroyed), and COMM_EST notifies answer ENODEV from now on.
+    /// destroyed), and COMM_EST notifies and address resolutions from the node answer
+    /// ENODEV from now on.
     pub(crate) fn remove_device(&mut self, node: NodeId) -> Result<usize, CmError> {
         self.set_going_down(node, true)?;
+        self.node_mut(node, "remove_device")?.removed = true;
         Ok(self.tell_device_ids(node, CmEventType::DeviceRemoval))
     }
 
