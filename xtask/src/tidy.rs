@@ -540,3 +540,54 @@ fn cm_verbs_doc_examples_name_only_cm_verbs_paths() {
         "doc examples naming cm_core/cm_sys: {found:#?}"
     );
 }
+
+/// The VM builds only cm-verbs' integration tests that its manifest names (the others
+/// run on the simulated fabric, on the host): every test that reads the device
+/// addresses must be among them, and every name must be a test.
+#[test]
+fn every_cm_verbs_device_test_runs_in_the_vm() {
+    use crate::vm::payload::{parse_manifest, Item, MANIFEST};
+    let root = workspace_root();
+    let items = parse_manifest(&read(&root.join(MANIFEST))).expect("the VM manifest");
+    let listed: Vec<String> = items
+        .into_iter()
+        .filter_map(|item| match item {
+            Item::CargoTest {
+                package,
+                tests,
+                label: None,
+                tsan: false,
+                ..
+            } if package == "cm-verbs" => Some(tests),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let dir = root.join("crates/cm-verbs/tests");
+    let mut uses_a_device = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("cm-verbs tests") {
+        let path = entry.expect("a directory entry").path();
+        let Some(name) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        if path.extension().is_some_and(|e| e == "rs") && read(&path).contains("addresses(") {
+            uses_a_device.push(name);
+        }
+    }
+    let missing: Vec<_> = uses_a_device
+        .iter()
+        .filter(|n| !listed.contains(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "cm-verbs tests that use a device but are not built for the VM ({MANIFEST}): {missing:?}"
+    );
+    let unknown: Vec<_> = listed
+        .iter()
+        .filter(|n| !dir.join(format!("{n}.rs")).is_file())
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "{MANIFEST} names no such cm-verbs test: {unknown:?}"
+    );
+}

@@ -12,7 +12,7 @@ mod console;
 mod debs;
 mod image;
 mod kernel;
-mod payload;
+pub(crate) mod payload;
 mod qemu;
 mod test_modules;
 mod two_hosts;

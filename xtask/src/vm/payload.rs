@@ -21,7 +21,7 @@ const TEST_TIMEOUT_SECS: u64 = 300;
 /// One manifest line.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Item {
-    /// Every test executable of a package, or only the one named by `test=`.
+    /// Every test executable of a package, or only those named by `test=` (and `lib`).
     CargoTest {
         /// Package name.
         package: String,
@@ -29,8 +29,12 @@ pub(crate) enum Item {
         features: Option<String>,
         /// Timeout of each of its test executables.
         timeout_secs: u64,
-        /// Only this integration test target (`cargo test --test NAME`), if set.
-        test: Option<String>,
+        /// Only these integration test targets (`cargo test --test NAME` for each), and
+        /// the library's unit tests when `lib` is set; every test target when both are
+        /// empty.
+        tests: Vec<String>,
+        /// The library's unit tests (`cargo test --lib`), beside `tests`.
+        lib: bool,
         /// Appended to the entry names (`label=NAME`), to tell apart a second run of
         /// the same executable (e.g. on another device).
         label: Option<String>,
@@ -94,18 +98,27 @@ fn parse_item(line: &str) -> Result<Item, String> {
     match kind {
         "cargo-test" => {
             let mut timeout_secs = TEST_TIMEOUT_SECS;
-            let mut test = None;
+            let mut tests = Vec::new();
+            let mut lib = false;
             let mut label = None;
             let mut tsan = false;
             let mut rest = Vec::new();
             for word in words {
                 if word == "tsan" {
                     tsan = true;
+                } else if word == "lib" {
+                    lib = true;
+                } else if word == "\\" {
+                    // A line continuation, kept by the manifest reader for `exec`.
                 } else if let Some(secs) = word.strip_prefix("timeout=") {
                     timeout_secs = secs.parse().map_err(|_| bad())?;
-                } else if let Some(name) = word.strip_prefix("test=") {
-                    test = Some(name.to_string()).filter(|n| !n.is_empty());
-                    test.as_ref().ok_or_else(bad)?;
+                } else if let Some(names) = word.strip_prefix("test=") {
+                    for name in names.split(',') {
+                        if name.is_empty() {
+                            return Err(bad());
+                        }
+                        tests.push(name.to_string());
+                    }
                 } else if let Some(name) = word.strip_prefix("label=") {
                     label = Some(name.to_string()).filter(|n| !n.is_empty());
                     label.as_ref().ok_or_else(bad)?;
@@ -122,7 +135,8 @@ fn parse_item(line: &str) -> Result<Item, String> {
                 package: package.to_string(),
                 features,
                 timeout_secs,
-                test,
+                tests,
+                lib,
                 label,
                 tsan,
             })
@@ -226,7 +240,8 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 package,
                 features,
                 timeout_secs,
-                test,
+                tests,
+                lib,
                 label,
                 tsan,
             } => {
@@ -234,7 +249,10 @@ pub(crate) fn build(path: &Path, share: &Path) -> Result<Payload, String> {
                 if let Some(f) = &features {
                     args.extend(["--features", f]);
                 }
-                if let Some(name) = &test {
+                if lib {
+                    args.push("--lib");
+                }
+                for name in &tests {
                     args.extend(["--test", name]);
                 }
                 if tsan {
@@ -457,6 +475,8 @@ cargo-test cm-verbs real-device,extra timeout=90
 cargo-test cm-sys test=notify_overhead
 cargo-test cm-sys test=conformance_real label=comm-est
 cargo-test cm-sys test=fields_race tsan label=tsan
+cargo-test cm-verbs rdma lib test=a_rdma,b_rdma \\
+  timeout=60
 cargo-bin cm-sys notify-peer
 cargo-example cm-verbs server rdma
 exec ibv-devices ibv_devices
@@ -472,7 +492,8 @@ exec rping timeout=30 \\
                     package: "cm-sys".into(),
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
-                    test: None,
+                    tests: Vec::new(),
+                    lib: false,
                     label: None,
                     tsan: false,
                 },
@@ -480,7 +501,8 @@ exec rping timeout=30 \\
                     package: "cm-verbs".into(),
                     features: Some("real-device,extra".into()),
                     timeout_secs: 90,
-                    test: None,
+                    tests: Vec::new(),
+                    lib: false,
                     label: None,
                     tsan: false,
                 },
@@ -488,7 +510,8 @@ exec rping timeout=30 \\
                     package: "cm-sys".into(),
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
-                    test: Some("notify_overhead".into()),
+                    tests: vec!["notify_overhead".into()],
+                    lib: false,
                     label: None,
                     tsan: false,
                 },
@@ -496,7 +519,8 @@ exec rping timeout=30 \\
                     package: "cm-sys".into(),
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
-                    test: Some("conformance_real".into()),
+                    tests: vec!["conformance_real".into()],
+                    lib: false,
                     label: Some("comm-est".into()),
                     tsan: false,
                 },
@@ -504,9 +528,19 @@ exec rping timeout=30 \\
                     package: "cm-sys".into(),
                     features: None,
                     timeout_secs: TEST_TIMEOUT_SECS,
-                    test: Some("fields_race".into()),
+                    tests: vec!["fields_race".into()],
+                    lib: false,
                     label: Some("tsan".into()),
                     tsan: true,
+                },
+                Item::CargoTest {
+                    package: "cm-verbs".into(),
+                    features: Some("rdma".into()),
+                    timeout_secs: 60,
+                    tests: vec!["a_rdma".into(), "b_rdma".into()],
+                    lib: true,
+                    label: None,
+                    tsan: false,
                 },
                 Item::CargoBin {
                     package: "cm-sys".into(),
@@ -543,6 +577,7 @@ exec rping timeout=30 \\
         assert!(parse_manifest("cargo-test a b c").is_err());
         assert!(parse_manifest("cargo-test a timeout=").is_err());
         assert!(parse_manifest("cargo-test a test=").is_err());
+        assert!(parse_manifest("cargo-test a test=b,,c").is_err());
         assert!(parse_manifest("cargo-test a label=").is_err());
     }
 
