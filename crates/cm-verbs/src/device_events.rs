@@ -32,11 +32,12 @@
 //! being driven then, a COMM_EST among them has the receive completion as a second
 //! trigger, and the kernel's own event queue of a context has no bound either.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Waker;
 
 use cm_core::{AsyncEvent, EventElement};
+use rustc_hash::FxHashMap;
 
 /// The most events one subscriber's mailbox holds.
 pub(crate) const MAILBOX_MAX: usize = 1 << 16;
@@ -97,7 +98,10 @@ struct Subscriber {
 #[derive(Debug, Default)]
 pub(crate) struct Routes {
     subscribers: Vec<Subscriber>,
-    owners: HashMap<Object, u64>,
+    /// Claimed objects (one per connection's QP): FxHash, as the endpoint's own tables,
+    /// since a claim and a release come with every connection and the keys are the
+    /// device's, not a peer's.
+    owners: FxHashMap<Object, u64>,
     /// Events dropped at a full mailbox.
     dropped: u64,
 }
