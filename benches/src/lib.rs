@@ -9,6 +9,8 @@
 //!   simulated connection, an id answering like the kernel) and the scale runs.
 //! - [`mod@reference`]: connection setup against rdma-core's `cmtime` server, with its own
 //!   client (`cm-bench-setup`, run in the VM).
+//! - [`mod@server_instructions`]: the same servers' user-space instructions per
+//!   connection, counted by callgrind in the VM.
 //! - [`mod@shards`]: accepts per second of a `cmnotify` server with one endpoint and
 //!   with two on their own threads.
 //! - [`count`]: the scenarios whose instructions `cargo xtask bench --count` counts
@@ -34,6 +36,7 @@ pub mod count;
 pub mod endpoint;
 pub mod reference;
 pub mod results;
+pub mod server_instructions;
 pub mod shards;
 pub mod sim;
 

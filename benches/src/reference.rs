@@ -214,9 +214,10 @@ impl Server {
         }
     }
 
-    fn spawn(self, addr: IpAddr, port: u16, connections: u32) -> Result<Child, String> {
+    /// The command that starts this server on `addr` and `port` for `connections`.
+    pub(crate) fn command(self, addr: IpAddr, port: u16, connections: u32) -> Command {
         let (addr, port, n) = (addr.to_string(), port.to_string(), connections.to_string());
-        let mut command = match self {
+        match self {
             Server::Cmtime => {
                 let mut c = Command::new("cmtime");
                 c.args(["-b", &addr, "-p", &port]);
@@ -235,8 +236,11 @@ impl Server {
                 }
                 c
             }
-        };
-        command
+        }
+    }
+
+    fn spawn(self, addr: IpAddr, port: u16, connections: u32) -> Result<Child, String> {
+        self.command(addr, port, connections)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -262,7 +266,12 @@ pub struct ServerRun {
 
 /// Waits until `rdma resource show cm_id` lists a listener on `port`.
 pub(crate) fn wait_listening(port: u16) -> Result<(), String> {
-    let until = Instant::now() + LISTEN_WAIT;
+    wait_listening_within(port, LISTEN_WAIT)
+}
+
+/// [`wait_listening`] for at most `wait`.
+pub(crate) fn wait_listening_within(port: u16, wait: Duration) -> Result<(), String> {
+    let until = Instant::now() + wait;
     let suffix = format!(":{port}");
     while Instant::now() < until {
         let out = Command::new("/usr/bin/rdma")
@@ -278,9 +287,7 @@ pub(crate) fn wait_listening(port: u16) -> Result<(), String> {
         }
         thread::sleep(Duration::from_millis(100));
     }
-    Err(format!(
-        "nothing listened on port {port} within {LISTEN_WAIT:?}"
-    ))
+    Err(format!("nothing listened on port {port} within {wait:?}"))
 }
 
 /// Waits for `child` at most [`RUN_WAIT`], killing it past that.
@@ -300,6 +307,45 @@ pub(crate) fn wait_bounded(mut child: Child, what: &str) -> Result<Output, Strin
     }
 }
 
+/// rdma-core's `cmtime` client opening `connections` from `client_addr` to `server`
+/// (listening on `server_addr` and `port`): its step rows.
+pub(crate) fn run_client(
+    server: Server,
+    server_addr: IpAddr,
+    client_addr: IpAddr,
+    port: u16,
+    connections: u32,
+) -> Result<BTreeMap<String, StepRow>, String> {
+    let client = Command::new("cmtime")
+        .args([
+            "-s",
+            &server_addr.to_string(),
+            "-b",
+            &client_addr.to_string(),
+        ])
+        .args(["-p", &port.to_string(), "-c", &connections.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cmtime client: {e}"))?;
+    let out = wait_bounded(client, "the cmtime client")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "the cmtime client against {} exited {}: {}{}",
+            server.name(),
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let steps = parse_cmtime(&text);
+    if !steps.contains_key("connect") || !steps.contains_key("disconnect") {
+        return Err(format!("no connect and disconnect rows in: {text}"));
+    }
+    Ok(steps)
+}
+
 /// One server, one cmtime client opening `connections` from `client_addr`.
 pub fn run_server(
     server: Server,
@@ -313,33 +359,7 @@ pub fn run_server(
     let mut child = Some(child);
     let result = (|| {
         wait_listening(port)?;
-        let client = Command::new("cmtime")
-            .args([
-                "-s",
-                &server_addr.to_string(),
-                "-b",
-                &client_addr.to_string(),
-            ])
-            .args(["-p", &port.to_string(), "-c", &connections.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cmtime client: {e}"))?;
-        let out = wait_bounded(client, "the cmtime client")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!(
-                "the cmtime client against {} exited {}: {}{}",
-                server.name(),
-                out.status,
-                text,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let steps = parse_cmtime(&text);
-        if !steps.contains_key("connect") || !steps.contains_key("disconnect") {
-            return Err(format!("no connect and disconnect rows in: {text}"));
-        }
+        let steps = run_client(server, server_addr, client_addr, port, connections)?;
         if server != Server::Cmtime {
             // It exits by itself once every connection it counted has closed.
             let out = wait_bounded(child.take().expect("spawned"), "the cmnotify server")?;

@@ -20,6 +20,9 @@ pub mod keys {
     /// Connection setup with rdma-core's cmtime client: cmtime's server against
     /// cmnotify's (steps per connection, peak memory per connection, ratios).
     pub const REAL_SETUP_VS_CMTIME: &str = "real/setup_vs_cmtime";
+    /// User-space instructions per connection of cmtime's server and of cmnotify's,
+    /// counted by callgrind in the VM (per connection, ratios).
+    pub const REAL_SETUP_INSTRUCTIONS: &str = "real/setup_instructions";
     /// Accepts per second of a cmnotify server with two endpoints, each on its own thread
     /// (`--endpoints 2`), and with one, cmtime clients on each port at once.
     pub const REAL_SETUP_ENDPOINTS: &str = "real/setup_endpoints";

@@ -79,7 +79,7 @@ exec bench-real timeout=240 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-real 300
 cargo-test cm-sys test=notify_overhead timeout=120
 cargo-bin cm-tools cmnotify rdma
 cargo-bin cm-benches cm-bench-setup
-exec bench-setup timeout=1800 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-setup 1000 5000 10000
+exec bench-setup timeout=1800 CMNOTIFY_BENCH_OUT=/tmp/cm-benches cm-bench-setup --instructions 20,60 1000 5000 10000
 ";
 
 /// How [`vm_figures`] builds the VM payload, as its figures say.

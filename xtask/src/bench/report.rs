@@ -349,6 +349,11 @@ impl Figures {
                 "≤ 1.0",
             ),
             (
+                cm_testkit::figure_keys::REAL_SETUP_INSTRUCTIONS,
+                "user-space instructions per connection: cmnotify server / cmtime server",
+                "≤ 1.10",
+            ),
+            (
                 cm_testkit::figure_keys::REAL_SETUP_ENDPOINTS,
                 "accepts per second: cmnotify server, 2 endpoints on 2 threads / 1",
                 "report",

@@ -40,7 +40,31 @@ const SKIPPED: &[&str] = &[
     "usr/share/lintian",
     "usr/share/bash-completion",
     "usr/share/zsh",
+    // valgrind's static libraries, for building tools.
+    "usr/lib/x86_64-linux-gnu/valgrind",
 ];
+
+/// Folders of which the image keeps only the files named: of valgrind's 80 MB, what
+/// `valgrind --tool=callgrind` needs on x86-64 (the bench counts instructions with it).
+const KEPT_ONLY: &[(&str, &[&str])] = &[(
+    "usr/libexec/valgrind",
+    &[
+        "callgrind-amd64-linux",
+        "vgpreload_core-amd64-linux.so",
+        "default.supp",
+    ],
+)];
+
+/// Whether the image leaves out `rel` (a path relative to the unpacked packages).
+fn left_out(rel: &Path) -> bool {
+    SKIPPED.iter().any(|s| rel == Path::new(s))
+        || KEPT_ONLY.iter().any(|(dir, kept)| {
+            rel.parent() == Some(Path::new(dir))
+                && !kept
+                    .iter()
+                    .any(|name| rel.file_name() == Some(name.as_ref()))
+        })
+}
 
 /// Kernel and initramfs of one build.
 pub(crate) struct BootFiles {
@@ -143,13 +167,14 @@ fn image_path(relative: &Path) -> PathBuf {
     }
 }
 
-/// Copies the unpacked packages (minus [`SKIPPED`]) into the image, keeping symlinks.
+/// Copies the unpacked packages (minus what [`left_out`] names) into the image, keeping
+/// symlinks.
 fn copy_tree(root: &Path, relative: &Path, stage: &Path) -> Result<(), String> {
     let dir = root.join(relative);
     for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| e.to_string())?;
         let rel = relative.join(entry.file_name());
-        if SKIPPED.iter().any(|s| rel == Path::new(s)) {
+        if left_out(&rel) {
             continue;
         }
         let from = entry.path();
@@ -516,6 +541,18 @@ mod tests {
             ["ib_uverbs", "ib_core", "udp_tunnel"]
         );
         assert!(module_depends(b"\0depends=\0").is_empty());
+    }
+
+    #[test]
+    fn of_valgrind_only_callgrind_for_x86_64_is_kept() {
+        let dir = Path::new("usr/libexec/valgrind");
+        assert!(!left_out(&dir.join("callgrind-amd64-linux")));
+        assert!(!left_out(&dir.join("vgpreload_core-amd64-linux.so")));
+        assert!(left_out(&dir.join("memcheck-amd64-linux")));
+        assert!(left_out(&dir.join("callgrind-x86-linux")));
+        assert!(!left_out(dir), "the folder itself");
+        assert!(!left_out(Path::new("usr/bin/valgrind")));
+        assert!(left_out(Path::new("usr/share/doc")));
     }
 
     #[test]
