@@ -212,6 +212,9 @@ impl ReadyQps {
         }
         let qp = stock.ready.pop()?;
         stock.taken += 1;
+        // Woken after the lock is released: woken under it, the thread would spin on
+        // the lock this accept still holds.
+        drop(stock);
         self.state.refill.notify_one();
         Some(qp)
     }

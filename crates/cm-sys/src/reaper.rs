@@ -18,6 +18,7 @@
 //! the kernel destroy the ids.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 /// The most threads destroying at once: one is the rule; more run only while the kernel
@@ -31,6 +32,9 @@ pub(crate) type Job = Box<dyn FnOnce() + Send>;
 struct Reaper {
     state: Mutex<State>,
     ready: Condvar,
+    /// Jobs queued or running. Outside the lock: a job's end takes no lock, so a
+    /// destroying thread locks once a job, when it takes it.
+    pending: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -40,8 +44,6 @@ struct State {
     threads: usize,
     /// Threads waiting for a job.
     idle: usize,
-    /// Jobs queued or running.
-    pending: usize,
 }
 
 static REAPER: OnceLock<Reaper> = OnceLock::new();
@@ -50,6 +52,7 @@ fn reaper() -> &'static Reaper {
     REAPER.get_or_init(|| Reaper {
         state: Mutex::new(State::default()),
         ready: Condvar::new(),
+        pending: AtomicUsize::new(0),
     })
 }
 
@@ -57,8 +60,8 @@ fn reaper() -> &'static Reaper {
 /// fewer than [`MAX_THREADS`] run; where no thread can be started at all, it runs here.
 pub(crate) fn run_later(job: Job) {
     let reaper = reaper();
+    reaper.pending.fetch_add(1, Ordering::AcqRel);
     let mut state = reaper.state.lock().unwrap_or_else(PoisonError::into_inner);
-    state.pending += 1;
     state.jobs.push_back(job);
     if state.idle > 0 || state.threads >= MAX_THREADS {
         drop(state);
@@ -90,16 +93,11 @@ pub(crate) fn run_later(job: Job) {
 /// retried (up to about a minute); a process that must see every id gone before it goes
 /// on (a leak check, a rebind of the same port) waits for this to reach 0.
 pub fn pending_destroys() -> usize {
-    reaper()
-        .state
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .pending
+    reaper().pending.load(Ordering::Acquire)
 }
 
 fn finished(reaper: &Reaper) {
-    let mut state = reaper.state.lock().unwrap_or_else(PoisonError::into_inner);
-    state.pending -= 1;
+    reaper.pending.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// A destroying thread: takes jobs until the process ends.

@@ -199,12 +199,16 @@ struct Early {
 /// one allocates nothing.
 struct EarlyTriggers {
     slots: [Option<Early>; EARLY_TRIGGERS],
+    /// Slots in use. Nearly always 0: every registration looks for a trigger of its QP,
+    /// and the count spares it a scan of every slot.
+    kept: usize,
 }
 
 impl EarlyTriggers {
     const fn new() -> Self {
         EarlyTriggers {
             slots: [None; EARLY_TRIGGERS],
+            kept: 0,
         }
     }
 
@@ -232,20 +236,28 @@ impl EarlyTriggers {
             (None, None) => return false, // no slots at all: cannot happen
         };
         self.slots[index] = Some(Early { qp, seq });
+        if !evicted {
+            self.kept += 1;
+        }
         evicted
     }
 
     /// Takes the trigger kept for `qp`, giving its sequence number.
     fn take(&mut self, qp: QpNum) -> Option<u64> {
-        self.slots
+        if self.kept == 0 {
+            return None;
+        }
+        let early = self
+            .slots
             .iter_mut()
             .find(|slot| slot.is_some_and(|early| early.qp == qp))
-            .and_then(Option::take)
-            .map(|early| early.seq)
+            .and_then(Option::take)?;
+        self.kept -= 1;
+        Some(early.seq)
     }
 
     fn len(&self) -> usize {
-        self.slots.iter().filter(|slot| slot.is_some()).count()
+        self.kept
     }
 }
 

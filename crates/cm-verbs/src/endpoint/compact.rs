@@ -145,11 +145,16 @@ impl Inbox {
 }
 
 /// What a connection seldom has, kept together: its private data (nearly always
-/// empty), connection parameters other than the default (active side, until the
-/// REQ) and a notify failure not yet reported. Nothing at all (eight bytes) while all
-/// are empty, which is nearly always.
+/// empty or zero-filled), connection parameters other than the default (active side,
+/// until the REQ) and a notify failure not yet reported. Nothing boxed while all are
+/// empty or zero-filled, which is nearly always: zero-filled private data (what a
+/// request carries when its sender put none) is its length alone.
 #[derive(Debug, Default)]
-pub(super) struct Rare(Option<Box<RareParts>>);
+pub(super) struct Rare {
+    parts: Option<Box<RareParts>>,
+    /// The length of zero-filled private data kept outside the box (0: none there).
+    zero_private: u16,
+}
 
 #[derive(Debug, Default)]
 struct RareParts {
@@ -163,48 +168,55 @@ struct RareParts {
 impl Rare {
     /// Keeps `data` (the REQ's to send, or the peer's until reported).
     pub(super) fn set_private(&mut self, data: PrivateData) {
-        if data.as_bytes().is_empty() {
-            if let Some(parts) = self.0.as_deref_mut() {
-                parts.private = data;
+        self.zero_private = 0;
+        match data.zeros_len() {
+            Some(len) => {
+                self.zero_private = len;
+                if let Some(parts) = self.parts.as_deref_mut() {
+                    parts.private = PrivateData::empty();
+                }
+                self.shrink();
             }
-            self.shrink();
-        } else {
-            self.0.get_or_insert_default().private = data;
+            None => self.parts.get_or_insert_default().private = data,
         }
     }
 
     pub(super) fn private(&self) -> PrivateData {
-        self.0
-            .as_deref()
-            .map(|parts| parts.private.clone())
-            .unwrap_or_default()
+        match self.parts.as_deref() {
+            Some(parts) if !parts.private.is_empty() => parts.private.clone(),
+            _ => PrivateData::zeros(usize::from(self.zero_private)),
+        }
     }
 
     pub(super) fn take_private(&mut self) -> PrivateData {
-        let data = self
-            .0
-            .as_deref_mut()
-            .map(|parts| std::mem::take(&mut parts.private))
-            .unwrap_or_default();
+        let data = self.private_taken();
         self.shrink();
         data
+    }
+
+    fn private_taken(&mut self) -> PrivateData {
+        let zeros = std::mem::take(&mut self.zero_private);
+        match self.parts.as_deref_mut() {
+            Some(parts) if !parts.private.is_empty() => std::mem::take(&mut parts.private),
+            _ => PrivateData::zeros(usize::from(zeros)),
+        }
     }
 
     /// Keeps the parameters of the REQ to send; the default takes no room.
     pub(super) fn set_params(&mut self, params: ConnectionParams) {
         if params == ConnectionParams::default() {
-            if let Some(parts) = self.0.as_deref_mut() {
+            if let Some(parts) = self.parts.as_deref_mut() {
                 parts.params = None;
             }
             self.shrink();
         } else {
-            self.0.get_or_insert_default().params = Some(params);
+            self.parts.get_or_insert_default().params = Some(params);
         }
     }
 
     pub(super) fn take_params(&mut self) -> ConnectionParams {
         let params = self
-            .0
+            .parts
             .as_deref_mut()
             .and_then(|parts| parts.params.take())
             .unwrap_or_default();
@@ -214,14 +226,14 @@ impl Rare {
 
     /// The latest notify failure not yet reported ([`crate::Event::NotifyFailed`]).
     pub(super) fn notify_failed(&self) -> Option<cm_core::NotifyError> {
-        self.0.as_deref().and_then(|parts| parts.notify_failed)
+        self.parts.as_deref().and_then(|parts| parts.notify_failed)
     }
 
     pub(super) fn set_notify_failed(&mut self, error: Option<cm_core::NotifyError>) {
         match error {
-            Some(error) => self.0.get_or_insert_default().notify_failed = Some(error),
+            Some(error) => self.parts.get_or_insert_default().notify_failed = Some(error),
             None => {
-                if let Some(parts) = self.0.as_deref_mut() {
+                if let Some(parts) = self.parts.as_deref_mut() {
                     parts.notify_failed = None;
                 }
                 self.shrink();
@@ -231,24 +243,26 @@ impl Rare {
 
     /// ADDR_CHANGE events the CM reported for the connection.
     pub(super) fn address_changes(&self) -> u32 {
-        self.0.as_deref().map_or(0, |parts| parts.address_changes)
+        self.parts
+            .as_deref()
+            .map_or(0, |parts| parts.address_changes)
     }
 
     /// Counts one more ADDR_CHANGE.
     pub(super) fn count_address_change(&mut self) {
-        let parts = self.0.get_or_insert_default();
+        let parts = self.parts.get_or_insert_default();
         parts.address_changes = parts.address_changes.saturating_add(1);
     }
 
     /// The box goes once it holds nothing.
     pub(super) fn shrink(&mut self) {
-        if self.0.as_deref().is_some_and(|parts| {
+        if self.parts.as_deref().is_some_and(|parts| {
             parts.private.as_bytes().is_empty()
                 && parts.params.is_none()
                 && parts.notify_failed.is_none()
                 && parts.address_changes == 0
         }) {
-            self.0 = None;
+            self.parts = None;
         }
     }
 }
@@ -441,8 +455,39 @@ mod tests {
         assert_eq!(rare.take_private().as_bytes(), b"hi");
         assert_eq!(rare.notify_failed(), Some(cm_core::NotifyError::WrongState));
         rare.set_notify_failed(None);
-        assert!(rare.0.is_none(), "the box goes with its last part");
+        assert!(rare.parts.is_none(), "the box goes with its last part");
         rare.set_private(PrivateData::empty());
-        assert!(rare.0.is_none());
+        assert!(rare.parts.is_none());
+    }
+
+    /// A request's private data is nearly always the message's room of zeros: kept
+    /// without a box, given back at its exact length, and replaced by what comes next.
+    #[test]
+    fn zero_filled_private_data_is_kept_unboxed_at_its_length() {
+        let mut rare = Rare::default();
+        rare.set_private(PrivateData::from(&[0u8; 56]));
+        assert!(rare.parts.is_none(), "no box for zeros");
+        assert_eq!(rare.private().as_bytes(), &[0u8; 56][..]);
+        rare.set_params(ConnectionParams {
+            retry_count: 3,
+            ..ConnectionParams::default()
+        });
+        assert_eq!(
+            rare.private().len(),
+            56,
+            "a box for another part keeps them"
+        );
+        rare.set_private(PrivateData::from(&b"\0x"[..]));
+        assert_eq!(rare.private().as_bytes(), b"\0x", "bytes replace zeros");
+        rare.set_private(PrivateData::from(&[0u8; 3]));
+        assert_eq!(
+            rare.private().as_bytes(),
+            &[0u8; 3][..],
+            "zeros replace bytes"
+        );
+        assert_eq!(rare.take_private().len(), 3);
+        assert!(rare.take_private().is_empty(), "taken once");
+        rare.take_params();
+        assert!(rare.parts.is_none());
     }
 }

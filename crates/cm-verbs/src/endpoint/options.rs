@@ -9,8 +9,28 @@ use super::ConnError;
 
 /// Private data carried by a CM message, checked against the size the message allows
 /// (IB CM: REQ 56 bytes, REP 196, REJ 148).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct PrivateData(Vec<u8>);
+///
+/// Zero-filled data is kept as its length alone: an IB CM message has room of a fixed
+/// size, and librdmacm reports all of it, zeros where the sender put nothing, so
+/// nearly every request carries 56 zero bytes. Reading one allocates nothing.
+#[derive(Clone, Default)]
+pub struct PrivateData(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// This many zero bytes (at most [`ZEROS`]' length).
+    Zeros(u16),
+    Bytes(Vec<u8>),
+}
+
+impl Default for Repr {
+    fn default() -> Self {
+        Repr::Zeros(0)
+    }
+}
+
+/// What [`Repr::Zeros`] lends its bytes from: room for the largest IB CM message's.
+static ZEROS: [u8; 256] = [0; 256];
 
 impl PrivateData {
     /// Room in a REQ (`rdma_connect`).
@@ -22,53 +42,105 @@ impl PrivateData {
 
     /// No private data.
     pub const fn empty() -> Self {
-        PrivateData(Vec::new())
+        PrivateData(Repr::Zeros(0))
     }
 
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Zeros(len) => &ZEROS[..usize::from(*len)],
+            Repr::Bytes(bytes) => bytes,
+        }
     }
 
     /// How many bytes.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.as_bytes().len()
     }
 
     /// Whether there is none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
+    }
+
+    /// The length of zero-filled data that needs no allocation, or `None`.
+    pub(crate) fn zeros_len(&self) -> Option<u16> {
+        match self.0 {
+            Repr::Zeros(len) => Some(len),
+            Repr::Bytes(_) => None,
+        }
+    }
+
+    /// Zero-filled data of `len` bytes, without allocating where it fits [`ZEROS`].
+    pub(crate) fn zeros(len: usize) -> Self {
+        match u16::try_from(len) {
+            Ok(short) if len <= ZEROS.len() => PrivateData(Repr::Zeros(short)),
+            _ => PrivateData(Repr::Bytes(vec![0; len])),
+        }
+    }
+
+    /// Whether `bytes` can be kept as [`Repr::Zeros`]. The OR of every byte, not an
+    /// early exit: the compiler makes it a few vector instructions.
+    fn all_zero(bytes: &[u8]) -> bool {
+        bytes.len() <= ZEROS.len() && bytes.iter().fold(0u8, |acc, &b| acc | b) == 0
     }
 
     /// Checks the data fits a message with room for `max` bytes.
     pub(crate) fn check(&self, message: &'static str, max: usize) -> Result<(), ConnError> {
-        if self.0.len() > max {
-            Err(ConnError::PrivateDataTooLong {
-                message,
-                len: self.0.len(),
-                max,
-            })
+        let len = self.len();
+        if len > max {
+            Err(ConnError::PrivateDataTooLong { message, len, max })
         } else {
             Ok(())
         }
     }
 }
 
+impl std::fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PrivateData")
+            .field(&self.as_bytes())
+            .finish()
+    }
+}
+
+impl PartialEq for PrivateData {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for PrivateData {}
+
+impl std::hash::Hash for PrivateData {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
 impl From<&[u8]> for PrivateData {
     fn from(bytes: &[u8]) -> Self {
-        PrivateData(bytes.to_vec())
+        if PrivateData::all_zero(bytes) {
+            PrivateData::zeros(bytes.len())
+        } else {
+            PrivateData(Repr::Bytes(bytes.to_vec()))
+        }
     }
 }
 
 impl From<Vec<u8>> for PrivateData {
     fn from(bytes: Vec<u8>) -> Self {
-        PrivateData(bytes)
+        if PrivateData::all_zero(&bytes) {
+            PrivateData::zeros(bytes.len())
+        } else {
+            PrivateData(Repr::Bytes(bytes))
+        }
     }
 }
 
 impl<const N: usize> From<&[u8; N]> for PrivateData {
     fn from(bytes: &[u8; N]) -> Self {
-        PrivateData(bytes.to_vec())
+        PrivateData::from(&bytes[..])
     }
 }
 
@@ -212,5 +284,49 @@ impl<A> Default for ConnectOptions<A> {
             id_options: IdOptions::default(),
             application_qp: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    fn hash(data: &PrivateData) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        data.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// Zeros kept as a length and zeros kept as bytes are the same data: equal, hashed
+    /// alike, the same bytes; only data that fits the shared zeros goes unallocated.
+    #[test]
+    fn zero_filled_data_is_the_same_data_however_kept() {
+        let short = PrivateData::from(&[0u8; 56]);
+        assert_eq!(short.zeros_len(), Some(56));
+        let long = PrivateData::from(vec![0u8; 300]);
+        assert_eq!(long.zeros_len(), None, "past the shared zeros: allocated");
+        assert_eq!(long.len(), 300);
+        assert!(long.as_bytes().iter().all(|&b| b == 0));
+        let bytes = PrivateData(Repr::Bytes(vec![0; 56]));
+        assert_eq!(short, bytes);
+        assert_eq!(hash(&short), hash(&bytes));
+        assert_eq!(format!("{short:?}"), format!("{bytes:?}"));
+        let mut one = [0u8; 56];
+        one[55] = 1;
+        let data = PrivateData::from(&one);
+        assert_eq!((data.zeros_len(), data.as_bytes()), (None, &one[..]));
+        assert_ne!(data, short);
+        assert_eq!(PrivateData::empty(), PrivateData::from(Vec::new()));
+        assert!(PrivateData::default().is_empty());
+        assert!(matches!(
+            PrivateData::zeros(PrivateData::MAX_REJ + 1).check("REJ", PrivateData::MAX_REJ),
+            Err(ConnError::PrivateDataTooLong {
+                len: 149,
+                max: 148,
+                ..
+            })
+        ));
     }
 }
