@@ -95,13 +95,13 @@ impl ConnParams<'_> {
 /// `rdma_destroy_id` returns: from then on librdmacm reports no event for the id.
 pub(crate) struct IdInner {
     raw: NonNull<ffi::rdma_cm_id>,
-    /// The channel the id's events arrive on, kept open while the id lives on it;
-    /// changed only by [`CmId::migrate`].
-    channel: Mutex<Arc<ChannelInner>>,
     /// Serializes the calls that change librdmacm's user-space id state (bind, resolve,
     /// connect, accept, QP creation, posting, polling); each also holds the channel's
-    /// `fields` lock shared (see [`OpsGuard`]). `notify` takes neither.
-    ops: Mutex<()>,
+    /// `fields` lock shared (see [`OpsGuard`]). `notify` takes neither. It holds the
+    /// channel the id's events arrive on (kept open while the id lives on it), which
+    /// only [`CmId::migrate`] changes, under this lock: one lock per call, no count
+    /// taken on the channel.
+    ops: Mutex<Arc<ChannelInner>>,
     /// QP number, or [`NO_QP`]; cached so that `qp_num` never reads `id->qp` while
     /// another thread creates the QP.
     qp_num: AtomicU32,
@@ -124,8 +124,7 @@ pub(crate) struct IdInner {
 /// The id's `ops` lock and its channel, held by every id call that passes the id to
 /// librdmacm or reads its fields.
 struct OpsGuard<'a> {
-    _ops: MutexGuard<'a, ()>,
-    channel: Arc<ChannelInner>,
+    channel: MutexGuard<'a, Arc<ChannelInner>>,
 }
 
 impl OpsGuard<'_> {
@@ -163,10 +162,9 @@ impl IdInner {
     /// The ops lock, with the id's current channel whose `fields` lock the caller takes
     /// shared ([`OpsGuard::fields`]) before touching the id.
     fn lock_ops(&self) -> OpsGuard<'_> {
-        let ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
-        // Under the ops lock: `migrate`, the only writer of `channel`, holds it too.
-        let channel = Arc::clone(&self.channel.lock().unwrap_or_else(PoisonError::into_inner));
-        OpsGuard { _ops: ops, channel }
+        OpsGuard {
+            channel: self.ops.lock().unwrap_or_else(PoisonError::into_inner),
+        }
     }
 
     pub(crate) fn event_read(&self) {
@@ -214,8 +212,7 @@ impl IdInner {
             unsafe { (*raw.as_ptr()).context = context };
             IdInner {
                 raw,
-                channel: Mutex::new(channel),
-                ops: Mutex::new(()),
+                ops: Mutex::new(channel),
                 qp_num: AtomicU32::new(NO_QP),
                 events_out: AtomicUsize::new(0),
                 sent_cm_messages: AtomicBool::new(false),
@@ -466,7 +463,7 @@ impl CmId {
     /// Waits for an event being decoded on either channel.
     pub fn migrate(&mut self, channel: &EventChannel) -> Result<(), CmError> {
         const OP: &str = "rdma_migrate_id";
-        let _ops = self
+        let mut current = self
             .inner
             .ops
             .lock()
@@ -475,11 +472,6 @@ impl CmId {
         if unacked > 0 {
             return Err(CmError::UnackedEvents { op: OP, unacked });
         }
-        let mut current = self
-            .inner
-            .channel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let old = Arc::clone(&current);
         let new = channel.inner();
         // No event is read on either channel meanwhile, so no handle can appear (checked

@@ -15,11 +15,7 @@ impl Drop for IdInner {
         // No event read on the channel may write into the id while its QP is torn down.
         // Never dropped under that lock: an event read drops what it cannot hand out only
         // after releasing it.
-        let channel = Arc::clone(
-            self.channel
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let channel = Arc::clone(self.ops.get_mut().unwrap_or_else(PoisonError::into_inner));
         let fields = channel.fields_shared();
         // SAFETY: last owner: no other thread uses the id. Order matters: the QP first
         // (it references the memory regions and the CQs), then the regions (they
