@@ -7,6 +7,8 @@ mod query;
 mod ready;
 mod teardown;
 
+pub(crate) use teardown::DestroyJob;
+
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;

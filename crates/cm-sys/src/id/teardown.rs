@@ -53,11 +53,24 @@ impl Drop for IdInner {
             // this thread. Events of the id read meanwhile find no owner and are acked at
             // once; librdmacm's destroy waits for those acks, not for our lock.
             drop(fields);
-            crate::reaper::run_later(Box::new(move || doomed.destroy(channel)));
+            crate::reaper::run_later(DestroyJob { doomed, channel });
         } else {
             doomed.destroy(Arc::clone(&channel));
             drop(fields);
         }
+    }
+}
+
+/// A connection's id to destroy on the reaper's thread, with the channel it lived on
+/// (kept open until the id is gone).
+pub(crate) struct DestroyJob {
+    doomed: Doomed,
+    channel: Arc<ChannelInner>,
+}
+
+impl crate::reaper::Job for DestroyJob {
+    fn run(self) {
+        self.doomed.destroy(self.channel);
     }
 }
 
