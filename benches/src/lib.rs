@@ -9,6 +9,8 @@
 //!   simulated connection, an id answering like the kernel) and the scale runs.
 //! - [`mod@reference`]: connection setup against rdma-core's `cmtime` server, with its own
 //!   client (`cm-bench-setup`, run in the VM).
+//! - [`cm_retries`]: the REQs and DREQs a client's device resent during a run (the
+//!   kernel's IB CM counters), read beside each setup run.
 //! - [`mod@server_instructions`]: the same servers' user-space instructions per
 //!   connection, counted by callgrind in the VM.
 //! - [`mod@shards`]: accepts per second of a `cmnotify` server with one endpoint and
@@ -32,6 +34,7 @@
 #[cfg(feature = "rdma")]
 pub mod real;
 
+pub mod cm_retries;
 pub mod count;
 pub mod endpoint;
 pub mod reference;

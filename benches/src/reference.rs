@@ -9,7 +9,9 @@
 //! kinds from `/proc/PID/io` (`syscr` + `syscw`), divided by N: each librdmacm command
 //! is one `write(2)` to the CM device and each event or wake-up read one `read(2)`, so
 //! this counts the CM work a server asks for per connection, the same on every run
-//! where time is not (libibverbs' commands go through `ioctl(2)` and are not in it).
+//! where time is not (libibverbs' commands go through `ioctl(2)` and are not in it);
+//! and the REQs the client's device resent during the run, divided by N
+//! ([`crate::cm_retries`]): a connect step made of CM timeouts is not the server's work.
 //! cmtime's server and the default cmnotify server then run [`PAIRED_ROUNDS`] times
 //! back to back in all, and the median of the rounds' ratios is reported beside the
 //! first round's.
@@ -262,6 +264,9 @@ pub struct ServerRun {
     pub steps: BTreeMap<String, StepRow>,
     /// The server's peak memory.
     pub memory: ServerUsage,
+    /// The REQs and DREQs the client's device resent during the run, where its
+    /// counters can be read.
+    pub client_retries: Option<crate::cm_retries::CmRetries>,
 }
 
 /// Waits until `rdma resource show cm_id` lists a listener on `port`.
@@ -357,9 +362,14 @@ pub fn run_server(
     let child = server.spawn(server_addr, port, connections)?;
     let sampler = Sampler::start(child.id());
     let mut child = Some(child);
+    let mut client_retries = None;
     let result = (|| {
         wait_listening(port)?;
+        let before = crate::cm_retries::client_device();
         let steps = run_client(server, server_addr, client_addr, port, connections)?;
+        client_retries = before
+            .zip(crate::cm_retries::client_device())
+            .map(|(before, after)| after.since(before));
         if server != Server::Cmtime {
             // It exits by itself once every connection it counted has closed.
             let out = wait_bounded(child.take().expect("spawned"), "the cmnotify server")?;
@@ -381,6 +391,7 @@ pub fn run_server(
     Ok(ServerRun {
         steps: result?,
         memory,
+        client_retries,
     })
 }
 
@@ -435,6 +446,18 @@ pub fn figures(connections: u32, cmtime: &ServerRun, ours: &[(Server, &ServerRun
                 run.memory.syscalls
             ),
         ));
+        if let Some(retries) = run.client_retries {
+            figures.push(Figure::measured(
+                &format!("{KEY}/{connections}/req_retries_per_conn/{name}"),
+                retries.req as f64 / n,
+                "REQs",
+                &format!(
+                    "REQs the client resent (no answer within the CM timeout), {name} \
+                     server: {} / {connections}; DREQs resent: {}",
+                    retries.req, retries.dreq
+                ),
+            ));
+        }
         figures.push(Figure::measured(
             &format!("{KEY}/{connections}/pinned_per_conn/{name}"),
             (run.memory.pinned_kib as f64 * 1024.0 / n).round(),
@@ -693,6 +716,8 @@ destroy      :       2.00       0.10       1.00       2.00
                 cpu_ticks: rss_kib / 10,
                 syscalls: rss_kib * 2,
             },
+            client_retries: (rss_kib == 1000)
+                .then_some(crate::cm_retries::CmRetries { req: 50, dreq: 1 }),
         };
         let (shared, own, on_request) = (run(750.0, 3000), run(400.0, 1500), run(1000.0, 3000));
         let figures = figures(
@@ -729,6 +754,16 @@ destroy      :       2.00       0.10       1.00       2.00
         assert_eq!(value("cpu_ratio"), Some(3.0));
         assert_eq!(value("syscalls_per_conn/cmtime"), Some(20.0));
         assert_eq!(value("syscalls_ratio_own"), Some(1.5));
+        assert_eq!(
+            value("req_retries_per_conn/cmtime"),
+            Some(0.5),
+            "50 REQs / 100"
+        );
+        assert_eq!(
+            value("req_retries_per_conn/cmnotify"),
+            None,
+            "no counters, no figure"
+        );
     }
 
     #[test]
@@ -738,6 +773,7 @@ destroy      :       2.00       0.10       1.00       2.00
                 .into_iter()
                 .collect(),
             memory: ServerUsage::default(),
+            client_retries: None,
         };
         let pairs = [
             (run(100.0), run(150.0)),

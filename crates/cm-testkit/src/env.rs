@@ -10,6 +10,8 @@ pub const ADDR_A: &str = "CMNOTIFY_ADDR_A";
 pub const ADDR_B: &str = "CMNOTIFY_ADDR_B";
 /// Device A's name (`rxeA`).
 pub const DEV_A: &str = "CMNOTIFY_DEV_A";
+/// Device B's name (`rxeB`).
+pub const DEV_B: &str = "CMNOTIFY_DEV_B";
 /// Device A's netdev (`vethA`).
 pub const NETDEV_A: &str = "CMNOTIFY_NETDEV_A";
 /// Device B's netdev (`vethB`).
