@@ -185,15 +185,20 @@ mod tests {
         })));
         // The second job finishes while the first is still held.
         assert_eq!(done.recv_timeout(Duration::from_secs(30)), Ok("next"));
-        assert_eq!(reaper.pending(), 1, "the held job is still pending");
+        settles_at(reaper, 1, "the held job is still pending");
         release.send(()).unwrap();
         assert_eq!(done.recv_timeout(Duration::from_secs(30)), Ok("held"));
-        // Counted as finished once it has run: the count may lag the message a moment.
+        settles_at(reaper, 0, "every job finished");
+    }
+
+    /// Waits until `reaper` counts `pending` jobs: a job is counted as finished just
+    /// after it has run, so its own message can come a moment before its count.
+    fn settles_at(reaper: &Reaper<Closure>, pending: usize, what: &str) {
         let until = std::time::Instant::now() + Duration::from_secs(30);
-        while reaper.pending() > 0 && std::time::Instant::now() < until {
+        while reaper.pending() != pending && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(reaper.pending(), 0);
+        assert_eq!(reaper.pending(), pending, "{what}");
     }
 
     #[test]
