@@ -42,9 +42,10 @@ impl<T: Transport> Session<T> {
         None
     }
 
-    /// Something happened on an established connection: its idle deadline moves.
+    /// Something happened on an established connection (the event at `last_event`): its
+    /// idle deadline moves.
     pub(super) fn progress(&mut self, index: usize) {
-        let deadline = nanos(self.now().saturating_add(IDLE_TIMEOUT));
+        let deadline = nanos(self.last_event.saturating_add(IDLE_TIMEOUT));
         let conn = &mut self.conns[index];
         conn.idle_deadline = deadline;
         if self.idle_kept && !conn.flag(Flag::IdleQueued) {

@@ -122,7 +122,7 @@ impl<T: Transport> Session<T> {
         if self.local.is_none() {
             self.local = info.as_ref().and_then(|i| i.local_addr);
         }
-        let now = self.now();
+        let now = self.last_event;
         let conn = &mut self.conns[index];
         conn.established_reports = conn.established_reports.saturating_add(1);
         if conn.established().is_some() {
@@ -250,7 +250,7 @@ impl<T: Transport> Session<T> {
     fn check_exchange_done(&mut self, index: usize) {
         let messages = self.plan.messages;
         let initiates = !self.plan.server || messages > 0;
-        let now = self.now();
+        let now = self.last_event;
         let conn = &mut self.conns[index];
         if conn.established().is_none() || conn.sends_done < messages || conn.received < messages {
             return;

@@ -143,7 +143,8 @@ pub struct Session<T: Transport> {
     aborted: Option<String>,
     /// Set when nothing happened for too long: the run stops, what is left failed.
     gave_up: bool,
-    /// When the last event arrived.
+    /// When the last event arrived: the clock is read once per event, and every answer
+    /// to the event (its record's times, the idle deadline it moves) is stamped with it.
     last_event: Duration,
     /// Connections established or ended without being established.
     settled: usize,
@@ -368,9 +369,11 @@ impl<T: Transport> Session<T> {
     pub fn drive(&mut self) -> Result<(), ConnError> {
         self.keep_idle();
         while !self.finished() {
+            // Counted from the last event's time, not read again: a deadline is met at
+            // most one event's handling late.
             let timeout = self
                 .next_deadline()
-                .map(|deadline| deadline.saturating_sub(self.now()));
+                .map(|deadline| deadline.saturating_sub(self.last_event));
             match self.endpoint.next_event(timeout) {
                 Ok(event) => {
                     self.last_event = self.now();
@@ -395,6 +398,7 @@ impl<T: Transport> Session<T> {
     ) -> Result<usize, ConnError> {
         let mut handled = 0;
         while let Some(event) = self.endpoint.poll()? {
+            self.last_event = self.now();
             let tagged = inspect(&self.endpoint, &event).zip(event.conn());
             self.on_event(event);
             self.connect_more();
