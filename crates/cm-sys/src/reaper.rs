@@ -21,6 +21,10 @@
 //! own priority joins until half of them are done, so a load that never lets up
 //! cannot grow the queue without end.
 //!
+//! A QP's destroy holds its channel's lock shared (an event read may not write into the
+//! id meanwhile): a read on that channel waits for it, as it did when the event loop
+//! destroyed the QP itself, and only when the two meet.
+//!
 //! Jobs still queued when the process exits are not lost: closing the channel's
 //! descriptor makes the kernel destroy the ids.
 
