@@ -26,11 +26,10 @@
 //! - Thread safety: reading a CM event (which makes librdmacm write into the event's
 //!   id) holds its channel's lock exclusively; every id call holds it shared;
 //!   [`CmId::notify`] takes no lock.
-//! - Destroying: a connection's id (one that sent a REQ or a REP), its QP with it, is
-//!   destroyed on a thread of its own at the lowest priority, since the kernel may hold
-//!   `rdma_destroy_id` for up to a minute while a CM message of the id is outstanding
-//!   and nobody waits for a destroy; [`pending_destroys`] counts those not done yet,
-//!   and past [`URGENT_BACKLOG`] waiting a thread of normal priority joins.
+//! - Destroying: a connection's id (one that sent a REQ or a REP) is destroyed on a
+//!   thread of its own, since the kernel may hold `rdma_destroy_id` for up to a minute
+//!   while a CM message of the id is outstanding; [`pending_destroys`] counts those not
+//!   done yet.
 //! - [`DeviceMonitor`]: the kernel's announcements of an RDMA device's removal, for a
 //!   process that holds no id on the device (librdmacm still holds its context open).
 //! - [`poll_readable`]: waits on several descriptors at once (a channel, a device's
@@ -122,7 +121,7 @@ pub use id::{BorrowedRegion, CmId, ConnParams, QpAttributes, QpState};
 pub use monitor::DeviceMonitor;
 pub use poll::{poll_readable, ReadySet};
 pub use ready_qps::ReadyQpStats;
-pub use reaper::{pending_destroys, URGENT_BACKLOG};
+pub use reaper::pending_destroys;
 pub use shared::SharedQueues;
 #[cfg(feature = "tokio")]
 pub use tokio_fd::{async_device_events, async_event_channel, async_owned_fd};

@@ -12,21 +12,10 @@
 //! destroying thread only; a job queued behind it starts another, up to
 //! [`MAX_THREADS`].
 //!
-//! Destroying threads run at the lowest priority (nice 19): a destroy is work nobody
-//! waits for, and on a busy machine it would take the CPU from what peers wait for (the
-//! reply to the next DREQ, the next REP). Measured in the soft-RoCE VM (2 vCPUs, 10,000
-//! connections of a cmtime client, the id and its QP destroyed here): the disconnect
-//! step went from 1,450 and 1,390 µs a connection to 850 and 900, its slowest from
-//! 3.7 s to 0.17 s. Past [`URGENT_BACKLOG`] jobs waiting, a thread of the process's
-//! own priority joins until half of them are done, so a load that never lets up
-//! cannot grow the queue without end.
-//!
-//! A QP's destroy holds its channel's lock shared (an event read may not write into the
-//! id meanwhile): a read on that channel waits for it, as it did when the event loop
-//! destroyed the QP itself, and only when the two meet.
-//!
-//! Jobs still queued when the process exits are not lost: closing the channel's
-//! descriptor makes the kernel destroy the ids.
+//! The queue is unbounded: it holds what was dropped and not destroyed yet (a few dozen
+//! bytes each), which only a kernel holding every thread at once can grow. Jobs still
+//! queued when the process exits are not lost: closing the channel's descriptor makes
+//! the kernel destroy the ids.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,15 +24,6 @@ use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 /// The most threads destroying at once: one is the rule; more run only while the kernel
 /// holds every one of them.
 pub(crate) const MAX_THREADS: usize = 4;
-
-/// Jobs waiting (queued, not taken) past which a destroying thread of the process's own
-/// priority joins the low-priority ones, until half of them are taken: a bound of a
-/// few thousand ids with their QPs (some kilobytes of kernel memory each) on what a
-/// busy machine leaves for later.
-pub const URGENT_BACKLOG: usize = 4096;
-
-/// The nice value of the ordinary destroying threads: the lowest priority.
-const LOW_PRIORITY_NICE: libc::c_int = 19;
 
 /// A destruction to run later, queued by value: queueing one allocates nothing beyond
 /// the queue's own growth.
@@ -59,8 +39,6 @@ pub(crate) struct Reaper<J> {
     /// Jobs queued or running. Outside the lock: a job's end takes no lock, so a
     /// destroying thread locks once a job, when it takes it.
     pending: AtomicUsize,
-    /// Jobs waiting past which a thread of normal priority joins ([`URGENT_BACKLOG`]).
-    urgent_backlog: usize,
 }
 
 struct State<J> {
@@ -69,8 +47,6 @@ struct State<J> {
     threads: usize,
     /// Threads waiting for a job.
     idle: usize,
-    /// Whether a thread of normal priority is draining the backlog.
-    urgent: bool,
 }
 
 /// The process's reaper of ids (see `crate::id`).
@@ -96,20 +72,14 @@ pub fn pending_destroys() -> usize {
 impl<J: Job> Reaper<J> {
     /// A reaper with no job and no thread yet.
     fn new() -> Self {
-        Self::with_urgent_backlog(URGENT_BACKLOG)
-    }
-
-    fn with_urgent_backlog(urgent_backlog: usize) -> Self {
         Reaper {
             state: Mutex::new(State {
                 jobs: VecDeque::new(),
                 threads: 0,
                 idle: 0,
-                urgent: false,
             }),
             ready: Condvar::new(),
             pending: AtomicUsize::new(0),
-            urgent_backlog,
         }
     }
 
@@ -120,16 +90,6 @@ impl<J: Job> Reaper<J> {
         self.pending.fetch_add(1, Ordering::AcqRel);
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.jobs.push_back(job);
-        if state.jobs.len() >= self.urgent_backlog && !state.urgent {
-            state.urgent = true;
-            let started = std::thread::Builder::new()
-                .name("cm-destroy-urgent".into())
-                .spawn(move || self.drain_backlog());
-            if started.is_err() {
-                // The low-priority threads still take every job, only later.
-                state.urgent = false;
-            }
-        }
         if state.idle > 0 || state.threads >= MAX_THREADS {
             drop(state);
             self.ready.notify_one();
@@ -164,28 +124,8 @@ impl<J: Job> Reaper<J> {
         self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// The thread of normal priority: takes jobs until half of the backlog that
-    /// started it is left, then ends.
-    fn drain_backlog(&'static self) {
-        loop {
-            let job = {
-                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                if state.jobs.len() <= self.urgent_backlog / 2 {
-                    state.urgent = false;
-                    return;
-                }
-                state.jobs.pop_front()
-            };
-            if let Some(job) = job {
-                job.run();
-                self.finished();
-            }
-        }
-    }
-
-    /// A destroying thread: takes jobs until the process ends, at the lowest priority.
+    /// A destroying thread: takes jobs until the process ends.
     fn work(&'static self) {
-        lower_this_threads_priority();
         loop {
             let job = {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -205,24 +145,6 @@ impl<J: Job> Reaper<J> {
             self.finished();
         }
     }
-}
-
-/// Sets the calling thread's nice value to [`LOW_PRIORITY_NICE`]. On Linux a nice value
-/// is a thread's own: `setpriority(PRIO_PROCESS, tid)` changes this thread only. Where
-/// it fails the thread stays at the process's priority, as before.
-fn lower_this_threads_priority() {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    let tid = unsafe { libc::gettid() };
-    // SAFETY: plain system call on this thread's own id; it reads and writes no memory.
-    let ret = unsafe {
-        libc::setpriority(
-            libc::PRIO_PROCESS,
-            libc::id_t::try_from(tid).unwrap_or(0),
-            LOW_PRIORITY_NICE,
-        )
-    };
-    // A thread left at normal priority destroys as before: nothing to report.
-    let _ = ret;
 }
 
 #[cfg(test)]
@@ -277,75 +199,6 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(reaper.pending(), pending, "{what}");
-    }
-
-    /// The nice value of the calling thread.
-    fn this_threads_nice() -> libc::c_int {
-        // SAFETY: plain system calls on this thread's own id.
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
-    }
-
-    #[test]
-    fn destroying_threads_run_at_the_lowest_priority() {
-        let reaper = test_reaper();
-        let (tx, rx) = mpsc::channel();
-        reaper.run_later(Closure(Box::new(move || {
-            tx.send(this_threads_nice()).ok();
-        })));
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(30)),
-            Ok(LOW_PRIORITY_NICE)
-        );
-    }
-
-    /// With every low-priority thread held, a backlog past the mark still drains: a
-    /// thread of normal priority takes jobs until half the mark is left, then ends.
-    #[test]
-    fn a_backlog_past_the_mark_is_drained_at_normal_priority() {
-        const MARK: usize = 8;
-        let reaper: &'static Reaper<Closure> =
-            Box::leak(Box::new(Reaper::with_urgent_backlog(MARK)));
-        let (release, held) = mpsc::channel::<()>();
-        let held = std::sync::Arc::new(Mutex::new(held));
-        let (taken_tx, taken) = mpsc::channel::<()>();
-        for _ in 0..MAX_THREADS {
-            let held = std::sync::Arc::clone(&held);
-            let taken_tx = taken_tx.clone();
-            reaper.run_later(Closure(Box::new(move || {
-                taken_tx.send(()).ok();
-                held.lock().unwrap().recv().ok();
-            })));
-        }
-        // Every low-priority thread holds a job before the backlog is queued.
-        for _ in 0..MAX_THREADS {
-            taken.recv_timeout(Duration::from_secs(30)).unwrap();
-        }
-        let (done_tx, done) = mpsc::channel::<libc::c_int>();
-        for _ in 0..MARK {
-            let done_tx = done_tx.clone();
-            reaper.run_later(Closure(Box::new(move || {
-                done_tx.send(this_threads_nice()).ok();
-            })));
-        }
-        // The held threads take nothing; the urgent thread runs jobs down to MARK / 2.
-        for _ in 0..MARK - MARK / 2 {
-            let nice = done.recv_timeout(Duration::from_secs(30)).unwrap();
-            assert_ne!(nice, LOW_PRIORITY_NICE, "run by the normal-priority thread");
-        }
-        settles_at(reaper, MAX_THREADS + MARK / 2, "half the mark is left");
-        // It ends just after its last job's count: wait for that too.
-        let until = std::time::Instant::now() + Duration::from_secs(30);
-        while reaper.state.lock().unwrap().urgent && std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert!(
-            !reaper.state.lock().unwrap().urgent,
-            "the urgent thread ended"
-        );
-        for _ in 0..MAX_THREADS {
-            release.send(()).unwrap();
-        }
-        settles_at(reaper, 0, "every job finished");
     }
 
     #[test]

@@ -89,12 +89,11 @@ pub fn kernel_cm_ids() -> Option<u64> {
     })
 }
 
-/// How many kernel CM ids are left above `baseline`, after waiting (at most 30 s) for
-/// destroyed ids to go: cm-sys destroys a connection's id on threads of the lowest
-/// priority, which a busy machine runs last.
+/// How many kernel CM ids are left above `baseline`, after waiting (at most 10 s) for
+/// destroyed ids to go.
 pub fn leaked_cm_ids(baseline: u64) -> u64 {
     let mut now = kernel_cm_ids().unwrap_or(baseline);
-    for _ in 0..300 {
+    for _ in 0..100 {
         if now <= baseline {
             break;
         }

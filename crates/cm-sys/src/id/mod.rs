@@ -117,8 +117,9 @@ pub(crate) struct IdInner {
     /// The completion queues of [`CmId::create_qp_on`] (send, receive); destroyed after
     /// the QP, before the memory.
     cqs: Mutex<Vec<OwnedCq>>,
-    /// The shared queues of [`CmId::create_qp_shared`], set once its QP exists; released
-    /// by the teardown after the QP and the id are destroyed.
+    /// The shared queues of [`CmId::create_qp_shared`], set once its QP exists. A field
+    /// with no part in `Drop::drop`: released after it, so after the QP and the id are
+    /// destroyed.
     shared: OnceLock<Arc<SharedCore>>,
 }
 
@@ -231,9 +232,7 @@ impl IdInner {
 /// [`CmId::notify`] while the application keeps using its own. The id (with its QP and
 /// registered memory) is destroyed when the last clone, and the last [`crate::CmEvent`]
 /// about it, are gone: an id can never be destroyed while one of its events is
-/// unacknowledged, so `rdma_destroy_id` never hangs on one. A connection's id (one that
-/// sent a REQ or a REP) is destroyed a moment later on cm-sys's destroying threads
-/// ([`crate::pending_destroys`]), not on the thread that dropped it.
+/// unacknowledged, so `rdma_destroy_id` never hangs on one.
 ///
 /// `Send + Sync`: every method takes `&self`.
 #[derive(Clone)]
