@@ -1,6 +1,9 @@
 //! The CM messages a client's device resent during one run: the kernel's IB CM counts
 //! each retry of a REQ or a DREQ whose answer (REP, DREP) did not come within the CM
 //! response timeout (`/sys/class/infiniband/DEV/ports/1/cm_tx_retries/{req,dreq}`).
+//! cm-sys's `PortCounters` reads the same files (`cm_tx_retries/req`); this reader is
+//! the setup bench's own because that bench is built without cm-sys, so without the
+//! native libraries, and reads a device no process of its own has open.
 //!
 //! A retried REQ waits out a timeout of seconds: under the VM's emulation the connect
 //! step of a few thousand connections is made of such waits as much as of either

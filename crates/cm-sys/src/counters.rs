@@ -5,6 +5,10 @@
 //! `rnr_nak_retry_err`, `local_ack_timeout_err`, ...). Verbs report RNR NAKs and
 //! transport retries per QP only as the completion error once they are exhausted; how
 //! many happened before is counted per port, by the device, under names of its own.
+//! Beside them, on an InfiniBand or RoCE port, the kernel's IB CM counts the CM messages
+//! of each kind it sent, resent, received and received twice (`ports/<n>/cm_tx_msgs/`,
+//! `cm_tx_retries/`, `cm_rx_msgs/`, `cm_rx_duplicates/`): a REQ resent means no REP,
+//! REJ or MRA came within the CM response timeout, a DREQ resent no DREP.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +17,15 @@ use cm_core::CmError;
 
 /// Where the kernel publishes RDMA devices.
 const SYSFS_DEVICES: &str = "/sys/class/infiniband";
+
+/// The IB CM's counter groups of a port, one file per CM message kind (`req`, `rep`,
+/// `rtu`, `dreq`, `drep`, ...).
+const CM_GROUPS: [&str; 4] = [
+    "cm_tx_msgs",
+    "cm_tx_retries",
+    "cm_rx_msgs",
+    "cm_rx_duplicates",
+];
 
 /// A snapshot of one port's counters, by the names the kernel gives them. Counters
 /// only grow (until the device is reset or removed): a rate is the difference of two
@@ -24,7 +37,8 @@ pub struct PortCounters {
     /// The port (from 1).
     pub port: u8,
     /// Each counter the device publishes, by name; the driver's own (`hw_counters`)
-    /// beside the standard ones (`counters`), a name in both keeping the driver's.
+    /// beside the standard ones (`counters`), a name in both keeping the driver's; the
+    /// IB CM's named with their group (`cm_tx_retries/req`: REQs resent).
     pub values: BTreeMap<String, u64>,
 }
 
@@ -52,20 +66,10 @@ impl PortCounters {
         }
         let mut values = BTreeMap::new();
         for dir in ["counters", "hw_counters"] {
-            let Ok(entries) = std::fs::read_dir(port_dir.join(dir)) else {
-                continue; // a device without one of them
-            };
-            for entry in entries.flatten() {
-                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                    continue;
-                };
-                let Ok(text) = std::fs::read_to_string(entry.path()) else {
-                    continue;
-                };
-                if let Ok(value) = text.trim().parse::<u64>() {
-                    values.insert(name, value);
-                }
-            }
+            read_group(&port_dir.join(dir), None, &mut values);
+        }
+        for group in CM_GROUPS {
+            read_group(&port_dir.join(group), Some(group), &mut values);
         }
         Ok(PortCounters {
             device: device.to_owned(),
@@ -94,6 +98,30 @@ impl PortCounters {
     }
 }
 
+/// Reads every counter file in `dir` into `values`, named `group/file` with a group;
+/// a directory that is not there (a device without it) adds nothing, and a file that
+/// cannot be read or is not a number is left out.
+fn read_group(dir: &Path, group: Option<&str>, values: &mut BTreeMap<String, u64>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(file) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if let Ok(value) = text.trim().parse::<u64>() {
+            let name = match group {
+                Some(group) => format!("{group}/{file}"),
+                None => file,
+            };
+            values.insert(name, value);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +134,9 @@ mod tests {
         std::fs::write(port.join("hw_counters/sent_pkts"), "120\n").unwrap();
         std::fs::write(port.join("hw_counters/lifespan"), "not a number\n").unwrap();
         std::fs::write(port.join("counters/port_xmit_data"), "4096\n").unwrap();
+        std::fs::create_dir_all(port.join("cm_tx_retries")).unwrap();
+        std::fs::write(port.join("cm_tx_retries/req"), "2\n").unwrap();
+        std::fs::write(port.join("cm_tx_retries/dreq"), "0\n").unwrap();
     }
 
     #[test]
@@ -117,6 +148,11 @@ mod tests {
         assert_eq!(counters.get("sent_pkts"), Some(120));
         assert_eq!(counters.get("port_xmit_data"), Some(4096));
         assert_eq!(counters.get("lifespan"), None);
+        // The IB CM's, named with their group; a group the device lacks adds nothing.
+        assert_eq!(counters.get("cm_tx_retries/req"), Some(2));
+        assert_eq!(counters.get("cm_tx_retries/dreq"), Some(0));
+        assert_eq!(counters.get("req"), None);
+        assert!(!counters.values.keys().any(|k| k.starts_with("cm_rx_msgs")));
         let mut later = counters.clone();
         later.values.insert("sent_pkts".into(), 150);
         later.values.insert("rcvd_rnr_err".into(), 1); // reset since

@@ -187,6 +187,12 @@ fn a_reader_that_stops_ends_its_peers_sends_with_bounded_rnr_retries() {
         let id = client.cm_id(conn).expect("the client's id");
         let (device, port) = id.device_port().expect("the client's device and port");
         let before = id.port_counters().expect("the client port's counters");
+        // The IB CM counts what it sent on the port: this connection's REQ at least.
+        assert!(
+            before.get("cm_tx_msgs/req").is_some_and(|reqs| reqs >= 1),
+            "the client port's CM counters: {:?}",
+            before.values
+        );
         let mut sent = 0;
         for _ in 0..10_000 {
             let reason = match client.send(conn, &[7; 64]) {

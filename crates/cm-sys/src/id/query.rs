@@ -170,7 +170,8 @@ impl CmId {
 
     /// The counters of the port the id runs on ([`PortCounters::read`]): RNR NAKs and
     /// transport retries, which the verbs report per QP only once exhausted, counted by
-    /// the device for the port. [`CmError::InvalidArgument`] before the id is bound.
+    /// the device for the port, and the CM messages the port's IB CM sent, resent and
+    /// received. [`CmError::InvalidArgument`] before the id is bound.
     pub fn port_counters(&self) -> Result<PortCounters, CmError> {
         let (device, port) = self.device_port().ok_or(CmError::InvalidArgument {
             op: "port_counters",
